@@ -1,0 +1,68 @@
+"""The `gpuledger` command. Each component registers its own sub-commands here."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from gpuledger.errors import GpuledgerError
+from gpuledger.settings import Settings
+
+app = typer.Typer(
+    help="gpuledger: who holds which GPU, whether it computes, and what that costs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+inspect_app = typer.Typer(help="Check a source before turning anything on.", no_args_is_help=True)
+app.add_typer(inspect_app, name="inspect")
+
+err_console = Console(stderr=True)
+
+# Modules that add commands: each exposes `register(app, inspect_app)`.
+_COMMAND_MODULES = (
+    "gpuledger.stack_cli",
+    "sinks.embedded.cli",
+    "schemas.cli",
+    "producers.cli",
+    "processors.cli",
+    "sinks.cli",
+)
+
+
+def load_settings(state_dir: Path | None = None) -> Settings:
+    """Build the process's one settings object; a CLI `--state-dir` wins over every other source."""
+    if state_dir is not None:
+        return Settings(state_dir=state_dir)
+    return Settings()
+
+
+def _register_all() -> None:
+    for name in _COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(app, inspect_app)
+
+
+@app.command("settings")
+def show_settings(
+    state_dir: Path | None = typer.Option(None, "--state-dir", help="State directory."),
+) -> None:
+    """Print the effective settings, secrets masked."""
+    import json
+
+    typer.echo(json.dumps(load_settings(state_dir).masked(), indent=2))
+
+
+def main() -> None:
+    _register_all()
+    try:
+        app()
+    except GpuledgerError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,159 @@
+"""One settings object per process, built at the entry point and passed down.
+
+Sources, highest priority first: constructor arguments, environment (`GPULEDGER_` prefix, nested
+sections joined with `__`, e.g. `GPULEDGER_KAFKA__BOOTSTRAP_SERVERS`), a TOML file (`GPULEDGER_CONFIG`
+or `./gpuledger.toml`), defaults. Secrets are `SecretStr` and may also be read from a file
+(`*_file` fields) so they never need to sit in the environment or on a command line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from platformdirs import user_data_dir
+from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MASK = "**********"
+
+
+def _read_secret_file(path: Path | None) -> SecretStr | None:
+    if path is None:
+        return None
+    return SecretStr(path.read_text(encoding="utf-8").strip())
+
+
+class KafkaSettings(BaseModel):
+    """Kafka client configuration, passed through with the clients' standard keys."""
+
+    bootstrap_servers: str = "127.0.0.1:19092"
+    # Any librdkafka/Java client key (`security.protocol`, `sasl.mechanism`, `ssl.ca.location`, ...).
+    config: dict[str, str] = Field(default_factory=dict)
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    schema_registry_url: str | None = None
+    topic_prefix: str = ""
+
+    @model_validator(mode="after")
+    def _password_from_file(self) -> KafkaSettings:
+        if self.sasl_password is None and self.sasl_password_file is not None:
+            self.sasl_password = _read_secret_file(self.sasl_password_file)
+        return self
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka configuration with standard keys; carries the secret, so never log it."""
+        conf = {"bootstrap.servers": self.bootstrap_servers, **self.config}
+        if self.sasl_username is not None:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        return conf
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+
+class ClickHouseSettings(BaseModel):
+    """Where the warehouse is: a real server/cluster, or the embedded chDB-backed server."""
+
+    url: str = "http://127.0.0.1:8123"
+    database: str = "gpuledger"
+    user: str = "gpuledger"
+    password: SecretStr = SecretStr("")
+    password_file: Path | None = None
+    analyst_user: str = "analyst"
+    analyst_password: SecretStr = SecretStr("")
+    analyst_password_file: Path | None = None
+    # Run the embedded server (chDB behind the ClickHouse HTTP interface) under `gpuledger up`.
+    embedded: bool = True
+    embedded_path: Path | None = None  # default: <state_dir>/clickhouse
+    raw_sample_ttl_days: int = 14
+
+    @model_validator(mode="after")
+    def _passwords_from_files(self) -> ClickHouseSettings:
+        if self.password_file is not None:
+            self.password = _read_secret_file(self.password_file) or self.password
+        if self.analyst_password_file is not None:
+            self.analyst_password = _read_secret_file(self.analyst_password_file) or self.analyst_password
+        return self
+
+    @property
+    def host(self) -> str:
+        return self.url.split("://", 1)[-1].split(":", 1)[0].split("/", 1)[0]
+
+    @property
+    def port(self) -> int:
+        rest = self.url.split("://", 1)[-1].split("/", 1)[0]
+        return int(rest.rsplit(":", 1)[1]) if ":" in rest else 8123
+
+
+class BrokerSettings(BaseModel):
+    """The local Apache Kafka broker that `gpuledger up` runs when no external cluster is configured."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 19092
+    controller_port: int = 19093
+    heap: str = "512m"
+    kafka_version: str = "4.1.1"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GPULEDGER_",
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    state_dir: Path = Field(default_factory=lambda: Path(user_data_dir("gpuledger")))
+    cluster: str = "sim"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    # Extra sections owned by later components (producers, processors, sinks) live here as they land.
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = Path(os.environ.get("GPULEDGER_CONFIG", "gpuledger.toml"))
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_path),
+            file_secret_settings,
+        )
+
+    @property
+    def clickhouse_path(self) -> Path:
+        return self.clickhouse.embedded_path or self.state_dir / "clickhouse"
+
+    def masked(self) -> dict[str, Any]:
+        """The settings as plain data with every secret masked: safe to print or log."""
+        data = self.model_dump(mode="json")
+        kafka_conf = data["kafka"]["config"]
+        for key in list(kafka_conf):
+            if "password" in key or "secret" in key or key.endswith(".key"):
+                kafka_conf[key] = MASK
+        for section, key in (
+            ("kafka", "sasl_password"),
+            ("clickhouse", "password"),
+            ("clickhouse", "analyst_password"),
+        ):
+            if data[section].get(key):
+                data[section][key] = MASK
+        return data
