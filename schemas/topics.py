@@ -1,0 +1,64 @@
+"""The topic catalogue: every topic's name, subject, key, partitioning and retention in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    subject: str
+    key: str  # what the record key is made of, e.g. "cluster/node"
+    partitions: int = 4
+    replication: int = 1
+    cleanup_policy: str = "delete"
+    retention_ms: int = 7 * DAY_MS
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.name}.dlq"
+
+
+DEVICE_SAMPLES = Topic(
+    "telemetry.device-samples.v1", "telemetry.device-samples", "cluster/node", retention_ms=2 * DAY_MS
+)
+LATE_SAMPLES = Topic("telemetry.device-samples.v1.late", "telemetry.device-samples", "cluster/node")
+INVENTORY = Topic(
+    "inventory.devices.v1", "inventory.devices", "cluster/node", cleanup_policy="compact", retention_ms=-1
+)
+JOB_EVENTS = Topic("sched.job-events.v1", "sched.job-events", "cluster/job_id", retention_ms=30 * DAY_MS)
+# Job events re-keyed by node so a node's samples and its allocations meet on one worker.
+ALLOCATIONS = Topic("sched.allocations.v1", "sched.job-events", "cluster/node", retention_ms=30 * DAY_MS)
+CORRECTIONS = Topic("attribution.corrections.v1", "attribution.corrections", "cluster/job_id", retention_ms=-1)
+DEVICE_MINUTES = Topic("usage.device-minutes.v1", "usage.device-minutes", "cluster/job_id", retention_ms=30 * DAY_MS)
+JOB_MINUTES = Topic("usage.job-minutes.v1", "usage.job-minutes", "cluster/job_id", retention_ms=30 * DAY_MS)
+COVERAGE_MINUTES = Topic(
+    "usage.coverage-minutes.v1", "usage.coverage-minutes", "cluster/node", retention_ms=30 * DAY_MS
+)
+ALERTS = Topic("alerts.v1", "alerts", "cluster/job_id", retention_ms=30 * DAY_MS)
+RECLAIM_ACTIONS = Topic("actions.reclaim.v1", "actions.reclaim", "cluster/job_id", retention_ms=30 * DAY_MS)
+
+CATALOGUE: tuple[Topic, ...] = (
+    DEVICE_SAMPLES,
+    LATE_SAMPLES,
+    INVENTORY,
+    JOB_EVENTS,
+    ALLOCATIONS,
+    CORRECTIONS,
+    DEVICE_MINUTES,
+    JOB_MINUTES,
+    COVERAGE_MINUTES,
+    ALERTS,
+    RECLAIM_ACTIONS,
+)
+
+
+def node_key(cluster: str, node: str) -> bytes:
+    return f"{cluster}/{node}".encode()
+
+
+def job_key(cluster: str, job_id: str) -> bytes:
+    return f"{cluster}/{job_id}".encode()
