@@ -1,0 +1,526 @@
+"""The local Apache Kafka broker: real broker jars from Maven Central, one KRaft node on loopback.
+
+Steps, each usable on its own (the supervisor runs them as one component, the tests as a fixture):
+
+1. `ensure_jars`: `mvn dependency:copy-dependencies` on `deploy/kafka/pom.xml` into
+   `<user cache dir>/gpuledger/kafka-<version>/libs`, once; later runs reuse the directory.
+2. `write_config` + `format_storage`: a `server.properties` for a combined broker+controller bound to
+   loopback, and `kafka.tools.StorageTool format` on a data directory that is not formatted yet
+   (an existing one is never reformatted, so data survives restarts).
+3. `broker_argv`: the `java ... kafka.Kafka server.properties` command line, heap and threads sized
+   for a 2-core, 24 GB machine.
+4. `wait_until_ready`: until the broker answers a metadata request.
+5. `stop_process`: SIGTERM, wait, then SIGKILL.
+
+`LocalBroker` strings these together for in-process use (tests, benchmarks).
+
+Listeners are described by `Listener` values so a SASL/SCRAM + TLS listener can be added later
+beside the plaintext one without touching the rest (see `Listener.properties`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from platformdirs import user_cache_dir
+
+from gpuledger.errors import ConfigError, DependencyMissing, PortInUse, ServiceError
+from gpuledger.settings import Settings
+
+Progress = Callable[[str], None]
+
+CLUSTER_ID_FILE = "cluster.id"
+META_PROPERTIES = "meta.properties"
+KAFKA_MAIN = "kafka.Kafka"
+STORAGE_TOOL_MAIN = "kafka.tools.StorageTool"
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Where things are
+
+
+def deploy_dir() -> Path:
+    """`deploy/kafka` of this checkout: the pom and the logging configuration."""
+    here = Path(__file__).resolve().parent.parent / "deploy" / "kafka"
+    if not (here / "pom.xml").is_file():
+        raise ConfigError(
+            f"the Kafka broker pom is not at {here / 'pom.xml'}; run gpuledger from a checkout of the "
+            "project, or point it at an external cluster (GPULEDGER_KAFKA__BOOTSTRAP_SERVERS, "
+            "GPULEDGER_BROKER__ENABLED=false)"
+        )
+    return here
+
+
+def jar_cache_dir(kafka_version: str, cache_root: Path | None = None) -> Path:
+    """The per-version directory that holds the broker jars (`libs/`)."""
+    root = cache_root if cache_root is not None else Path(user_cache_dir("gpuledger"))
+    return root / f"kafka-{kafka_version}"
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise DependencyMissing(
+            "Java is not installed (no `java` on PATH): install a JDK 17 or newer, e.g. "
+            "`apt-get install openjdk-17-jre-headless`"
+        )
+    return java
+
+
+def find_mvn() -> str:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise DependencyMissing(
+            "Maven is not installed (no `mvn` on PATH); it fetches the Kafka broker jars once: "
+            "install it, e.g. `apt-get install maven`"
+        )
+    return mvn
+
+
+# ---------------------------------------------------------------------------------------------
+# Jars
+
+
+def _jars_complete(libs: Path, kafka_version: str) -> bool:
+    return (libs / f"kafka_2.13-{kafka_version}.jar").is_file() and (libs / ".complete").is_file()
+
+
+def ensure_jars(
+    kafka_version: str,
+    cache_root: Path | None = None,
+    *,
+    progress: Progress = _quiet,
+    maven_repo: Path | None = None,
+) -> Path:
+    """The `libs/` directory holding the broker's jars, fetched with Maven on first use."""
+    target = jar_cache_dir(kafka_version, cache_root)
+    libs = target / "libs"
+    if _jars_complete(libs, kafka_version):
+        return libs
+    mvn = find_mvn()
+    find_java()  # Maven needs it too; say so before Maven does, in one line.
+    pom = deploy_dir() / "pom.xml"
+    progress(f"fetching Apache Kafka {kafka_version} broker jars with Maven into {libs} (first run only)")
+    staging = target / "libs.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True, exist_ok=True)
+    argv = [
+        mvn,
+        "--batch-mode",
+        "--quiet",
+        "-f",
+        str(pom),
+        f"-Dkafka.version={kafka_version}",
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={staging}",
+    ]
+    if maven_repo is not None:
+        argv.append(f"-Dmaven.repo.local={maven_repo}")
+    log = target / "mvn.log"
+    with log.open("wb") as out:
+        rc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+    if rc != 0 or not (staging / f"kafka_2.13-{kafka_version}.jar").is_file():
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise ServiceError(
+            f"Maven could not fetch Apache Kafka {kafka_version} (exit {rc}): {tail[0][:200]} "
+            f"(full log: {log})"
+        )
+    (staging / ".complete").write_text(kafka_version + "\n")
+    shutil.rmtree(libs, ignore_errors=True)
+    staging.rename(libs)
+    return libs
+
+
+def classpath(libs: Path) -> str:
+    return os.pathsep.join(str(p) for p in sorted(libs.glob("*.jar")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One client listener. `properties` is the extension point for SASL/SCRAM + TLS.
+
+    A secured listener would set `security_protocol="SASL_SSL"` and return, from `extra`, the
+    `listener.name.<name>.scram-sha-512.sasl.jaas.config`, `ssl.keystore.*` and
+    `sasl.enabled.mechanisms` keys; `BrokerConfig.properties` merges them in unchanged.
+    """
+
+    name: str
+    host: str
+    port: int
+    security_protocol: str = "PLAINTEXT"
+    extra: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def properties(self) -> dict[str, str]:
+        return dict(self.extra)
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Everything needed to run one local combined broker+controller."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 19092
+    controller_port: int = 19093
+    heap: str = "512m"
+    kafka_version: str = "4.1.1"
+    cache_root: Path | None = None
+    maven_repo: Path | None = None
+    extra_listeners: tuple[Listener, ...] = ()
+    overrides: tuple[tuple[str, str], ...] = field(default=())
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BrokerConfig:
+        b = settings.broker
+        return cls(
+            data_dir=settings.state_dir / "kafka",
+            host=b.host,
+            port=b.port,
+            controller_port=b.controller_port,
+            heap=b.heap,
+            kafka_version=b.kafka_version,
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "data"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    def listeners(self) -> list[Listener]:
+        return [Listener("PLAINTEXT", self.host, self.port), *self.extra_listeners]
+
+    def properties(self) -> dict[str, str]:
+        """`server.properties` for one node, sized for a 2-core machine shared with other work."""
+        client = self.listeners()
+        controller = Listener("CONTROLLER", self.host, self.controller_port)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{controller.address}",
+            "controller.listener.names": controller.name,
+            "inter.broker.listener.name": client[0].name,
+            "listeners": ",".join(f"{li.name}://{li.address}" for li in [*client, controller]),
+            "advertised.listeners": ",".join(f"{li.name}://{li.address}" for li in client),
+            "listener.security.protocol.map": ",".join(
+                f"{li.name}:{li.security_protocol}" for li in [*client, controller]
+            ),
+            "log.dirs": str(self.log_dir),
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Two cores: few threads.
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+            "background.threads": "2",
+            "num.recovery.threads.per.data.dir": "1",
+            "num.replica.fetchers": "1",
+            "log.cleaner.threads": "1",
+            "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+            "log.cleaner.backoff.ms": "1000",
+        }
+        for li in client:
+            props.update(li.properties())
+        props.update(dict(self.overrides))
+        return props
+
+
+def write_config(cfg: BrokerConfig) -> Path:
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    text = "# Written by gpuledger/broker.py; edits are overwritten at the next start.\n"
+    text += "".join(f"{k}={v}\n" for k, v in cfg.properties().items())
+    cfg.config_path.write_text(text, encoding="utf-8")
+    return cfg.config_path
+
+
+def is_formatted(cfg: BrokerConfig) -> bool:
+    return (cfg.log_dir / META_PROPERTIES).is_file()
+
+
+def _cluster_id(cfg: BrokerConfig) -> str:
+    path = cfg.data_dir / CLUSTER_ID_FILE
+    if path.is_file():
+        return path.read_text(encoding="utf-8").strip()
+    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+    path.write_text(cid + "\n", encoding="utf-8")
+    return cid
+
+
+def jvm_options(cfg: BrokerConfig) -> list[str]:
+    return [
+        "-Xms128m",
+        f"-Xmx{cfg.heap}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-XX:ParallelGCThreads=2",
+        "-XX:ConcGCThreads=1",
+        "-XX:CICompilerCount=2",
+        "-XX:MaxDirectMemorySize=256m",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={deploy_dir() / 'log4j2.xml'}",
+        f"-Dkafka.logs.dir={cfg.data_dir / 'logs'}",
+    ]
+
+
+def format_storage(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet) -> bool:
+    """Format the KRaft log directory unless it already is; returns whether it formatted."""
+    write_config(cfg)
+    if is_formatted(cfg):
+        return False
+    progress(f"formatting KRaft storage in {cfg.log_dir}")
+    argv = [
+        find_java(),
+        *jvm_options(cfg),
+        "-cp",
+        classpath(libs),
+        STORAGE_TOOL_MAIN,
+        "format",
+        "--cluster-id",
+        _cluster_id(cfg),
+        "--config",
+        str(cfg.config_path),
+        "--ignore-formatted",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0 or not is_formatted(cfg):
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
+        raise ServiceError(f"formatting Kafka storage in {cfg.log_dir} failed: {lines[-1][:300]}")
+    return True
+
+
+def broker_argv(cfg: BrokerConfig, libs: Path) -> list[str]:
+    return [find_java(), *jvm_options(cfg), "-cp", classpath(libs), KAFKA_MAIN, str(cfg.config_path)]
+
+
+def check_port_free(host: str, port: int, what: str = "port") -> None:
+    """Raise `PortInUse` unless `host:port` can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise PortInUse(
+                f"{what} {host}:{port} is already taken by another process; stop it or choose another "
+                "port (GPULEDGER_BROKER__PORT / GPULEDGER_BROKER__CONTROLLER_PORT)"
+            ) from exc
+
+
+def prepare(cfg: BrokerConfig, *, progress: Progress = _quiet) -> list[str]:
+    """Jars, configuration and storage; returns the command line that runs the broker."""
+    if not cfg.host.startswith("127.") and cfg.host != "localhost":
+        raise ConfigError(f"the local broker binds loopback only; broker.host is {cfg.host!r}")
+    find_java()
+    check_port_free(cfg.host, cfg.port, "broker port")
+    check_port_free(cfg.host, cfg.controller_port, "controller port")
+    libs = ensure_jars(cfg.kafka_version, cfg.cache_root, progress=progress, maven_repo=cfg.maven_repo)
+    format_storage(cfg, libs, progress=progress)
+    return broker_argv(cfg, libs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def metadata_ok(client_config: dict[str, str], timeout: float = 2.0) -> bool:
+    """Whether a broker answers a metadata request with at least one broker in it."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    conf: dict[str, str | int | float | bool] = {
+        **client_config,
+        "socket.connection.setup.timeout.ms": 1000,
+        "log_level": 0,
+    }
+    admin = AdminClient(conf)
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return bool(md.brokers)
+
+
+def wait_until_ready(
+    client_config: dict[str, str],
+    timeout: float = 90.0,
+    *,
+    alive: Callable[[], bool] = lambda: True,
+    what: str = "Kafka broker",
+    log_path: Path | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise ServiceError(f"{what} exited while starting{_see(log_path)}")
+        if metadata_ok(client_config, timeout=2.0):
+            return
+        time.sleep(0.3)
+    raise ServiceError(
+        f"{what} at {client_config.get('bootstrap.servers')} did not answer within {timeout:.0f}s"
+        f"{_see(log_path)}"
+    )
+
+
+def _see(log_path: Path | None) -> str:
+    return f"; see {log_path}" if log_path is not None else ""
+
+
+def stop_process(proc_pid: int, *, timeout: float = 30.0, group: bool = True) -> None:
+    """SIGTERM the process (its process group when `group`), wait, then SIGKILL."""
+
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(proc_pid, sig)
+            else:
+                os.kill(proc_pid, sig)
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(proc_pid):
+            return
+        time.sleep(0.1)
+    send(signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and pid_alive(proc_pid):
+        time.sleep(0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not): reaps our own children."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X")
+
+
+class LocalBroker:
+    """A broker owned by this Python process: `with LocalBroker(cfg) as b: b.bootstrap`."""
+
+    def __init__(self, cfg: BrokerConfig, *, progress: Progress = _quiet, log_path: Path | None = None):
+        self.cfg = cfg
+        self.progress = progress
+        self.log_path = log_path or cfg.data_dir / "broker.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cfg.bootstrap
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def client_config(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.bootstrap}
+
+    def start(self, timeout: float = 90.0) -> LocalBroker:
+        argv = prepare(self.cfg, progress=self.progress)
+        self.progress(f"starting Kafka broker on {self.bootstrap}")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        proc = self._proc
+        try:
+            wait_until_ready(
+                self.client_config(), timeout, alive=lambda: proc.poll() is None, log_path=self.log_path
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                stop_process(self._proc.pid, timeout=timeout)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def running_broker(cfg: BrokerConfig, *, progress: Progress = _quiet) -> Iterator[LocalBroker]:
+    broker = LocalBroker(cfg, progress=progress)
+    with broker:
+        yield broker
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
+    """`n` distinct ports that were free a moment ago (for tests and benchmarks)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
