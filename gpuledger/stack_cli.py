@@ -1,9 +1,143 @@
-"""Commands of this component (filled in by its issue)."""
+"""`gpuledger up`, `down` and `status`: the local stack from the command line."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpuledger.errors import ConfigError
+from gpuledger.settings import Settings
+from gpuledger.supervisor import ComponentStatus, StackStatus, Supervisor
+
+console = Console()
+
+_STYLE = {
+    "ready": "green",
+    "running": "green",
+    "done": "green",
+    "disabled": "dim",
+    "stopped": "yellow",
+    "unavailable": "yellow",
+    "not-ready": "red",
+    "failed": "red",
+}
+
+STATE_DIR_OPTION = typer.Option(None, "--state-dir", help="State directory (pid files, logs, data).")
+
+
+def _settings(state_dir: Path | None) -> Settings:
+    from gpuledger.cli import load_settings
+
+    return load_settings(state_dir)
+
+
+def _command_exists(app: typer.Typer) -> Callable[[tuple[str, ...]], bool]:
+    """Whether `gpuledger <path...>` is a registered command (components whose owner has not landed)."""
+    root: Any = typer.main.get_command(app)
+
+    def exists(path: tuple[str, ...]) -> bool:
+        cmd: Any = root
+        for part in path:
+            commands = getattr(cmd, "commands", None)
+            if not isinstance(commands, dict) or part not in commands:
+                return False
+            cmd = commands[part]
+        return True
+
+    return exists
+
+
+def _check_broker_address(settings: Settings) -> None:
+    b = settings.broker
+    if b.enabled and f"{b.host}:{b.port}" not in settings.kafka.bootstrap_servers.split(","):
+        raise ConfigError(
+            f"the local broker listens on {b.host}:{b.port} but clients use "
+            f"{settings.kafka.bootstrap_servers}: set GPULEDGER_KAFKA__BOOTSTRAP_SERVERS to it, or "
+            "GPULEDGER_BROKER__ENABLED=false to use that external cluster"
+        )
+
+
+def _components_table(rows: list[ComponentStatus]) -> Table:
+    table = Table(title="components", title_justify="left")
+    for col in ("component", "state", "pid", "detail"):
+        table.add_column(col)
+    for c in rows:
+        style = _STYLE.get(c.state, "")
+        table.add_row(c.name, f"[{style}]{c.state}[/]", str(c.pid or ""), c.detail)
+    return table
+
+
+def _print_status(st: StackStatus) -> None:
+    console.print(_components_table(st.components))
+    kafka = Table(title="kafka", title_justify="left", show_header=False)
+    reach = "[green]reachable[/] " if st.broker_reachable else "[red]unreachable[/] "
+    kafka.add_row("broker", reach + st.broker_detail)
+    kafka.add_row("topics", ", ".join(st.topics) or "(none)")
+    if st.consumer_lag:
+        for g in st.consumer_lag:
+            kafka.add_row(f"lag {g.group}", f"{g.lag} over {g.partitions} partition(s)")
+    else:
+        kafka.add_row("consumer groups", "(none)")
+    console.print(kafka)
+    ch = Table(title="clickhouse", title_justify="left", show_header=False)
+    reach = "[green]reachable[/] " if st.clickhouse_reachable else "[red]unreachable[/] "
+    ch.add_row("server", reach + st.clickhouse_detail)
+    for name, n in (st.clickhouse_rows or {}).items():
+        ch.add_row(name, f"{n:,} rows")
+    console.print(ch)
+    console.print("[green]healthy[/]" if st.healthy else "[yellow]not all components are healthy[/]")
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
-    """Add this component's commands to the `gpuledger` command."""
+    """Add `up`, `down` and `status` to the `gpuledger` command."""
+
+    def supervisor(state_dir: Path | None) -> Supervisor:
+        settings = _settings(state_dir)
+        _check_broker_address(settings)
+        return Supervisor(
+            settings,
+            command_exists=_command_exists(app),
+            progress=lambda msg: console.print(f"[dim]·[/] {msg}", highlight=False),
+        )
+
+    @app.command("up")
+    def up(
+        state_dir: Path | None = STATE_DIR_OPTION,
+        only: str | None = typer.Option(None, "--only", help="Comma-separated components to start."),
+    ) -> None:
+        """Start the local stack in the background (broker, ClickHouse, topics, pipeline)."""
+        sup = supervisor(state_dir)
+        wanted = {n.strip() for n in only.split(",") if n.strip()} if only else None
+        with console.status("starting the local stack…"):
+            results = sup.up(wanted)
+        console.print(_components_table(results))
+        console.print(f"state: {sup.settings.state_dir}   logs: {sup.log_dir}   stop: gpuledger down")
+
+    @app.command("down")
+    def down(state_dir: Path | None = STATE_DIR_OPTION) -> None:
+        """Stop every component of the local stack; no process is left behind."""
+        sup = supervisor(state_dir)
+        with console.status("stopping…"):
+            stopped = sup.down()
+        console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+    @app.command("status")
+    def status(
+        state_dir: Path | None = STATE_DIR_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+    ) -> None:
+        """Each component's state, broker and topics, consumer lag, ClickHouse and row counts."""
+        sup = supervisor(state_dir)
+        st = sup.status()
+        if as_json:
+            typer.echo(json.dumps(st.to_json(), indent=2))
+        else:
+            _print_status(st)
+        if not st.healthy:
+            raise typer.Exit(1)

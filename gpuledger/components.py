@@ -1,0 +1,154 @@
+"""The local stack's components, in start order: the one list `gpuledger up/down/status` works from.
+
+To add a component, append a `Component` to `COMPONENTS` (keep start order: what others need
+comes first). A component is a long-running process (or, with `oneshot=True`, a step that runs to
+completion, like applying topics). Most run a `gpuledger` sub-command: name it in `command` and
+build the argv with `gpuledger_argv`; while that sub-command is not registered, status shows the
+component as *unavailable* instead of starting it. Each process gets the environment of `up`
+plus `GPULEDGER_STATE_DIR`, so it builds the same `Settings`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from gpuledger import broker
+from gpuledger.settings import Settings
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Health:
+    """The answer of a readiness check: healthy or not, and one line saying why."""
+
+    ok: bool
+    detail: str
+
+
+def _always(_: Settings) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Component:
+    """One process of the local stack.
+
+    name: short, unique; names the pid file and the log file.
+    argv: the command line from the settings. It may do foreground work first (the broker fetches
+      its jars and formats storage), reporting through `progress`.
+    ready: whether the running component serves; `None` means a live process is enough.
+    enabled: whether this configuration wants the component at all.
+    command: the `gpuledger` sub-command it runs (availability check), if any.
+    oneshot: runs to completion during `up` (exit 0 is success) instead of staying up.
+    """
+
+    name: str
+    description: str
+    argv: Callable[[Settings, Progress], list[str]]
+    ready: Callable[[Settings], Health] | None = None
+    enabled: Callable[[Settings], bool] = _always
+    command: tuple[str, ...] | None = None
+    oneshot: bool = False
+    ready_timeout_s: float = 60.0
+    stop_timeout_s: float = 20.0
+
+
+def gpuledger_argv(*args: str) -> list[str]:
+    """Run a `gpuledger` sub-command with this interpreter (works without the console script)."""
+    return [sys.executable, "-c", "from gpuledger.cli import main; main()", *args]
+
+
+# ------------------------------------------------------------------------------------------------
+# Readiness checks
+
+
+def kafka_ready(settings: Settings) -> Health:
+    ok = broker.metadata_ok(settings.kafka.client_config(), timeout=3.0)
+    where = settings.kafka.bootstrap_servers
+    return Health(ok, f"answers metadata at {where}" if ok else f"no metadata answer from {where}")
+
+
+def clickhouse_ready(settings: Settings) -> Health:
+    url = settings.clickhouse.url.rstrip("/") + "/ping"
+    try:
+        resp = httpx.get(url, timeout=2.0)
+    except httpx.HTTPError as exc:
+        return Health(False, f"{url}: {type(exc).__name__}")
+    ok = resp.status_code == 200
+    return Health(ok, f"{url}: HTTP {resp.status_code}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Command lines
+
+
+def _broker_argv(settings: Settings, progress: Progress) -> list[str]:
+    return broker.prepare(broker.BrokerConfig.from_settings(settings), progress=progress)
+
+
+def _clickhouse_argv(settings: Settings, _: Progress) -> list[str]:
+    ch = settings.clickhouse
+    return gpuledger_argv(
+        "clickhouse", "serve", "--path", str(settings.clickhouse_path), "--host", ch.host, "--port", str(ch.port)
+    )
+
+
+def _simulated(settings: Settings) -> bool:
+    # No real source configured: the cluster is the simulator's.
+    return settings.cluster == "sim"
+
+
+COMPONENTS: list[Component] = [
+    Component(
+        name="broker",
+        description="Apache Kafka, single KRaft node on loopback",
+        argv=_broker_argv,
+        ready=kafka_ready,
+        enabled=lambda s: s.broker.enabled,
+        ready_timeout_s=120.0,
+        stop_timeout_s=30.0,
+    ),
+    Component(
+        name="clickhouse",
+        description="embedded ClickHouse (chDB behind the HTTP interface)",
+        argv=_clickhouse_argv,
+        ready=clickhouse_ready,
+        enabled=lambda s: s.clickhouse.embedded,
+        command=("clickhouse", "serve"),
+    ),
+    Component(
+        name="topics",
+        description="create/update the Kafka topics",
+        argv=lambda s, _: gpuledger_argv("topics", "apply"),
+        command=("topics", "apply"),
+        oneshot=True,
+    ),
+    Component(
+        name="processors",
+        description="faust workers: allocations, attribution, idle, coverage",
+        argv=lambda s, _: gpuledger_argv("processors", "run"),
+        command=("processors", "run"),
+    ),
+    Component(
+        name="sinks",
+        description="topics to ClickHouse, chat and scheduler actions",
+        argv=lambda s, _: gpuledger_argv("sinks", "run"),
+        command=("sinks", "run"),
+    ),
+    Component(
+        name="simulator",
+        description="simulated cluster (no real source configured)",
+        argv=lambda s, _: gpuledger_argv("simulate", "run"),
+        enabled=_simulated,
+        command=("simulate", "run"),
+    ),
+]
+
+
+def by_name(components: list[Component] | None = None) -> dict[str, Component]:
+    return {c.name: c for c in (COMPONENTS if components is None else components)}
