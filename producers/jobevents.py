@@ -1,0 +1,145 @@
+"""Building `JobEvent` records (schemas/sched.job-events.avsc) from any scheduler, plus deterministic ids.
+
+Conventions shared by the Slurm and Kubernetes producers (the processors rely on them):
+- STARTED, RESUMED and UPDATED carry `allocations` (devices held per node); other types carry none.
+- STARTED, RESUMED open a holding; ENDED, PREEMPTED, SUSPENDED and REQUEUED close it.
+- `event_id` is a hash of (scheduler, cluster, job, type, event time[, discriminator]): the same transition
+  seen twice (a restarted poller, squeue then sacct) gets the same id, so downstream de-duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from producers.devicemap import DeviceMap
+from producers.identity import IdentitySource, snapshot
+from producers.projects import Attribution, Attributor
+
+EVENT_TYPES = ("SUBMITTED", "STARTED", "ENDED", "PREEMPTED", "SUSPENDED", "RESUMED", "REQUEUED", "UPDATED")
+WITH_ALLOCATIONS = frozenset({"STARTED", "RESUMED", "UPDATED"})
+
+
+class EventSink(Protocol):
+    """Where events go: `gpuledger.kafka.RecordPublisher` in production, a list in tests."""
+
+    def publish(self, topic: Any, key: bytes, record: dict[str, Any]) -> None: ...
+
+
+def event_id(scheduler: str, cluster: str, job_id: str, event_type: str, ts_ms: int, *extra: str) -> str:
+    text = "\x1f".join((scheduler, cluster, job_id, event_type, str(ts_ms), *extra))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldDevices:
+    """Devices held on one node: known indices, or only a count (indices unknown)."""
+
+    node: str
+    count: int
+    indices: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()  # known UUIDs (Kubernetes), aligned with indices when both are known
+    mig_instance_ids: tuple[int | None, ...] = ()
+
+
+def allocation_records(cluster: str, held: Iterable[HeldDevices], devmap: DeviceMap | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for h in held:
+        devices: list[dict[str, Any]] = []
+        if h.indices:
+            for i, idx in enumerate(h.indices):
+                uuid = h.uuids[i] if i < len(h.uuids) else None
+                if uuid is None and devmap is not None:
+                    uuid = devmap.lookup(cluster, h.node, idx)
+                mig = h.mig_instance_ids[i] if i < len(h.mig_instance_ids) else None
+                devices.append({"index": idx, "uuid": uuid, "mig_instance_id": mig})
+        elif h.uuids:
+            devices = [{"index": None, "uuid": u, "mig_instance_id": None} for u in h.uuids]
+        else:
+            devices = [{"index": None, "uuid": None, "mig_instance_id": None} for _ in range(h.count)]
+        if devices:
+            out.append({"node": h.node, "devices": devices})
+    return out
+
+
+@dataclass(frozen=True)
+class EventContext:
+    """Everything a producer needs beyond the scheduler record; built once at the entry point."""
+
+    cluster: str
+    attributor: Attributor | None = None
+    identity: IdentitySource | None = None
+    devices: DeviceMap | None = None
+    pricing_tier: str = "on-prem"
+    preemptible_qos: frozenset[str] = frozenset({"preemptible", "preempt", "scavenger", "low", "spot"})
+    preemptible_partitions: frozenset[str] = frozenset()
+    interactive_partitions: frozenset[str] = frozenset({"interactive"})
+    checkpoint_comment_key: str = "checkpoint"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def attribution(self, resolved: Attribution | None) -> Attribution:
+        return resolved or Attribution(None, "MISSING", "NOT_CHECKED", None)
+
+
+def job_event(
+    ctx: EventContext,
+    *,
+    event_type: str,
+    ts_ms: int,
+    scheduler: str,
+    job_id: str,
+    user: str,
+    attribution: Attribution,
+    held: Sequence[HeldDevices] = (),
+    id_extra: Sequence[str] = (),
+    **fields: Any,
+) -> dict[str, Any]:
+    """One `JobEvent` record. `fields` are the optional contract fields (job_name, account, ...)."""
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"unknown event type {event_type!r}")
+    identity = None
+    if event_type == "STARTED":
+        identity = snapshot(ctx.identity, user, ts_ms, attribution.cost_centre)
+    allocations = allocation_records(ctx.cluster, held, ctx.devices) if event_type in WITH_ALLOCATIONS else []
+    gang_size = fields.pop("gang_size", None)
+    record: dict[str, Any] = {
+        "event_id": event_id(scheduler, ctx.cluster, job_id, event_type, ts_ms, *id_extra),
+        "event_type": event_type,
+        "ts_ms": int(ts_ms),
+        "scheduler": scheduler,
+        "cluster": ctx.cluster,
+        "job_id": job_id,
+        "array_job_id": None,
+        "array_task_id": None,
+        "het_job_id": None,
+        "het_job_offset": None,
+        "job_name": None,
+        "user": user,
+        "account": None,
+        "project": attribution.project,
+        "project_source": attribution.source,
+        "project_validation": attribution.validation,
+        "identity": identity,
+        "partition": None,
+        "qos": None,
+        "preemptible": False,
+        "interactive": False,
+        "checkpointable": False,
+        "gang_size": int(gang_size) if gang_size is not None else sum(h.count for h in held),
+        "gang_id": None,
+        "allocations": allocations,
+        "requested_devices": 0,
+        "pricing_tier": ctx.pricing_tier,
+        "submit_ts_ms": None,
+        "start_ts_ms": None,
+        "end_ts_ms": None,
+        "exit_state": None,
+        "exit_code": None,
+    }
+    for key, value in fields.items():
+        if key not in record:
+            raise ValueError(f"{key!r} is not a JobEvent field")
+        record[key] = value
+    return record
