@@ -1,0 +1,164 @@
+"""ClickHouse access for the sinks and reports: one client factory and the migration runner.
+
+The product talks to ClickHouse only through clickhouse-connect (HTTP), the embedded chDB server
+included. DDL lives in `sinks/migrations/NNN_name.sql`; applied versions are recorded in
+`schema_migrations`, so `gpuledger db migrate` is safe to run any number of times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from gpuledger.errors import ConfigError, ServiceError
+from gpuledger.settings import ClickHouseSettings
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+# Server errors that mean "this server has no SQL access management", not "the SQL is wrong".
+_NO_ACCESS_MANAGEMENT = {"ACCESS_DENIED", "UNKNOWN_ROLE", "ACCESS_STORAGE_READONLY", "SUPPORT_IS_DISABLED"}
+
+MIGRATIONS_TABLE_DDL = """
+CREATE TABLE IF NOT EXISTS schema_migrations
+(
+    version UInt32,
+    name String,
+    checksum String,
+    status LowCardinality(String),
+    detail String,
+    applied_ms Int64
+)
+ENGINE = ReplacingMergeTree(applied_ms)
+ORDER BY version
+"""
+
+
+def connect(ch: ClickHouseSettings, *, analyst: bool = False, database: str | None = None, **kwargs: Any) -> Any:
+    """A clickhouse-connect client for the writer (default) or the read-only analyst user."""
+    import clickhouse_connect
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    user = ch.analyst_user if analyst else ch.user
+    password = (ch.analyst_password if analyst else ch.password).get_secret_value()
+    scheme = ch.url.split("://", 1)[0] if "://" in ch.url else "http"
+    try:
+        return clickhouse_connect.get_client(
+            host=ch.host,
+            port=ch.port,
+            interface="https" if scheme == "https" else "http",
+            username=user,
+            password=password,
+            database=database if database is not None else ch.database,
+            **kwargs,
+        )
+    except ClickHouseError as exc:
+        raise ServiceError(f"cannot reach ClickHouse at {ch.url} as {user!r}: {exc}") from exc
+
+
+def check_identifier(name: str) -> str:
+    if not _IDENT.match(name):
+        raise ConfigError(f"not a valid ClickHouse identifier: {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
+
+    @property
+    def needs_access_management(self) -> bool:
+        return "-- requires: access-management" in self.sql
+
+    def statements(self, *, database: str, raw_sample_ttl_days: int) -> list[str]:
+        """The file's statements with its two placeholders filled: a checked identifier and an int."""
+        text = self.sql.replace("{database}", check_identifier(database)).replace(
+            "{raw_sample_ttl_days}", str(int(raw_sample_ttl_days))
+        )
+        out = []
+        for chunk in re.split(r";\s*(?:\n|$)", text):
+            body = "\n".join(line for line in chunk.splitlines() if not line.strip().startswith("--")).strip()
+            if body:
+                out.append(body)
+        return out
+
+
+def load_migrations() -> list[Migration]:
+    folder = resources.files("sinks") / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise ConfigError(f"duplicate migration versions in sinks/migrations: {versions}")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationResult:
+    version: int
+    name: str
+    status: str  # applied, already-applied, skipped
+    detail: str = ""
+
+
+def _error_name(exc: Exception) -> str:
+    match = re.search(r"\(([A-Z_]+)\)", str(exc))
+    return match.group(1) if match else ""
+
+
+def migrate(
+    client: Any,
+    ch: ClickHouseSettings,
+    *,
+    clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+) -> list[MigrationResult]:
+    """Apply every migration not yet recorded, in version order; return what happened to each."""
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    database = check_identifier(ch.database)
+    client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+    client.database = database  # unqualified names in the migrations land in the ledger database
+    client.command(MIGRATIONS_TABLE_DDL.replace("schema_migrations", f"{database}.schema_migrations"))
+    rows = client.query(
+        f"SELECT version, checksum, status FROM {database}.schema_migrations FINAL"
+    ).result_rows
+    done = {int(v): (c, s) for v, c, s in rows}
+    results = []
+    for mig in load_migrations():
+        if mig.version in done and done[mig.version][1] == "applied":
+            if done[mig.version][0] != mig.checksum:
+                raise ConfigError(
+                    f"migration {mig.version:03d}_{mig.name} changed after it was applied; add a new migration instead"
+                )
+            results.append(MigrationResult(mig.version, mig.name, "already-applied"))
+            continue
+        status, detail = "applied", ""
+        try:
+            for statement in mig.statements(database=database, raw_sample_ttl_days=ch.raw_sample_ttl_days):
+                client.command(statement)
+        except DatabaseError as exc:
+            if mig.needs_access_management and _error_name(exc) in _NO_ACCESS_MANAGEMENT:
+                status, detail = "skipped", f"server has no SQL access management ({_error_name(exc)})"
+            else:
+                raise ServiceError(f"migration {mig.version:03d}_{mig.name} failed: {exc}") from exc
+        client.insert(
+            f"{database}.schema_migrations",
+            [[mig.version, mig.name, mig.checksum, status, detail, clock_ms()]],
+            column_names=["version", "name", "checksum", "status", "detail", "applied_ms"],
+        )
+        results.append(MigrationResult(mig.version, mig.name, status, detail))
+    return results
