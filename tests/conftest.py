@@ -1,0 +1,124 @@
+"""Shared fixtures. Keep this file tidy: one section per service, each fixture documented.
+
+Kafka (session-scoped, started once):
+  kafka_bootstrap   "host:port" of a real broker: `GPULEDGER_KAFKA_BOOTSTRAP` when set, else
+                    testcontainers' Kafka when a Docker engine answers, else the project's own
+                    launcher (gpuledger.broker) on free loopback ports with a temporary data dir.
+  kafka_config      librdkafka configuration dict for that broker (copy it before changing it).
+  unique_topic      factory: unique_topic("samples") -> "test.samples.<hex>"; never shared.
+  new_topic         factory: creates a unique topic on the broker (partitions, config) and
+                    deletes it after the test; returns its name.
+Settings:
+  settings          a gpuledger `Settings` pointed at the test broker with a tmp state dir; its own
+                    local broker is disabled (the test broker plays the external cluster).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuledger.settings import BrokerSettings, KafkaSettings, Settings
+
+# ------------------------------------------------------------------------------------------------
+# Kafka
+
+
+def _docker_engine_available() -> bool:
+    """A Docker engine answers (a client binary alone is not enough)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("GPULEDGER_KAFKA_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    if _docker_engine_available():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    from gpuledger.broker import BrokerConfig, LocalBroker, free_ports
+
+    port, controller_port = free_ports(2)
+    cfg = BrokerConfig(
+        data_dir=tmp_path_factory.mktemp("kafka"),
+        port=port,
+        controller_port=controller_port,
+        kafka_version=Settings().broker.kafka_version,
+    )
+    with LocalBroker(cfg) as broker:
+        yield broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def _kafka_config_session(kafka_bootstrap: str) -> dict[str, str]:
+    return {"bootstrap.servers": kafka_bootstrap}
+
+
+@pytest.fixture
+def kafka_config(_kafka_config_session: dict[str, str]) -> dict[str, str]:
+    return dict(_kafka_config_session)
+
+
+@pytest.fixture
+def unique_topic() -> Callable[[str], str]:
+    def make(name: str = "topic") -> str:
+        return f"test.{name}.{uuid.uuid4().hex[:12]}"
+
+    return make
+
+
+@pytest.fixture
+def new_topic(
+    kafka_config: dict[str, str], unique_topic: Callable[[str], str]
+) -> Iterator[Callable[..., str]]:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(kafka_config)
+    created: list[str] = []
+
+    def make(name: str = "topic", partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        topic = unique_topic(name)
+        fut = admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])[topic]
+        fut.result(timeout=30)
+        created.append(topic)
+        return topic
+
+    yield make
+    if created:
+        for fut in admin.delete_topics(created).values():
+            with contextlib.suppress(Exception):  # best effort: topic names are unique anyway
+                fut.result(timeout=30)
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
+    state = tmp_path / "state"
+    state.mkdir()
+    return Settings(
+        state_dir=state,
+        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap),
+        broker=BrokerSettings(enabled=False),
+    )
