@@ -1,0 +1,307 @@
+"""Polling Slurm: detect job transitions between polls, reconcile with accounting.
+
+Pure core: `PollState` + `step(state, listing, accounting, now_ms, ctx) -> events`. It diffs the job
+list (`squeue --json`, or `scontrol show job -d`) against the previous poll, and reconciles with
+`sacct --json` so that
+- a job that started *and* ended between two polls is still recorded, with its real start and end;
+- a job that vanished from the listing gets its real end time (not the poll time) once sacct has it;
+- a job sacct never reports within `lost_after_ms` is closed at its last-seen time (`exit_state=UNKNOWN`).
+
+The adapter `SlurmPoller` runs the commands (injected runner and clock) and publishes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, tzinfo
+from typing import Any
+
+from gpuledger.errors import ParseError, ServiceError
+from producers.jobevents import EventContext, EventSink
+from producers.slurm import SlurmJob, parse_capture
+from producers.slurm_events import slurm_event
+from schemas.topics import JOB_EVENTS, job_key
+
+Runner = Callable[[Sequence[str]], str]
+
+
+@dataclass
+class Tracked:
+    job: SlurmJob
+    last_seen_ms: int
+    emitted: set[str] = field(default_factory=set)  # event types already emitted for the current run
+
+
+@dataclass
+class PollState:
+    jobs: dict[str, Tracked] = field(default_factory=dict)  # jobs seen in the listing, not yet closed
+    vanished: dict[str, Tracked] = field(default_factory=dict)  # active when last seen, gone since
+    closed: dict[str, int] = field(default_factory=dict)  # job_id -> end ms of jobs already ENDED
+    last_poll_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class PollConfig:
+    gpu_jobs_only: bool = True
+    lost_after_ms: int = 15 * 60_000
+    closed_retention_ms: int = 24 * 3600_000
+
+
+def _is_gpu(job: SlurmJob) -> bool:
+    return bool(job.gpu_count or job.gpus)
+
+
+def _allocation_key(job: SlurmJob) -> tuple[Any, ...]:
+    return tuple((g.node, g.count, g.indices) for g in job.gpus)
+
+
+def _transitions(prev: SlurmJob | None, cur: SlurmJob, now_ms: int) -> list[tuple[str, int]]:
+    """Event types (and event times) that moving from `prev` to `cur` implies."""
+    out: list[tuple[str, int]] = []
+    p = prev.state if prev else None
+    c = cur.state
+    if prev is None:
+        if c == "PENDING":
+            if cur.submit_ms is not None:
+                out.append(("SUBMITTED", cur.submit_ms))
+            return out
+        if cur.start_ms is not None:
+            out.append(("STARTED", cur.start_ms))
+        if c == "SUSPENDED":
+            out.append(("SUSPENDED", cur.suspend_ms or now_ms))
+        if c == "REQUEUED" and cur.start_ms is not None:
+            out.append(("REQUEUED", cur.end_ms or now_ms))
+        if cur.terminal and cur.start_ms is not None:
+            out.append(("ENDED", cur.end_ms or now_ms))
+        return out
+    was_active = p in ("RUNNING", "SUSPENDED")
+    if c == "PENDING":
+        if was_active:  # back in the queue: requeued (preempted, node failure, scontrol requeue)
+            out.append(("REQUEUED", now_ms))
+        return out
+    if c in ("RUNNING", "SUSPENDED"):
+        if not was_active and cur.start_ms is not None:
+            out.append(("STARTED", cur.start_ms))
+        elif was_active and prev.start_ms != cur.start_ms and cur.start_ms is not None:
+            out.append(("REQUEUED", cur.start_ms))  # requeued and restarted between two polls
+            out.append(("STARTED", cur.start_ms))
+        elif was_active and _allocation_key(prev) != _allocation_key(cur):
+            out.append(("UPDATED", now_ms))
+        if c == "SUSPENDED" and p != "SUSPENDED":
+            out.append(("SUSPENDED", cur.suspend_ms or now_ms))
+        if c == "RUNNING" and p == "SUSPENDED":
+            out.append(("RESUMED", cur.suspend_ms or now_ms))
+        return out
+    if cur.terminal:
+        if not was_active and cur.start_ms is not None:
+            out.append(("STARTED", cur.start_ms))
+        if was_active or cur.start_ms is not None:
+            out.append(("ENDED", cur.end_ms or now_ms))
+    return out
+
+
+def merge_indices(listing: Iterable[SlurmJob], detail: Iterable[SlurmJob]) -> list[SlurmJob]:
+    """Fill per-node GPU indices the listing lacks from `scontrol show job -d` records of the same jobs."""
+    by_id = {d.job_id: d for d in detail if d.has_indices}
+    out = []
+    for j in listing:
+        d = by_id.get(j.job_id)
+        out.append(replace(j, gpus=d.gpus, gpu_count=j.gpu_count or d.gpu_count) if d and not j.has_indices else j)
+    return out
+
+
+def step(
+    state: PollState,
+    listing: Sequence[SlurmJob],
+    accounting: Sequence[SlurmJob],
+    now_ms: int,
+    ctx: EventContext,
+    config: PollConfig | None = None,
+) -> list[dict[str, Any]]:
+    """Advance the poll state by one cycle; return the events, in event-time order per job."""
+    cfg = config or PollConfig()
+    events: list[dict[str, Any]] = []
+
+    def emit(job: SlurmJob, kinds: list[tuple[str, int]], tracked: Tracked | None) -> None:
+        for etype, ts in kinds:
+            if etype in ("STARTED", "ENDED") and tracked is not None and etype in tracked.emitted:
+                continue
+            events.append(slurm_event(job, etype, ts, ctx))
+            if tracked is not None:
+                if etype == "REQUEUED":
+                    tracked.emitted.clear()  # a requeued job starts and ends again
+                else:
+                    tracked.emitted.add(etype)
+            if etype == "ENDED":
+                state.closed[job.job_id] = ts
+
+    listed = [j for j in listing if _is_gpu(j) or not cfg.gpu_jobs_only]
+    seen_ids = set()
+    for job in listed:
+        seen_ids.add(job.job_id)
+        tracked = state.jobs.get(job.job_id) or state.vanished.pop(job.job_id, None)
+        if tracked is None:
+            if job.job_id in state.closed and job.terminal:
+                continue
+            tracked = Tracked(job, now_ms)
+            emit(job, _transitions(None, job, now_ms), tracked)
+        else:
+            emit(job, _transitions(tracked.job, job, now_ms), tracked)
+        tracked.job = job
+        tracked.last_seen_ms = now_ms
+        if job.terminal:
+            state.jobs.pop(job.job_id, None)
+            state.closed.setdefault(job.job_id, job.end_ms or now_ms)
+        else:
+            state.jobs[job.job_id] = tracked
+
+    # Jobs that left the listing while active: their end comes from accounting.
+    for job_id in [k for k in state.jobs if k not in seen_ids]:
+        tracked = state.jobs.pop(job_id)
+        if tracked.job.active:
+            state.vanished[job_id] = tracked
+
+    for acct in accounting:
+        if cfg.gpu_jobs_only and not _is_gpu(acct):
+            continue
+        if acct.job_id in seen_ids:
+            continue
+        vanished = state.vanished.get(acct.job_id)
+        if vanished is not None:
+            if acct.terminal or acct.state == "REQUEUED":
+                # keep the device detail the listing had; take the real times and final state from sacct
+                merged = replace(
+                    acct, gpus=vanished.job.gpus or acct.gpus, gpu_count=vanished.job.gpu_count or acct.gpu_count
+                )
+                if acct.state == "REQUEUED":
+                    emit(merged, [("REQUEUED", acct.end_ms or now_ms)], vanished)
+                else:
+                    emit(merged, [("ENDED", acct.end_ms or now_ms)], vanished)
+                del state.vanished[acct.job_id]
+            continue
+        if acct.job_id in state.closed or acct.job_id in state.jobs:
+            continue
+        if acct.start_ms is None:
+            continue
+        # Never listed: started (and maybe ended) between polls.
+        tracked = Tracked(acct, now_ms)
+        emit(acct, _transitions(None, acct, now_ms), tracked)
+        if acct.active:
+            state.jobs[acct.job_id] = tracked
+
+    for job_id in [k for k, t in state.vanished.items() if now_ms - t.last_seen_ms >= cfg.lost_after_ms]:
+        tracked = state.vanished.pop(job_id)
+        lost = replace(tracked.job, state="UNKNOWN", end_ms=tracked.last_seen_ms)
+        emit(lost, [("ENDED", tracked.last_seen_ms)], tracked)
+
+    for job_id in [k for k, end in state.closed.items() if now_ms - end > cfg.closed_retention_ms]:
+        del state.closed[job_id]
+    state.last_poll_ms = now_ms
+    return events
+
+
+# ------------------------------------------------------------------------------------------------
+# Adapter: commands in, events out
+
+
+def run_command(argv: Sequence[str], timeout_s: float = 60.0) -> str:
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError as exc:
+        raise ServiceError(f"{argv[0]}: not found on PATH") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ServiceError(f"{' '.join(argv)}: no answer within {timeout_s:.0f}s") from exc
+    if proc.returncode != 0:
+        raise ServiceError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+    return proc.stdout
+
+
+@dataclass(frozen=True)
+class SlurmCommands:
+    listing: tuple[str, ...] = ("squeue", "--json")
+    detail: tuple[str, ...] = ("scontrol", "show", "job", "-d")
+    accounting: tuple[str, ...] = ("sacct", "--json", "-X", "--allusers")
+    accounting_overlap_s: int = 300
+
+
+class SlurmPoller:
+    """One poll cycle = list jobs, fill missing GPU indices, reconcile with sacct, publish the events."""
+
+    def __init__(
+        self,
+        ctx: EventContext,
+        sink: EventSink,
+        *,
+        commands: SlurmCommands | None = None,
+        runner: Runner = run_command,
+        clock: Callable[[], int] = lambda: int(time.time() * 1000),
+        config: PollConfig | None = None,
+        tz: tzinfo = UTC,
+    ) -> None:
+        self.ctx = ctx
+        self.sink = sink
+        self.commands = commands or SlurmCommands()
+        self.runner = runner
+        self.clock = clock
+        self.config = config or PollConfig()
+        self.tz = tz
+        self.state = PollState()
+
+    def _accounting_argv(self, now_ms: int) -> list[str]:
+        since_s = self.commands.accounting_overlap_s
+        if self.state.last_poll_ms is not None:
+            since_s += max(0, (now_ms - self.state.last_poll_ms) // 1000)
+        else:
+            since_s += 3600
+        return [*self.commands.accounting, "-S", f"now-{since_s}seconds", "-E", "now"]
+
+    def poll_once(self) -> list[dict[str, Any]]:
+        now_ms = self.clock()
+        listing = list(parse_capture(self.runner(self.commands.listing), self.tz).jobs)
+        needs_detail = [j for j in listing if j.active and j.gpu_count and not j.has_indices]
+        if needs_detail and self.commands.detail:
+            known = self.state.jobs
+            fresh = [j for j in needs_detail if j.job_id not in known or not known[j.job_id].job.has_indices]
+            detail: list[SlurmJob] = []
+            for j in fresh:
+                try:
+                    detail.extend(parse_capture(self.runner([*self.commands.detail, str(j.numeric_id)]), self.tz).jobs)
+                except (ServiceError, ParseError):
+                    continue  # the job may have ended in between: sacct will tell
+            listing = merge_indices(listing, detail)
+            # jobs already known with indices keep them
+            listing = [
+                replace(j, gpus=known[j.job_id].job.gpus)
+                if j.job_id in known and not j.has_indices and known[j.job_id].job.has_indices
+                else j
+                for j in listing
+            ]
+        accounting: list[SlurmJob] = []
+        if self.commands.accounting:
+            accounting = list(parse_capture(self.runner(self._accounting_argv(now_ms)), self.tz).jobs)
+        events = step(self.state, listing, accounting, now_ms, self.ctx, self.config)
+        for ev in events:
+            self.sink.publish(JOB_EVENTS, job_key(ev["cluster"], ev["job_id"]), ev)
+        return events
+
+    def run(
+        self,
+        interval_s: float,
+        stop: Callable[[], bool] = lambda: False,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        while not stop():
+            started = time.monotonic()
+            try:
+                self.poll_once()
+                flush = getattr(self.sink, "flush", None)
+                if callable(flush):
+                    flush()
+            except (ServiceError, ParseError) as exc:
+                if on_error is None:
+                    raise
+                on_error(exc)
+            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
