@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from processors.config import ProcessorSettings
+
 MASK = "**********"
 
 
@@ -95,6 +97,43 @@ class ClickHouseSettings(BaseModel):
         return int(rest.rsplit(":", 1)[1]) if ":" in rest else 8123
 
 
+class ChatRoute(BaseModel):
+    """Where alerts for a user, a team or everyone else go: an apprise URL (secret: it carries the
+    webhook token) and the channel or direct-message name shown in the message."""
+
+    url: SecretStr
+    channel: str = ""
+
+
+class ChatSettings(BaseModel):
+    """Chat alerts (sinks/chat.py): routing table, dedupe, rate limit; dry-run logs instead of sending."""
+
+    dry_run: bool = False
+    users: dict[str, ChatRoute] = Field(default_factory=dict)
+    teams: dict[str, ChatRoute] = Field(default_factory=dict)
+    default: ChatRoute | None = None
+    rate_limit_per_minute: int = 20  # per destination
+    dedupe_window: int = 10_000  # alert ids remembered
+    appeal_route: str = "reply in this thread or open a ticket with the platform team"
+    kinds: list[str] = Field(default_factory=lambda: ["IDLE_WARNING", "RECLAIM_NOTICE", "COVERAGE_GAP"])
+
+
+class SinksSettings(BaseModel):
+    """The ClickHouse sinks, rate card, chat alerts and reclaim executor (sinks/)."""
+
+    group_id: str = "gpuledger-sinks"
+    topics: list[str] = Field(default_factory=list)  # empty: every topic the sinks know
+    batch_max_records: int = 5000
+    batch_max_wait_s: float = 1.0
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 10.0
+    ratecard_path: Path | None = None  # default: the card shipped in sinks/ratecard.toml
+    reclaim_dry_run: bool = True
+    reclaim_checkpoint_signal: str = "USR1"
+    reclaim_checkpoint_grace_s: float = 120.0
+    chat: ChatSettings = Field(default_factory=ChatSettings)
+
+
 class BrokerSettings(BaseModel):
     """The local Apache Kafka broker that `gpuledger up` runs when no external cluster is configured."""
 
@@ -118,6 +157,8 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    sinks: SinksSettings = Field(default_factory=SinksSettings)
+    processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
     # Extra sections owned by later components (producers, processors, sinks) live here as they land.
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -156,4 +197,8 @@ class Settings(BaseSettings):
         ):
             if data[section].get(key):
                 data[section][key] = MASK
+        chat = data["sinks"]["chat"]
+        for route in [*chat["users"].values(), *chat["teams"].values(), chat["default"]]:
+            if route:
+                route["url"] = MASK
         return data

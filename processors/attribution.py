@@ -1,0 +1,362 @@
+"""Allocations and attribution: which job held a device at a given second.
+
+The allocation table is built from scheduler job events (re-keyed by node, so one partition holds all
+of a node's allocations) as intervals per device per job. A device-second `s` belongs to job J when
+`start_ms <= s * 1000 < end_ms` for one of J's intervals (docs/classification.md). Pure code: plain
+data in, plain data out; the caller supplies offsets only so it can tell which input is still needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+OPENING = frozenset({"STARTED", "RESUMED"})
+CLOSING = frozenset({"ENDED", "PREEMPTED", "SUSPENDED", "REQUEUED"})
+MINUTE_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRef:
+    """A device as a job event names it: by UUID when known, else by index; MIG instance if a slice."""
+
+    uuid: str | None
+    index: int | None
+    mig_instance_id: int | None = None
+
+    def matches(self, uuid: str, index: int | None, mig_instance_id: int | None) -> bool:
+        if self.mig_instance_id != mig_instance_id:
+            return False
+        if self.uuid is not None:
+            return self.uuid == uuid
+        return self.index is not None and self.index == index
+
+    @property
+    def sort_key(self) -> tuple[str, int, int]:
+        return (
+            self.uuid or "",
+            -1 if self.index is None else self.index,
+            -1 if self.mig_instance_id is None else self.mig_instance_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What usage rows and alerts carry about a job: snapshotted at job start, never rewritten."""
+
+    cluster: str
+    job_id: str
+    scheduler: str = "SIMULATOR"
+    user: str | None = None
+    project: str | None = None
+    team: str | None = None
+    cost_centre: str | None = None
+    partition: str | None = None
+    preemptible: bool = False
+    interactive: bool = False
+    checkpointable: bool = False
+    pricing_tier: str = "on-prem"
+    gang_size: int = 0
+
+    @classmethod
+    def from_event(cls, ev: Mapping[str, Any]) -> JobInfo:
+        identity = ev.get("identity") or {}
+        teams = identity.get("teams") or []
+        team = identity.get("primary_team") or (teams[0] if teams else None)
+        return cls(
+            cluster=ev["cluster"],
+            job_id=ev["job_id"],
+            scheduler=str(ev.get("scheduler") or "SIMULATOR"),
+            user=ev.get("user"),
+            project=ev.get("project"),
+            team=team,
+            cost_centre=identity.get("cost_centre"),
+            partition=ev.get("partition"),
+            preemptible=bool(ev.get("preemptible", False)),
+            interactive=bool(ev.get("interactive", False)),
+            checkpointable=bool(ev.get("checkpointable", False)),
+            pricing_tier=ev.get("pricing_tier") or "on-prem",
+            gang_size=int(ev.get("gang_size") or 0),
+        )
+
+
+@dataclass(slots=True)
+class Interval:
+    job_id: str
+    ref: DeviceRef
+    start_ms: int
+    end_ms: int | None = None  # None: still open
+
+    def overlaps(self, lo_ms: int, hi_ms: int) -> bool:
+        return self.start_ms < hi_ms and (self.end_ms is None or self.end_ms > lo_ms)
+
+
+def first_second(ms: int) -> int:
+    """The first second `s` with `s * 1000 >= ms`."""
+    return -((-ms) // 1000)
+
+
+def allocated_seconds(intervals: Iterable[Interval], lo_s: int, hi_s: int) -> set[int]:
+    """Seconds in [lo_s, hi_s) covered by any of the intervals."""
+    out: set[int] = set()
+    for iv in intervals:
+        a = max(lo_s, first_second(iv.start_ms))
+        b = hi_s if iv.end_ms is None else min(hi_s, first_second(iv.end_ms))
+        if a < b:
+            out.update(range(a, b))
+    return out
+
+
+def owners_by_second(intervals: Iterable[Interval], minute_ms: int) -> dict[str, set[int]]:
+    """Job -> its seconds of the minute. Should two jobs claim one second (a scheduler double booking),
+    the later-started allocation wins, so a second is never counted twice."""
+    lo_s = minute_ms // 1000
+    ivs = sorted((iv for iv in intervals if iv.overlaps(minute_ms, minute_ms + MINUTE_MS)), key=lambda iv: iv.start_ms)
+    if not ivs:
+        return {}
+    if len({iv.job_id for iv in ivs}) == 1:
+        return {ivs[0].job_id: allocated_seconds(ivs, lo_s, lo_s + 60)}
+    slot: dict[int, str] = {}
+    for iv in ivs:
+        for s in allocated_seconds((iv,), lo_s, lo_s + 60):
+            slot[s] = iv.job_id
+    owners: dict[str, set[int]] = {}
+    for s, job in slot.items():
+        owners.setdefault(job, set()).add(s)
+    return owners
+
+
+@dataclass(slots=True)
+class _Job:
+    info: JobInfo
+    first_offset: int
+    event_ids: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    ended_ms: int | None = None
+
+
+class AllocationTable:
+    """Device allocations of the nodes of one partition, from job events.
+
+    `apply` is idempotent per event id (the re-keying stage may re-publish after a crash); an event for a
+    job that already ended at or after its time is ignored for the same reason.
+    """
+
+    def __init__(self) -> None:
+        self._intervals: dict[str, list[Interval]] = {}  # node -> intervals
+        self._jobs: dict[str, _Job] = {}
+        self._ended: dict[str, int] = {}  # forgotten jobs -> end ms (tombstones against replays)
+        self.min_event_ms: int | None = None
+
+    # -- input
+    def apply(self, node: str, ev: Mapping[str, Any], offset: int = 0) -> bool:
+        """Apply one job event to `node`'s allocations. Returns False for a duplicate or stale event."""
+        job_id: str = ev["job_id"]
+        ts: int = ev["ts_ms"]
+        kind: str = ev["event_type"]
+        tomb = self._ended.get(job_id)
+        if tomb is not None and ts <= tomb:
+            return False
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = _Job(JobInfo.from_event(ev), offset)
+            self._jobs[job_id] = job
+        elif ev["event_id"] in job.event_ids:
+            return False
+        elif kind == "STARTED" and job.info.user is None:
+            job.info = JobInfo.from_event(ev)
+        job.event_ids.add(ev["event_id"])
+        job.first_offset = min(job.first_offset, offset)
+        self.min_event_ms = ts if self.min_event_ms is None else min(self.min_event_ms, ts)
+        if kind == "SUBMITTED":
+            return True
+        refs = _refs_for_node(ev, node)
+        ivs = self._intervals.setdefault(node, [])
+        open_ivs = [iv for iv in ivs if iv.job_id == job_id and iv.end_ms is None]
+        if kind in OPENING or (kind == "UPDATED" and ev.get("allocations")):
+            keep = set(refs)
+            if kind == "UPDATED":
+                for iv in open_ivs:
+                    if iv.ref not in keep:
+                        iv.end_ms = max(ts, iv.start_ms)
+            already = {iv.ref for iv in open_ivs}
+            for ref in refs:
+                if ref not in already:
+                    ivs.append(Interval(job_id, ref, ts))
+            if refs:
+                job.nodes.add(node)
+        elif kind in CLOSING:
+            for iv in open_ivs:
+                iv.end_ms = max(ts, iv.start_ms)
+            if kind == "ENDED":
+                job.ended_ms = ts
+        return True
+
+    def apply_all(self, ev: Mapping[str, Any], offset: int = 0) -> bool:
+        """Apply a job event to every node it names and every node the job already holds devices on
+        (the job stage keeps whole jobs, keyed by job)."""
+        job = self._jobs.get(ev["job_id"])
+        nodes = event_nodes(ev)
+        if job is not None:
+            nodes += sorted(job.nodes - set(nodes))
+        if not nodes:
+            nodes = [""]  # SUBMITTED or an event with no devices: still record the job
+        applied = False
+        for node in nodes:
+            applied = self.apply(node, ev, offset) or applied
+            if job is None:
+                job = self._jobs.get(ev["job_id"])
+            if job is not None:
+                job.event_ids.discard(ev["event_id"])  # let the same event reach the job's other nodes
+        if job is not None and applied:
+            job.event_ids.add(ev["event_id"])
+        return applied
+
+    def expected_devices(self, job_id: str, minute_ms: int) -> int:
+        """Devices of the job that must have a row for the minute: one per (node, device) with an
+        interval overlapping it, the rule the node stage uses to emit rows."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return 0
+        hi = minute_ms + MINUTE_MS
+        return sum(
+            len({iv.ref for iv in self._intervals.get(node, ()) if iv.job_id == job_id and iv.overlaps(minute_ms, hi)})
+            for node in job.nodes
+        )
+
+    def job_devices(self, job_id: str) -> list[str]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return []
+        return sorted(
+            {
+                iv.ref.uuid or f"{node}:index:{iv.ref.index}"
+                for node in job.nodes
+                for iv in self._intervals.get(node, ())
+                if iv.job_id == job_id
+            }
+        )
+
+    def job_ended_ms(self, job_id: str) -> int | None:
+        job = self._jobs.get(job_id)
+        return job.ended_ms if job is not None else None
+
+    def job_last_end_ms(self, job_id: str) -> int | None:
+        """End of the job's last allocation interval; None while any is open or the job is unknown."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        ends: list[int] = []
+        for node in job.nodes:
+            for iv in self._intervals.get(node, ()):
+                if iv.job_id == job_id:
+                    if iv.end_ms is None:
+                        return None
+                    ends.append(iv.end_ms)
+        return max(ends, default=job.ended_ms)
+
+    def jobs(self) -> list[str]:
+        return list(self._jobs)
+
+    def forget_job(self, job_id: str) -> None:
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return
+        if job.ended_ms is not None:
+            self._ended[job_id] = job.ended_ms
+        for node in job.nodes | {""}:
+            ivs = [iv for iv in self._intervals.get(node, ()) if iv.job_id != job_id]
+            if ivs:
+                self._intervals[node] = ivs
+            else:
+                self._intervals.pop(node, None)
+
+    # -- queries
+    def nodes(self) -> Iterator[str]:
+        return iter(self._intervals)
+
+    def intervals(self, node: str) -> list[Interval]:
+        return self._intervals.get(node, [])
+
+    def intervals_in(self, node: str, lo_ms: int, hi_ms: int) -> list[Interval]:
+        return [iv for iv in self._intervals.get(node, ()) if iv.overlaps(lo_ms, hi_ms)]
+
+    def job(self, job_id: str) -> JobInfo | None:
+        job = self._jobs.get(job_id)
+        return job.info if job is not None else None
+
+    def owner_at(self, node: str, uuid: str, index: int | None, mig: int | None, ts_ms: int) -> JobInfo | None:
+        """The job holding the device at the second of `ts_ms`, or None (unallocated)."""
+        s_ms = (ts_ms // 1000) * 1000
+        best: Interval | None = None
+        for iv in self._intervals.get(node, ()):
+            holds = iv.start_ms <= s_ms and (iv.end_ms is None or s_ms < iv.end_ms)
+            if holds and iv.ref.matches(uuid, index, mig) and (best is None or iv.start_ms >= best.start_ms):
+                best = iv
+        return self.job(best.job_id) if best is not None else None
+
+    def min_live_offset(self) -> int | None:
+        """Smallest input offset of any job still remembered: replaying from there rebuilds the table."""
+        return min((j.first_offset for j in self._jobs.values()), default=None)
+
+    # -- forgetting
+    def prune(self, closed_before_ms: int) -> None:
+        """Drop intervals that ended before `closed_before_ms` (every minute they touch is emitted) and
+        jobs that ended with nothing left."""
+        for node, ivs in list(self._intervals.items()):
+            kept = [iv for iv in ivs if iv.end_ms is None or iv.end_ms > closed_before_ms]
+            if kept:
+                self._intervals[node] = kept
+            else:
+                del self._intervals[node]
+        live = {iv.job_id for ivs in self._intervals.values() for iv in ivs}
+        for job_id, job in list(self._jobs.items()):
+            if job_id not in live and job.ended_ms is not None and job.ended_ms <= closed_before_ms:
+                self._ended[job_id] = job.ended_ms
+                del self._jobs[job_id]
+        if len(self._ended) > 100_000:  # tombstones only guard replays of recent history
+            for job_id in sorted(self._ended, key=self._ended.__getitem__)[: len(self._ended) // 2]:
+                del self._ended[job_id]
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._intervals.values())
+
+
+def _refs_for_node(ev: Mapping[str, Any], node: str) -> list[DeviceRef]:
+    refs: list[DeviceRef] = []
+    for alloc in ev.get("allocations") or ():
+        if alloc["node"] != node:
+            continue
+        for dev in alloc["devices"]:
+            ref = DeviceRef(dev.get("uuid"), dev.get("index"), dev.get("mig_instance_id"))
+            if ref not in refs:
+                refs.append(ref)
+    return refs
+
+
+def event_nodes(ev: Mapping[str, Any]) -> list[str]:
+    """Nodes named in a job event's allocations, in order, once each."""
+    out: list[str] = []
+    for alloc in ev.get("allocations") or ():
+        if alloc["node"] not in out:
+            out.append(alloc["node"])
+    return out
+
+
+def split_scrape(scrape: Mapping[str, Any]) -> Iterator[tuple[tuple[str, str, int | None], Mapping[str, Any]]]:
+    """A node scrape as ((node, uuid, mig_instance_id), device sample) pairs."""
+    node = scrape["node"]
+    for dev in scrape["devices"]:
+        yield (node, dev["uuid"], dev.get("mig_instance_id")), dev
+
+
+def attribute_scrape(
+    table: AllocationTable, scrape: Mapping[str, Any]
+) -> list[tuple[tuple[str, str, int | None], Mapping[str, Any], JobInfo | None]]:
+    """Split a scrape into device samples, each with the job holding its device at that second (None:
+    unallocated). The streaming path does the same per second at window close (`rollup`)."""
+    ts = scrape["ts_ms"]
+    return [
+        (key, dev, table.owner_at(key[0], key[1], dev.get("index"), key[2], ts)) for key, dev in split_scrape(scrape)
+    ]

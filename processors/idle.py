@@ -1,0 +1,275 @@
+"""The idle state machine, one per job (a gang is one job, judged as one unit).
+
+    OK --(idle_after consecutive idle job-minutes)--> IDLE_WARNED --(grace more)--> RECLAIMED
+     ^                                                    |                            |
+     +------------- a busy (or all-dark) minute: IDLE_RESOLVED ------------------------+
+
+`step(state, job_minute, policy) -> (state, outputs)` consumes the job's JobMinutes in minute order;
+`on_tick(state, now_ms, policy) -> (state | None, outputs)` forgets jobs that ended. Pure: the clock is
+the caller's, times are epoch milliseconds, outputs are plain Alert / ReclaimAction records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from enum import StrEnum
+from typing import Any
+
+from processors.attribution import JobInfo
+from processors.classify import JobMinuteClass, classify_job_minute
+from processors.config import Exemption, IdlePolicy
+
+MINUTE_MS = 60_000
+FORGET_AFTER_END_MS = 5 * MINUTE_MS
+
+
+class Status(StrEnum):
+    OK = "OK"
+    IDLE_WARNED = "IDLE_WARNED"
+    RECLAIMED = "RECLAIMED"
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    kind: str  # "alert" or "action"
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class IdleState:
+    job: JobInfo
+    status: Status = Status.OK
+    idle_minutes: int = 0
+    idle_since_ms: int | None = None  # start of the first minute of the current idle streak
+    idle_device_s: int = 0  # allocated device-seconds of the streak
+    cost_so_far: float | None = None
+    action_at_ms: int | None = None
+    last_minute_ms: int | None = None
+    ended_ms: int | None = None
+    devices: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": _info_dict(self.job),
+            "status": self.status.value,
+            "idle_minutes": self.idle_minutes,
+            "idle_since_ms": self.idle_since_ms,
+            "idle_device_s": self.idle_device_s,
+            "cost_so_far": self.cost_so_far,
+            "action_at_ms": self.action_at_ms,
+            "last_minute_ms": self.last_minute_ms,
+            "ended_ms": self.ended_ms,
+            "devices": list(self.devices),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IdleState:
+        return cls(
+            job=JobInfo(**data["job"]),
+            status=Status(data["status"]),
+            idle_minutes=data["idle_minutes"],
+            idle_since_ms=data["idle_since_ms"],
+            idle_device_s=data["idle_device_s"],
+            cost_so_far=data["cost_so_far"],
+            action_at_ms=data["action_at_ms"],
+            last_minute_ms=data["last_minute_ms"],
+            ended_ms=data["ended_ms"],
+            devices=tuple(data["devices"]),
+        )
+
+
+def _info_dict(info: JobInfo) -> dict[str, Any]:
+    return {f.name: getattr(info, f.name) for f in fields(info)}
+
+
+def idle_after_min(job: JobInfo, policy: IdlePolicy) -> int:
+    """Minutes of idleness before a warning: project override, else partition/queue, else job class."""
+    if job.project is not None and job.project in policy.idle_after_min_by_project:
+        return policy.idle_after_min_by_project[job.project]
+    if job.partition is not None and job.partition in policy.idle_after_min_by_partition:
+        return policy.idle_after_min_by_partition[job.partition]
+    return policy.idle_after_min_interactive if job.interactive else policy.idle_after_min_batch
+
+
+def exemption_for(job: JobInfo, at_ms: int, policy: IdlePolicy) -> Exemption | None:
+    for ex in policy.exemptions:
+        if ex.expires_ms is not None and at_ms >= ex.expires_ms:
+            continue
+        target = {"job": job.job_id, "user": job.user, "project": job.project}[ex.kind]
+        if target is not None and target == ex.value:
+            return ex
+    return None
+
+
+def reclaim_kind(job: JobInfo, policy: IdlePolicy) -> str:
+    """Suspend or requeue with a checkpoint signal when the workload supports it, cancel otherwise."""
+    if not job.checkpointable:
+        return "CANCEL"
+    return "SUSPEND" if policy.reclaim_mode == "SUSPEND" else "CHECKPOINT_THEN_REQUEUE"
+
+
+def _id(*parts: object) -> str:
+    return hashlib.sha1("/".join(map(str, parts)).encode(), usedforsecurity=False).hexdigest()[:24]
+
+
+def new_state(job: JobInfo, devices: tuple[str, ...] = ()) -> IdleState:
+    return IdleState(job=job, devices=devices)
+
+
+def _alert(state: IdleState, kind: str, ts_ms: int, policy: IdlePolicy, message: str, **extra: Any) -> Output:
+    job = state.job
+    record: dict[str, Any] = {
+        "alert_id": _id(kind, job.cluster, job.job_id, state.idle_since_ms),
+        "kind": kind,
+        "ts_ms": ts_ms,
+        "cluster": job.cluster,
+        "job_id": job.job_id,
+        "node": None,
+        "device_uuids": list(state.devices),
+        "user": job.user,
+        "team": job.team,
+        "project": job.project,
+        "idle_minutes": state.idle_minutes,
+        "cost_so_far": state.cost_so_far,
+        "action": None,
+        "action_at_ms": None,
+        "dry_run": policy.dry_run,
+        "message": message,
+        "appeal_route": policy.appeal_route,
+        "emitted_ts_ms": None,
+    }
+    record.update(extra)
+    return Output("alert", record)
+
+
+def _cost(idle_device_s: int, generation: str, policy: IdlePolicy) -> float | None:
+    rate = policy.rate_per_device_hour.get(generation)
+    return None if rate is None else round(idle_device_s * rate / 3600.0, 6)
+
+
+def _resolve(state: IdleState, ts_ms: int, policy: IdlePolicy, why: str) -> tuple[IdleState, list[Output]]:
+    outs: list[Output] = []
+    if state.status is not Status.OK:
+        outs.append(
+            _alert(
+                state,
+                "IDLE_RESOLVED",
+                ts_ms,
+                policy,
+                f"Job {state.job.job_id} is no longer idle ({why}) after {state.idle_minutes} idle minutes; "
+                "no action will be taken.",
+            )
+        )
+    return replace(
+        state,
+        status=Status.OK,
+        idle_minutes=0,
+        idle_since_ms=None,
+        idle_device_s=0,
+        cost_so_far=None,
+        action_at_ms=None,
+    ), outs
+
+
+def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[IdleState, list[Output]]:
+    """Advance the job's machine by one JobMinute (summed over the whole gang)."""
+    minute = int(jm["minute_start_ms"])
+    if state.last_minute_ms is not None and minute <= state.last_minute_ms:
+        return state, []  # replayed minute: already applied
+    end = minute + MINUTE_MS
+    gap = state.last_minute_ms is not None and minute != state.last_minute_ms + MINUTE_MS
+    cls = classify_job_minute(int(jm["active_s"]), int(jm["starved_s"]), int(jm["idle_s"]))
+    outs: list[Output] = []
+    if gap and state.idle_minutes:
+        state, outs = _resolve(state, minute, policy, "its devices were not held in between")
+    state = replace(state, last_minute_ms=minute)
+    if cls is JobMinuteClass.BUSY:
+        state, more = _resolve(state, end, policy, "device activity")
+        return state, outs + more
+    if cls is JobMinuteClass.DARK:
+        state, more = _resolve(state, end, policy, "no telemetry: missing data is never idle")
+        return state, outs + more
+    idle_since = state.idle_since_ms if state.idle_since_ms is not None else minute
+    idle_s = state.idle_device_s + int(jm["allocated_s"])
+    state = replace(
+        state,
+        idle_minutes=state.idle_minutes + 1,
+        idle_since_ms=idle_since,
+        idle_device_s=idle_s,
+        cost_so_far=_cost(idle_s, str(jm.get("generation") or ""), policy),
+    )
+    job = state.job
+    if exemption_for(job, end, policy) is not None:
+        return state, outs
+    after = idle_after_min(job, policy)
+    action = reclaim_kind(job, policy)
+    mode = "dry-run: recorded, not executed" if policy.dry_run else "will be executed"
+    if state.status is Status.OK and state.idle_minutes >= after:
+        action_at = idle_since + (after + policy.grace_min) * MINUTE_MS
+        state = replace(state, status=Status.IDLE_WARNED, action_at_ms=action_at)
+        cost = "unknown (no rate)" if state.cost_so_far is None else f"{state.cost_so_far:.2f}"
+        outs.append(
+            _alert(
+                state,
+                "IDLE_WARNING",
+                end,
+                policy,
+                f"Job {job.job_id} ({len(state.devices) or jm.get('device_count')} devices) has been idle for "
+                f"{state.idle_minutes} minutes (no device active or starved; judged over the whole job). "
+                f"Idle cost so far: {cost}. If it stays idle, {action} at {action_at} ms ({mode}). "
+                f"Appeal: {policy.appeal_route}",
+                action=action,
+                action_at_ms=action_at,
+            )
+        )
+    elif state.status is Status.IDLE_WARNED and state.action_at_ms is not None and end >= state.action_at_ms:
+        state = replace(state, status=Status.RECLAIMED)
+        reason = (
+            f"idle {state.idle_minutes} min since {idle_since} ms on {len(state.devices)} devices; "
+            f"idle device-seconds {idle_s}; cost so far "
+            f"{'unknown' if state.cost_so_far is None else f'{state.cost_so_far:.2f}'}"
+        )
+        outs.append(
+            _alert(
+                state,
+                "RECLAIM_NOTICE",
+                end,
+                policy,
+                f"Job {job.job_id}: {action} ({mode}): {reason}. Appeal: {policy.appeal_route}",
+                action=action,
+                action_at_ms=end,
+            )
+        )
+        outs.append(
+            Output(
+                "action",
+                {
+                    "action_id": _id("reclaim", job.cluster, job.job_id, idle_since),
+                    "ts_ms": end,
+                    "cluster": job.cluster,
+                    "job_id": job.job_id,
+                    "scheduler": job.scheduler,
+                    "action": action,
+                    "dry_run": policy.dry_run,
+                    "reason": reason,
+                    "device_uuids": list(state.devices),
+                    "user": job.user,
+                    "project": job.project,
+                },
+            )
+        )
+    return state, outs
+
+
+def mark_ended(state: IdleState, ended_ms: int) -> IdleState:
+    return replace(state, ended_ms=ended_ms)
+
+
+def on_tick(state: IdleState, now_ms: int, policy: IdlePolicy) -> tuple[IdleState | None, list[Output]]:
+    """Forget a job once it ended and its last minutes are past; nothing else is time-driven, so a
+    lagging input can never trigger an action by itself."""
+    if state.ended_ms is not None and now_ms >= state.ended_ms + FORGET_AFTER_END_MS:
+        return None, []
+    return state, []

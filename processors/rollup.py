@@ -1,0 +1,262 @@
+"""Rollups: DeviceMinute rows from a closed minute, JobMinute rows from a job's device-minutes.
+
+Outputs are deterministic (rows sorted, sums taken in second order), so a minute re-emitted after a
+crash is byte-identical and an idempotent sink keeps one copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second
+from processors.classify import MinuteClass, classify_minute
+from processors.config import Thresholds
+from processors.windows import DeviceWindow, Second
+
+_GENERATIONS = (
+    (("gb200", "b200", "b100", "b300"), "blackwell"),
+    (("gh200", "h100", "h200", "h800", "h20"), "hopper"),
+    (("l40", "l4", "rtx 6000 ada", "rtx 4090"), "ada"),
+    (("a100", "a800", "a30", "a40", "a10", "a6000", "a16", "a2"), "ampere"),
+    (("t4",), "turing"),
+    (("v100",), "volta"),
+)
+
+
+def generation_of(model: str | None) -> str:
+    """Accelerator generation from a model name (e.g. "NVIDIA H100 80GB HBM3" -> "hopper")."""
+    if not model:
+        return "unknown"
+    low = model.lower()
+    for needles, gen in _GENERATIONS:
+        if any(n in low for n in needles):
+            return gen
+    return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    uuid: str
+    model: str | None
+    generation: str
+
+
+class DeviceDirectory:
+    """What is known of a node's devices beyond the samples: the inventory (uuid, model, generation)."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, list[Mapping[str, Any]]] = {}
+
+    def set_node(self, node: str, devices: list[Mapping[str, Any]] | None) -> None:
+        if devices is None:
+            self._by_node.pop(node, None)
+        else:
+            self._by_node[node] = list(devices)
+
+    def lookup(self, node: str, uuid: str | None, index: int | None, mig: int | None) -> Mapping[str, Any] | None:
+        for dev in self._by_node.get(node, ()):
+            if dev.get("mig_instance_id") != mig:
+                continue
+            if uuid is not None and dev.get("uuid") == uuid:
+                return dev
+            if uuid is None and index is not None and dev.get("index") == index:
+                return dev
+        return None
+
+    def facts_for_ref(self, node: str, ref: DeviceRef) -> DeviceFacts:
+        dev = self.lookup(node, ref.uuid, ref.index, ref.mig_instance_id)
+        uuid = ref.uuid or (dev.get("uuid") if dev else None) or f"index:{ref.index}"
+        model = dev.get("model") if dev else None
+        gen = (dev.get("generation") if dev else None) or generation_of(model)
+        return DeviceFacts(uuid, model, gen)
+
+    def generation(self, node: str, uuid: str, index: int | None, mig: int | None, model: str | None) -> str:
+        dev = self.lookup(node, uuid, None, mig) or self.lookup(node, None, index, mig)
+        if dev is not None and dev.get("generation"):
+            return str(dev["generation"])
+        return generation_of(model)
+
+
+def _stats(cells: list[Second]) -> dict[str, Any]:
+    acts = [c[0] for c in cells if c[0] is not None]
+    fbs = [c[1] for c in cells if c[1] is not None]
+    pws = [c[2] for c in cells if c[2] is not None]
+    return {
+        "activity_mean_ratio": (sum(acts) / len(acts)) if acts else None,
+        "activity_max_ratio": max(acts) if acts else None,
+        "fb_used_mib_max": max(fbs) if fbs else None,
+        "power_w_mean": (sum(pws) / len(pws)) if pws else None,
+    }
+
+
+def _row(
+    cluster: str,
+    node: str,
+    facts: DeviceFacts,
+    mig: int | None,
+    minute_ms: int,
+    job: JobInfo | None,
+    mappings: Iterable[str],
+    thresholds: Thresholds,
+) -> dict[str, Any]:
+    return {
+        "cluster": cluster,
+        "node": node,
+        "device_uuid": facts.uuid,
+        "mig_instance_id": mig,
+        "minute_start_ms": minute_ms,
+        "model": facts.model,
+        "generation": facts.generation,
+        "job_id": job.job_id if job else None,
+        "user": job.user if job else None,
+        "project": job.project if job else None,
+        "team": job.team if job else None,
+        "cost_centre": job.cost_centre if job else None,
+        "preemptible": job.preemptible if job else False,
+        "pricing_tier": job.pricing_tier if job else "on-prem",
+        "unallocated_s": 0,
+        "allocated_s": 0,
+        "active_s": 0,
+        "starved_s": 0,
+        "idle_s": 0,
+        "dark_s": 0,
+        "sm_weighted_s": 0.0,
+        "sample_count": 0,
+        "activity_mean_ratio": None,
+        "activity_max_ratio": None,
+        "fb_used_mib_max": None,
+        "power_w_mean": None,
+        "mapping_version": ",".join(sorted(set(mappings))),
+        "classifier_version": thresholds.version,
+    }
+
+
+def allocated_row(
+    base: dict[str, Any], seconds: set[int], secs: Mapping[int, Second], thresholds: Thresholds
+) -> dict[str, Any]:
+    """Fill a job's row from its allocated seconds of the minute and the device's per-second samples."""
+    cells = [secs[s] for s in sorted(seconds) if s in secs]
+    with_act = [c for c in cells if c[0] is not None]
+    row = dict(base)
+    row["allocated_s"] = len(seconds)
+    row["sample_count"] = len(cells)
+    row["dark_s"] = len(seconds) - len(with_act)
+    if with_act:
+        total = 0.0
+        for c in with_act:
+            total += c[0]  # type: ignore[operator]
+        fb = [c[1] for c in with_act if c[1] is not None]
+        cls = classify_minute(total / len(with_act), max(fb) if fb else None, thresholds)
+        field_name = {MinuteClass.ACTIVE: "active_s", MinuteClass.STARVED: "starved_s", MinuteClass.IDLE: "idle_s"}[cls]
+        row[field_name] = len(with_act)
+        row["sm_weighted_s"] = total
+    row.update(_stats(cells))
+    return row
+
+
+def node_minute_rows(
+    cluster: str,
+    node: str,
+    minute_ms: int,
+    windows: Mapping[tuple[str, int | None], DeviceWindow],
+    intervals: list[Interval],
+    table: AllocationTable,
+    directory: DeviceDirectory,
+    thresholds: Thresholds,
+) -> list[dict[str, Any]]:
+    """DeviceMinute rows of one node for one closed minute.
+
+    One row per (device, job) for every allocation interval overlapping the minute (all-dark when the
+    device sent nothing), and one unallocated row per device with telemetry outside any allocation.
+    """
+    rows: list[dict[str, Any]] = []
+    lo_s = minute_ms // 1000
+    matched: set[DeviceRef] = set()
+    for (uuid, mig), win in windows.items():
+        ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
+        matched.update(iv.ref for iv in ivs)
+        facts = DeviceFacts(uuid, win.model, directory.generation(node, uuid, win.index, mig, win.model))
+        owners = owners_by_second(ivs, minute_ms)
+        for job_id in sorted({iv.job_id for iv in ivs}):
+            base = _row(cluster, node, facts, mig, minute_ms, table.job(job_id), win.mappings, thresholds)
+            rows.append(allocated_row(base, owners.get(job_id, set()), win.secs, thresholds))
+        owned = set().union(*owners.values()) if owners else set()
+        free = [s for s in sorted(win.secs) if s not in owned and lo_s <= s < lo_s + 60]
+        if free:
+            cells = [win.secs[s] for s in free]
+            row = _row(cluster, node, facts, mig, minute_ms, None, win.mappings, thresholds)
+            row["unallocated_s"] = len(free)
+            row["sample_count"] = len(cells)
+            row.update(_stats(cells))
+            rows.append(row)
+    by_ref: dict[DeviceRef, list[Interval]] = {}
+    for iv in intervals:
+        if iv.ref not in matched:
+            by_ref.setdefault(iv.ref, []).append(iv)
+    for ref in sorted(by_ref, key=lambda r: r.sort_key):
+        ivs = by_ref[ref]
+        facts = directory.facts_for_ref(node, ref)
+        owners = owners_by_second(ivs, minute_ms)
+        for job_id in sorted({iv.job_id for iv in ivs}):
+            base = _row(cluster, node, facts, ref.mig_instance_id, minute_ms, table.job(job_id), (), thresholds)
+            rows.append(allocated_row(base, owners.get(job_id, set()), {}, thresholds))
+    rows.sort(
+        key=lambda r: (
+            r["device_uuid"],
+            -1 if r["mig_instance_id"] is None else r["mig_instance_id"],
+            r["job_id"] or "",
+        )
+    )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Job-minutes: the job stage collects a job's device-minutes (from every node) and emits the sum once
+# every device the allocation says was held in that minute has reported its row.
+
+SUM_FIELDS = ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s", "sample_count")
+
+
+def device_row_key(row: Mapping[str, Any]) -> tuple[str, str, int]:
+    mig = row.get("mig_instance_id")
+    return (row["node"], row["device_uuid"], -1 if mig is None else mig)
+
+
+def job_minute(info: JobInfo, minute_ms: int, rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sum a job's device-minutes (all devices, all nodes) into one JobMinute."""
+    ordered = sorted(rows, key=device_row_key)
+    out: dict[str, Any] = {
+        "cluster": info.cluster,
+        "job_id": info.job_id,
+        "minute_start_ms": minute_ms,
+        "device_count": len(ordered),
+        "generation": min((r["generation"] for r in ordered), default="unknown"),
+        "user": info.user,
+        "project": info.project,
+        "team": info.team,
+        "cost_centre": info.cost_centre,
+        "preemptible": info.preemptible,
+        "pricing_tier": info.pricing_tier,
+    }
+    for f in SUM_FIELDS:
+        out[f] = sum(int(r[f]) for r in ordered)
+    sm = 0.0
+    for r in ordered:
+        sm += float(r["sm_weighted_s"])
+    out["sm_weighted_s"] = sm
+    measured = out["active_s"] + out["starved_s"] + out["idle_s"]
+    out["activity_mean_ratio"] = sm / measured if measured else None
+    maxes = [r["activity_max_ratio"] for r in ordered if r["activity_max_ratio"] is not None]
+    out["activity_max_ratio"] = max(maxes) if maxes else None
+    fbs = [r["fb_used_mib_max"] for r in ordered if r["fb_used_mib_max"] is not None]
+    out["fb_used_mib_max"] = max(fbs) if fbs else None
+    pw = [
+        (r["power_w_mean"], r["sample_count"]) for r in ordered if r["power_w_mean"] is not None and r["sample_count"]
+    ]
+    weight = sum(n for _, n in pw)
+    out["power_w_mean"] = (sum(p * n for p, n in pw) / weight) if weight else None
+    out["mapping_version"] = ",".join(sorted({v for r in ordered for v in r["mapping_version"].split(",") if v}))
+    out["classifier_version"] = ",".join(sorted({r["classifier_version"] for r in ordered})) or "c1"
+    return out

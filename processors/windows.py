@@ -1,0 +1,131 @@
+"""Event-time minute windows per device: half-open [m, m + 60 s), explicit grace, named late destination.
+
+A window of minute `m` closes when the watermark reaches `m + 60 s + grace`. Samples for a closed
+minute are *late*: the caller routes them to the late topic (LATE_SAMPLES) and counts them. Windows
+store one entry per second (two samples of one device in the same second count once, the first wins),
+so attribution can be done per second at close, when every allocation event for the minute is in.
+
+Replay after a crash: the caller restores `next_close_ms` and the input offsets at which recent
+minutes closed (`close_offsets`); a replayed sample of an already-closed minute is then told apart as
+*already counted* (it arrived before that minute closed) or *late* (it arrived after), exactly as the
+first time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+MINUTE_MS = 60_000
+DevKey = tuple[str, str, int | None]  # (node, uuid, mig_instance_id)
+Second = tuple[float | None, float | None, float | None]  # (activity, fb_used_mib, power_w)
+
+
+class Admit(StrEnum):
+    ACCEPTED = "accepted"
+    LATE = "late"  # minute already closed: goes to the late topic
+    REPLAYED = "replayed"  # already counted in an emitted minute before a restart: skip
+
+
+def minute_of(ts_ms: int) -> int:
+    return ts_ms - ts_ms % MINUTE_MS
+
+
+@dataclass(slots=True)
+class DeviceWindow:
+    index: int | None
+    model: str | None
+    secs: dict[int, Second] = field(default_factory=dict)
+    mappings: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class ClosedMinute:
+    minute_ms: int
+    devices: dict[DevKey, DeviceWindow]
+
+
+class MinuteWindows:
+    """The open minutes of one input partition (all devices of the nodes it carries)."""
+
+    def __init__(self, grace_ms: int) -> None:
+        if grace_ms < 0:
+            raise ValueError("grace_ms must be >= 0")
+        self.grace_ms = grace_ms
+        self.open: dict[int, dict[DevKey, DeviceWindow]] = {}
+        self.first_offset: dict[int, int] = {}  # minute -> smallest input offset that fed it
+        self.next_close_ms: int | None = None  # every minute before this one is closed
+        self.close_offsets: dict[int, int] = {}  # minute -> input offset (exclusive) at which it closed
+        self.late_count = 0
+
+    def admit(self, ts_ms: int, offset: int) -> Admit:
+        m = ts_ms - ts_ms % MINUTE_MS
+        nc = self.next_close_ms
+        if nc is not None and m < nc:
+            closed_at = self.close_offsets.get(m)
+            if closed_at is not None and offset < closed_at:
+                return Admit.REPLAYED
+            self.late_count += 1
+            return Admit.LATE
+        return Admit.ACCEPTED
+
+    def add_scrape(self, scrape: Mapping[str, Any], activity: Any, offset: int) -> Admit:
+        """Add every device sample of a node scrape (hot path). `activity(sample) -> float | None`."""
+        ts = scrape["ts_ms"]
+        verdict = self.admit(ts, offset)
+        if verdict is not Admit.ACCEPTED:
+            return verdict
+        m = ts - ts % MINUTE_MS
+        s = ts // 1000
+        devices = self.open.get(m)
+        if devices is None:
+            devices = self.open[m] = {}
+            self.first_offset[m] = offset
+        node = scrape["node"]
+        mapping = scrape["mapping_version"]
+        for dev in scrape["devices"]:
+            key = (node, dev["uuid"], dev["mig_instance_id"])
+            w = devices.get(key)
+            if w is None:
+                w = devices[key] = DeviceWindow(dev["index"], dev["model"])
+            secs = w.secs
+            if s not in secs:
+                secs[s] = (activity(dev), dev["fb_used_mib"], dev["power_w"])
+                w.mappings.add(mapping)
+        return verdict
+
+    def start_at(self, ts_ms: int) -> None:
+        """Begin closing from the minute of `ts_ms` if nothing has been closed yet."""
+        if self.next_close_ms is None:
+            self.next_close_ms = minute_of(ts_ms)
+
+    def closable(self, watermark_ms: int) -> bool:
+        nc = self.next_close_ms
+        return nc is not None and nc + MINUTE_MS + self.grace_ms <= watermark_ms
+
+    def close_next(self, next_offset: int) -> ClosedMinute:
+        """Close the oldest open minute (call while `closable`). `next_offset` is the input position now."""
+        assert self.next_close_ms is not None
+        m = self.next_close_ms
+        self.next_close_ms = m + MINUTE_MS
+        self.first_offset.pop(m, None)
+        self.close_offsets[m] = next_offset
+        return ClosedMinute(m, self.open.pop(m, {}))
+
+    def earliest_open(self) -> int | None:
+        return min(self.open) if self.open else None
+
+    def min_needed_offset(self) -> int | None:
+        """Replaying from this offset rebuilds every open window."""
+        return min(self.first_offset.values(), default=None)
+
+    def forget_close_offsets(self, committed_offset: int) -> None:
+        """A minute that closed at or before the committed offset can no longer be met in a replay
+        except by late samples."""
+        for m in [m for m, off in self.close_offsets.items() if off <= committed_offset]:
+            del self.close_offsets[m]
+
+    def tracked_devices(self) -> int:
+        return len({k for devs in self.open.values() for k in devs})
