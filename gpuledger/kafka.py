@@ -25,7 +25,8 @@ class RecordPublisher:
 
     def __init__(self, kafka: KafkaSettings, codec: AvroCodec | None = None, **overrides: str) -> None:
         self._kafka = kafka
-        self.codec = codec or AvroCodec()
+        # Confluent framing when a Schema Registry is configured, single-object encoding otherwise.
+        self.codec = codec or AvroCodec.from_settings(kafka)
         conf: dict[str, Any] = {**PRODUCER_DEFAULTS, **kafka.client_config(), **overrides}
         self._producer = Producer(conf)
         self._errors: list[str] = []
@@ -38,10 +39,22 @@ class RecordPublisher:
         value = self.codec.encode(topic.subject, record)
         self.publish_raw(self._kafka.topic(topic.name), key, value)
 
-    def publish_raw(self, topic_name: str, key: bytes | None, value: bytes) -> None:
+    @property
+    def kafka(self) -> KafkaSettings:
+        return self._kafka
+
+    def publish_raw(
+        self,
+        topic_name: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         while True:
             try:
-                self._producer.produce(topic_name, value=value, key=key, on_delivery=self._on_delivery)
+                self._producer.produce(
+                    topic_name, value=value, key=key, headers=headers, on_delivery=self._on_delivery
+                )
                 break
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry

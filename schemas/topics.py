@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DAY_MS = 24 * 3600 * 1000
+DLQ_RETENTION_MS = 30 * DAY_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,10 @@ class Topic:
     @property
     def dlq(self) -> str:
         return f"{self.name}.dlq"
+
+    def dead_letter_topic(self) -> Topic:
+        """Where this topic's undecodable or invalid records go: DeadLetter envelopes, kept 30 days."""
+        return Topic(self.dlq, "deadletter", self.key, partitions=1, retention_ms=DLQ_RETENTION_MS)
 
 
 DEVICE_SAMPLES = Topic(
@@ -62,3 +67,16 @@ def node_key(cluster: str, node: str) -> bytes:
 
 def job_key(cluster: str, job_id: str) -> bytes:
     return f"{cluster}/{job_id}".encode()
+
+
+def all_topics() -> tuple[Topic, ...]:
+    """The catalogue plus each topic's dead-letter topic: everything `gpuledger topics apply` manages."""
+    return tuple(t for topic in CATALOGUE for t in (topic, topic.dead_letter_topic()))
+
+
+def topic_named(name: str, prefix: str = "") -> Topic | None:
+    """The catalogue entry (or dead-letter topic) of a broker-side topic name, prefix included."""
+    if not name.startswith(prefix):
+        return None
+    bare = name[len(prefix) :]
+    return next((t for t in all_topics() if t.name == bare), None)
