@@ -1,0 +1,224 @@
+"""The expected ledger: what the pipeline must compute, from the simulator's ground truth.
+
+Written from docs/classification.md (classifier c1) and the truth functions only; it shares no code
+with the processors. Per job: allocated = active + starved + idle + dark seconds, always.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from producers.simulator.model import SimConfig, SimJob, SimPlan, plan
+from producers.simulator.telemetry import DeviceSchedule, device_schedules, truth
+
+CLASSIFIER_VERSION = "c1"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Classifier c1 defaults (docs/classification.md)."""
+
+    active_min_ratio: float = 0.25
+    starved_min_ratio: float = 0.05
+    starved_min_fb_mib: float = 1024.0
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Expected seconds of one job, summed over its devices."""
+
+    job_id: str
+    kind: str
+    user: str
+    team: str
+    project: str
+    gpus: int
+    nodes: list[str]
+    start_ms: int
+    end_ms: int
+    preemptible: bool
+    pricing_tier: str
+    allocated_s: int = 0
+    active_s: int = 0
+    starved_s: int = 0
+    idle_s: int = 0
+    dark_s: int = 0
+    sm_weighted_s: float = 0.0
+    idle_minutes: int = 0  # job-minutes in which no device was active or starved and one reported
+    dark_minutes: int = 0  # job-minutes in which no device reported
+    devices: dict[str, dict[str, int]] = field(default_factory=dict)  # "node/uuid" -> per-class seconds
+
+    def check(self) -> None:
+        total = self.active_s + self.starved_s + self.idle_s + self.dark_s
+        if total != self.allocated_s:
+            raise AssertionError(f"job {self.job_id}: allocated {self.allocated_s} != classes {total}")
+
+
+def _classify(mean: float, fb_max: float, th: Thresholds) -> str:
+    if mean >= th.active_min_ratio:
+        return "active"
+    if mean >= th.starved_min_ratio and fb_max >= th.starved_min_fb_mib:
+        return "starved"
+    return "idle"
+
+
+def _close_minute(
+    m: int | None,
+    sampled: list[tuple[float, int]],
+    dark: int,
+    counts: dict[str, int],
+    job_minutes: dict[int, list[bool]],
+    led: Ledger,
+    th: Thresholds,
+) -> None:
+    """Account one device's allocated seconds of one minute (classifier c1)."""
+    if m is None:
+        return
+    counts["allocated_s"] += len(sampled) + dark
+    counts["dark_s"] += dark
+    flags = job_minutes.setdefault(m, [False, False])
+    if sampled:
+        mean = sum(a for a, _ in sampled) / len(sampled)
+        cls = _classify(mean, max(f for _, f in sampled), th)
+        counts[f"{cls}_s"] += len(sampled)
+        led.sm_weighted_s += sum(a for a, _ in sampled)
+        flags[0] = True
+        flags[1] = flags[1] or cls != "idle"
+
+
+def _job_ledger(p: SimPlan, job: SimJob, schedules: dict[tuple[str, int], DeviceSchedule], th: Thresholds) -> Ledger:
+    cfg = p.config
+    base_s = cfg.start_ms // 1000
+    led = Ledger(
+        job_id=job.job_id,
+        kind=job.kind,
+        user=job.person.user,
+        team=job.person.team,
+        project=job.project,
+        gpus=len(job.devices),
+        nodes=list(job.nodes),
+        start_ms=(base_s + job.start_s) * 1000,
+        end_ms=(base_s + job.end_s) * 1000,
+        preemptible=job.preemptible,
+        pricing_tier=job.pricing_tier,
+    )
+    # job-minute -> (any device reported, any device busy)
+    job_minutes: dict[int, list[bool]] = {}
+    for pos, key in enumerate(job.devices):
+        dev = p.devices[key]
+        counts = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0}
+        silent = key in p.silent
+        # Group this device's allocated seconds by event-time minute.
+        minute: int | None = None
+        sampled: list[tuple[float, int]] = []
+        dark = 0
+
+        for t in range(job.start_s, job.end_s):
+            m = (base_s + t) // 60
+            if m != minute:
+                _close_minute(minute, sampled, dark, counts, job_minutes, led, th)
+                minute, sampled, dark = m, [], 0
+            if silent or t >= cfg.duration_s or p.outage_at(key[0], t):
+                dark += 1
+                continue
+            held = schedules[key].at(t)
+            assert held is not None and held[0] is job
+            tr = truth(dev, job, pos, t, base_s)
+            sampled.append((tr.activity_pct / 100, tr.fb_used_mib))
+        _close_minute(minute, sampled, dark, counts, job_minutes, led, th)
+        led.devices[f"{key[0]}/{dev.uuid}"] = counts
+        for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s"):
+            setattr(led, k, getattr(led, k) + counts[k])
+    led.sm_weighted_s = round(led.sm_weighted_s, 6)
+    for reported, busy in job_minutes.values():
+        if not reported:
+            led.dark_minutes += 1
+        elif not busy:
+            led.idle_minutes += 1
+    led.check()
+    return led
+
+
+def expected_ledger(config: SimConfig, thresholds: Thresholds | None = None) -> dict[str, Ledger]:
+    """job_id -> expected Ledger for every job of the run (classifier c1 defaults unless given)."""
+    p = plan(config)
+    th = thresholds or Thresholds()
+    schedules = device_schedules(p)
+    return {job.job_id: _job_ledger(p, job, schedules, th) for job in p.jobs}
+
+
+def unallocated_seconds(config: SimConfig) -> int:
+    """Device-seconds with telemetry and no allocation, over the whole run."""
+    p = plan(config)
+    schedules = device_schedules(p)
+    total = 0
+    for key, sched in schedules.items():
+        if key in p.silent:
+            continue
+        for t in range(config.duration_s):
+            if sched.at(t) is None and not p.outage_at(key[0], t):
+                total += 1
+    return total
+
+
+LEDGER_COLUMNS = (
+    "job_id",
+    "kind",
+    "user",
+    "team",
+    "project",
+    "gpus",
+    "start_ms",
+    "end_ms",
+    "preemptible",
+    "pricing_tier",
+    "allocated_s",
+    "active_s",
+    "starved_s",
+    "idle_s",
+    "dark_s",
+    "sm_weighted_s",
+    "idle_minutes",
+    "dark_minutes",
+)
+
+
+def ledger_json(config: SimConfig, ledger: dict[str, Ledger]) -> dict[str, Any]:
+    p = plan(config)
+    totals = {
+        k: sum(getattr(led, k) for led in ledger.values())
+        for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s")
+    }
+    return {
+        "classifier_version": CLASSIFIER_VERSION,
+        "config": asdict(config),
+        "totals": totals,
+        "outages": [asdict(o) for o in p.outages],
+        "silent_devices": [f"{n}/{p.devices[(n, i)].uuid}" for n, i in sorted(p.silent)],
+        "jobs": {job_id: asdict(led) for job_id, led in ledger.items()},
+    }
+
+
+def ledger_csv(ledger: dict[str, Ledger]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(LEDGER_COLUMNS)
+    for led in ledger.values():
+        w.writerow([getattr(led, c) for c in LEDGER_COLUMNS])
+    return buf.getvalue()
+
+
+def write_ledger(config: SimConfig, path: Path, ledger: dict[str, Ledger] | None = None) -> Path:
+    """Write the expected ledger as JSON (`.json`) or CSV (any other suffix)."""
+    ledger = ledger if ledger is not None else expected_ledger(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".json":
+        path.write_text(json.dumps(ledger_json(config, ledger), indent=1, sort_keys=True), encoding="utf-8")
+    else:
+        path.write_text(ledger_csv(ledger), encoding="utf-8")
+    return path

@@ -1,0 +1,322 @@
+"""The simulated cluster and its job plan: pure, deterministic from the config's seed."""
+
+from __future__ import annotations
+
+import random
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cache
+
+from gpuledger.errors import ConfigError
+from producers.generations import generation_of
+
+# Monday 2 March 2026, 11:30 UTC: a two-hour run covers lunch; a day-long run covers the night.
+DEFAULT_START_MS = int(datetime(2026, 3, 2, 11, 30, tzinfo=UTC).timestamp() * 1000)
+
+# model, framebuffer MiB, board power W, weight in the mix
+MODELS: tuple[tuple[str, int, int, int], ...] = (
+    ("NVIDIA H100 80GB HBM3", 81559, 700, 4),
+    ("NVIDIA A100-SXM4-80GB", 81920, 400, 3),
+    ("NVIDIA L40S", 46068, 350, 2),
+    ("Tesla V100-SXM2-32GB", 32768, 300, 1),
+)
+TEAMS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("vision", ("vision-detect", "vision-seg"), "cc-1001"),
+    ("nlp", ("llm-pretrain", "llm-eval"), "cc-1002"),
+    ("speech", ("asr",), "cc-1003"),
+    ("research", ("rl-agents", "diffusion"), "cc-1004"),
+    ("platform", ("infra-bench",), "cc-1000"),
+)
+USERS_PER_TEAM = 4
+KINDS = ("training", "batch", "notebook", "starved", "poker")
+# Per group-timeline job mix (training gangs are placed first, on whole nodes).
+_MIX: tuple[tuple[str, int], ...] = (("batch", 40), ("notebook", 22), ("starved", 14), ("poker", 8), ("gap", 16))
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """What to simulate. Times are whole seconds; `start_ms` is a whole second in epoch milliseconds."""
+
+    seed: int = 1
+    nodes: int = 8
+    gpus_per_node: int = 8
+    duration_s: int = 2 * 3600
+    start_ms: int = DEFAULT_START_MS
+    cluster: str = "sim"
+    node_prefix: str = "sim-gpu-"
+    # dcgm-exporter release the nodes run, and the release they are upgraded to mid-run.
+    exporter_version: str = "3.3.5-3.4.0"
+    upgrade_to: str | None = "4.4.2-4.7.1"
+    upgrade_at_s: int | None = None  # default: half-way
+    # Nodes whose exporter dies while jobs hold their GPUs (allocated but dark).
+    dead_exporter_nodes: int = 1
+    dead_exporter_at_s: int | None = None  # default: a third of the way
+    dead_exporter_for_s: int | None = None  # default: a quarter of the run
+    # Devices that never report (present in the inventory, absent from every scrape).
+    silent_devices: int = 1
+    training_gangs: int | None = None  # default: one gang per 4 nodes
+    hpc_job_label: bool = True  # exporters label allocated devices with the job id (hpc_job)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ConfigError("simulator: nodes and gpus_per_node must be at least 1")
+        if self.duration_s < 60:
+            raise ConfigError("simulator: duration must be at least 60 s")
+        if self.start_ms % 1000:
+            raise ConfigError("simulator: start must be a whole second")
+
+    @property
+    def upgrade_second(self) -> int | None:
+        if self.upgrade_to is None:
+            return None
+        return self.duration_s // 2 if self.upgrade_at_s is None else self.upgrade_at_s
+
+
+@dataclass(frozen=True, slots=True)
+class SimDevice:
+    node: str
+    index: int
+    uuid: str
+    model: str
+    generation: str
+    memory_mib: int
+    power_max_w: int
+    pci_bus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SimNode:
+    name: str
+    position: int
+    model: str
+    generation: str
+    pricing_tier: str
+    devices: tuple[SimDevice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    user: str
+    team: str
+    projects: tuple[str, ...]
+    default_project: str
+    cost_centre: str
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """A job of the plan. Seconds are relative to the run start; it holds its devices over [start_s, end_s)."""
+
+    job_id: str
+    kind: str
+    person: Person
+    project: str
+    project_source: str  # EXPLICIT or DEFAULT
+    start_s: int
+    end_s: int
+    devices: tuple[tuple[str, int], ...]  # (node, index)
+    interactive: bool
+    preemptible: bool
+    checkpointable: bool
+    gang_id: str | None
+    partition: str
+    qos: str
+    pricing_tier: str
+    noise: int  # per-job seed for its activity pattern
+    submit_s: int
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for node, _ in self.devices:
+            seen.setdefault(node)
+        return tuple(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """An exporter that is dead over [start_s, end_s): the node publishes nothing."""
+
+    node: str
+    start_s: int
+    end_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class SimPlan:
+    config: SimConfig
+    nodes: tuple[SimNode, ...]
+    people: tuple[Person, ...]
+    jobs: tuple[SimJob, ...]
+    outages: tuple[Outage, ...]
+    silent: frozenset[tuple[str, int]]
+    devices: dict[tuple[str, int], SimDevice] = field(default_factory=dict)
+
+    def node(self, name: str) -> SimNode:
+        return self.nodes[int(name.rsplit("-", 1)[-1])]
+
+    def outage_at(self, node: str, t: int) -> bool:
+        return any(o.node == node and o.start_s <= t < o.end_s for o in self.outages)
+
+
+def _uuid(rng: random.Random) -> str:
+    return f"GPU-{uuidlib.UUID(int=rng.getrandbits(128), version=4)}"
+
+
+def _build_nodes(cfg: SimConfig, rng: random.Random) -> tuple[SimNode, ...]:
+    nodes = []
+    weights = [m[3] for m in MODELS]
+    width = max(3, len(str(cfg.nodes - 1)))
+    for i in range(cfg.nodes):
+        model, mem, power, _ = rng.choices(MODELS, weights=weights)[0]
+        name = f"{cfg.node_prefix}{i:0{width}d}"
+        tier = rng.choices(("on-prem", "cloud-on-demand", "cloud-spot"), weights=(6, 1, 1))[0]
+        devices = tuple(
+            SimDevice(
+                name, g, _uuid(rng), model, generation_of(model), mem, power, f"00000000:{0x18 + 0x11 * g:02X}:00.0"
+            )
+            for g in range(cfg.gpus_per_node)
+        )
+        nodes.append(SimNode(name, i, model, generation_of(model), tier, devices))
+    return tuple(nodes)
+
+
+def _build_people() -> tuple[Person, ...]:
+    people = []
+    for team, projects, cc in TEAMS:
+        for u in range(USERS_PER_TEAM):
+            user = f"{team[:3]}{u:02d}"
+            people.append(Person(user, team, projects, projects[u % len(projects)], cc))
+    return tuple(people)
+
+
+def _duration(kind: str, rng: random.Random) -> int:
+    if kind == "batch":
+        return rng.randint(5 * 60, 45 * 60)
+    if kind == "notebook":
+        return rng.randint(60 * 60, 4 * 3600)
+    if kind == "starved":
+        return rng.randint(20 * 60, 90 * 60)
+    if kind == "poker":
+        return rng.randint(30 * 60, 3 * 3600)
+    return rng.randint(30, 15 * 60)  # gap: unallocated
+
+
+def _groups(n: int, rng: random.Random) -> list[list[int]]:
+    """Split a node's GPUs into groups that share a timeline (1-, 2- and 4-GPU jobs)."""
+    out: list[list[int]] = []
+    i = 0
+    while i < n:
+        size = rng.choice((1, 1, 1, 2, 2, 4))
+        size = min(size, n - i)
+        out.append(list(range(i, i + size)))
+        i += size
+    return out
+
+
+def build_plan(cfg: SimConfig) -> SimPlan:
+    rng = random.Random(cfg.seed)  # noqa: S311 (a reproducible simulation, not cryptography)
+    nodes = _build_nodes(cfg, rng)
+    people = _build_people()
+    D = cfg.duration_s
+    jobs: list[SimJob] = []
+    counter = [1000]
+
+    def next_id() -> str:
+        counter[0] += 1
+        return str(counter[0])
+
+    def make(kind: str, person: Person, start: int, end: int, devs: tuple[tuple[str, int], ...], gang: bool) -> SimJob:
+        job_id = next_id()
+        tier = nodes[int(devs[0][0].rsplit("-", 1)[-1])].pricing_tier
+        explicit = rng.random() < 0.85
+        project = rng.choice(person.projects) if explicit else person.default_project
+        interactive = kind == "notebook"
+        preemptible = tier == "cloud-spot" or (kind == "batch" and rng.random() < 0.3)
+        return SimJob(
+            job_id=job_id,
+            kind=kind,
+            person=person,
+            project=project,
+            project_source="EXPLICIT" if explicit else "DEFAULT",
+            start_s=start,
+            end_s=end,
+            devices=devs,
+            interactive=interactive,
+            preemptible=preemptible,
+            checkpointable=kind in ("training", "batch") and rng.random() < 0.8,
+            gang_id=f"{cfg.cluster}/{job_id}" if gang else None,
+            partition="interactive" if interactive else "gpu",
+            qos="preempt" if preemptible else "normal",
+            pricing_tier=tier,
+            noise=rng.getrandbits(32),
+            submit_s=start - rng.randint(0, 300),
+        )
+
+    # 1. Multi-node training gangs on whole nodes.
+    n_gangs = cfg.training_gangs if cfg.training_gangs is not None else max(1, cfg.nodes // 4)
+    blocked: dict[str, tuple[int, int]] = {}
+    free_nodes = [n.name for n in nodes]
+    rng.shuffle(free_nodes)
+    for _ in range(n_gangs):
+        size = min(len(free_nodes), rng.choice((2, 2, 3, 4)))
+        if size < 1 or (size == 1 and cfg.nodes > 1):
+            break
+        chosen = sorted(free_nodes[:size])
+        free_nodes = free_nodes[size:]
+        start = rng.randint(0, max(0, D // 5))
+        end = min(D, start + max(60, int(D * rng.uniform(0.5, 0.8))))
+        devs = tuple((n, g) for n in chosen for g in range(cfg.gpus_per_node))
+        jobs.append(make("training", rng.choice(people), start, end, devs, gang=len(chosen) > 1))
+        for n in chosen:
+            blocked[n] = (start, end)
+
+    # 2. Everything else on per-node GPU groups, one job after another.
+    for node in nodes:
+        for group in _groups(cfg.gpus_per_node, rng):
+            t = rng.randint(0, 120)
+            while t < D - 60:
+                b = blocked.get(node.name)
+                if b is not None and b[0] <= t < b[1]:
+                    t = b[1] + rng.randint(5, 90)
+                    continue
+                kind = rng.choices([k for k, _ in _MIX], weights=[w for _, w in _MIX])[0]
+                if kind in ("notebook", "poker", "starved") and len(group) > 2:
+                    kind = "batch"
+                dur = _duration(kind, rng)
+                end = min(t + dur, D)
+                if b is not None and t < b[0]:
+                    end = min(end, b[0])
+                if kind == "gap" or end - t < 60:
+                    t = end + 1
+                    continue
+                devs = tuple((node.name, g) for g in group)
+                jobs.append(make(kind, rng.choice(people), t, end, devs, gang=False))
+                t = end + rng.randint(0, 120)
+
+    jobs.sort(key=lambda j: (j.start_s, int(j.job_id)))
+
+    # 3. Faults: exporters that die while the node is held, devices that never report.
+    outages: list[Outage] = []
+    at = cfg.dead_exporter_at_s if cfg.dead_exporter_at_s is not None else D // 3
+    length = cfg.dead_exporter_for_s if cfg.dead_exporter_for_s is not None else max(60, D // 4)
+    held: dict[str, int] = {}
+    for j in jobs:
+        overlap = max(0, min(j.end_s, at + length) - max(j.start_s, at))
+        for n, _ in j.devices:
+            held[n] = held.get(n, 0) + overlap
+    for name in sorted(held, key=lambda n: (-held[n], n))[: cfg.dead_exporter_nodes]:
+        outages.append(Outage(name, at, min(D, at + length)))
+    silent: set[tuple[str, int]] = set()
+    candidates = [j for j in jobs if j.kind == "batch" and not any(o.node == j.devices[0][0] for o in outages)]
+    for j in candidates[: cfg.silent_devices]:
+        silent.add(j.devices[0])
+    devices = {(d.node, d.index): d for n in nodes for d in n.devices}
+    return SimPlan(cfg, nodes, people, tuple(jobs), tuple(outages), frozenset(silent), devices)
+
+
+@cache
+def plan(cfg: SimConfig) -> SimPlan:
+    """The plan of a config (cached: a config is immutable)."""
+    return build_plan(cfg)

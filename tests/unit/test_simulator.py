@@ -1,0 +1,209 @@
+"""The simulator: deterministic from a seed, events and samples that agree, a ledger that adds up."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from producers.dcgm import Normalizer
+from producers.mapping import load_mappings
+from producers.simulator import SimConfig, expected_ledger, plan, simulate, unallocated_seconds, write_ledger
+from producers.simulator.telemetry import device_labels, exporter_profile, exporter_samples, truth
+from schemas.codec import AvroCodec
+from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS
+
+SMALL = SimConfig(seed=3, nodes=4, duration_s=40 * 60, upgrade_at_s=20 * 60)
+
+
+@pytest.fixture(scope="module")
+def records() -> list[tuple[Any, bytes, dict[str, Any]]]:
+    return list(simulate(SMALL))
+
+
+def _digest(cfg: SimConfig, codec: AvroCodec) -> str:
+    h = hashlib.sha256()
+    for topic, key, rec in simulate(cfg):
+        h.update(topic.name.encode())
+        h.update(key)
+        h.update(codec.encode(topic.subject, rec))
+    return h.hexdigest()
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes() -> None:
+    codec = AvroCodec()
+    cfg = SimConfig(seed=11, nodes=2, duration_s=300)
+    assert _digest(cfg, codec) == _digest(SimConfig(seed=11, nodes=2, duration_s=300), codec)
+    assert _digest(cfg, codec) != _digest(SimConfig(seed=12, nodes=2, duration_s=300), codec)
+
+
+def test_records_are_in_event_time_order_and_encode(records: list[tuple[Any, bytes, dict[str, Any]]]) -> None:
+    codec = AvroCodec()
+    last = 0
+    for topic, _, rec in records:
+        assert rec["ts_ms"] >= last
+        assert rec["ts_ms"] % 1000 == 0
+        last = rec["ts_ms"]
+        decoded = codec.decode(codec.encode(topic.subject, rec)).record
+        assert decoded["cluster"] == "sim"
+    topics = {t.name for t, _, _ in records}
+    assert topics == {DEVICE_SAMPLES.name, JOB_EVENTS.name, INVENTORY.name}
+
+
+def test_job_events_and_samples_agree(records: list[tuple[Any, bytes, dict[str, Any]]]) -> None:
+    p = plan(SMALL)
+    inventory = {r["node"]: {d["uuid"] for d in r["devices"]} for t, _, r in records if t is INVENTORY}
+    assert len(inventory) == SMALL.nodes and all(len(v) == 8 for v in inventory.values())
+    held: dict[tuple[str, str], str] = {}  # (node, uuid) -> job id
+    started: set[str] = set()
+    ended: set[str] = set()
+    seen_devices: dict[tuple[str, str], int] = defaultdict(int)
+    for topic, key, rec in records:
+        if topic is JOB_EVENTS:
+            assert key == f"sim/{rec['job_id']}".encode()
+            devs = [(a["node"], d["uuid"]) for a in rec["allocations"] for d in a["devices"]]
+            assert rec["gang_size"] == len(devs)
+            for node, uuid in devs:
+                assert uuid in inventory[node]
+            if rec["event_type"] == "STARTED":
+                assert rec["identity"]["user"] == rec["user"] and rec["project"]
+                for dev in devs:
+                    assert dev not in held, "a device is never held by two jobs"
+                    held[dev] = rec["job_id"]
+                started.add(rec["job_id"])
+            else:
+                for dev in devs:
+                    assert held.pop(dev) == rec["job_id"]
+                ended.add(rec["job_id"])
+        elif topic is DEVICE_SAMPLES:
+            assert key == f"sim/{rec['node']}".encode()
+            for d in rec["devices"]:
+                # The exporter's hpc_job label names the job the scheduler says holds the device.
+                assert d["hpc_job"] == held.get((rec["node"], d["uuid"]))
+                seen_devices[(rec["node"], d["uuid"])] += 1
+    assert started == ended == {j.job_id for j in p.jobs}
+    assert not held
+    for node, index in p.silent:
+        assert (node, p.devices[(node, index)].uuid) not in seen_devices
+    kinds = {j.kind for j in p.jobs}
+    assert {"training", "batch", "notebook", "starved", "poker"} <= kinds
+    assert any(len(j.nodes) > 1 for j in p.jobs), "a multi-node gang"
+
+
+def _ledger_from_records(records: list[tuple[Any, bytes, dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """A consumer-side reading of docs/classification.md over the emitted records (no ground truth)."""
+    intervals: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    starts: dict[str, dict[str, Any]] = {}
+    for topic, _, rec in records:
+        if topic is JOB_EVENTS and rec["event_type"] == "STARTED":
+            starts[rec["job_id"]] = rec
+        elif topic is JOB_EVENTS:
+            s = starts[rec["job_id"]]
+            for a in s["allocations"]:
+                for d in a["devices"]:
+                    intervals[(a["node"], d["uuid"])].append((s["ts_ms"], rec["ts_ms"], rec["job_id"]))
+    samples: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
+    for topic, _, rec in records:
+        if topic is DEVICE_SAMPLES:
+            for d in rec["devices"]:
+                act = d["sm_active_ratio"]
+                if act is None:
+                    act = d["gr_engine_active_ratio"]
+                if act is None and d["gpu_util_pct"] is not None:
+                    act = d["gpu_util_pct"] / 100
+                if act is not None:
+                    samples[(rec["node"], d["uuid"])][rec["ts_ms"] // 1000] = (act, d["fb_used_mib"] or 0.0)
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for dev, ivs in intervals.items():
+        for start_ms, end_ms, job in ivs:
+            minutes: dict[int, list[int]] = defaultdict(list)
+            for s in range(start_ms // 1000, end_ms // 1000):
+                minutes[s // 60].append(s)
+            for secs in minutes.values():
+                got = [samples[dev][s] for s in secs if s in samples[dev]]
+                led = out[job]
+                led["allocated_s"] += len(secs)
+                led["dark_s"] += len(secs) - len(got)
+                if got:
+                    mean = sum(a for a, _ in got) / len(got)
+                    fb = max(f for _, f in got)
+                    cls = "active" if mean >= 0.25 else "starved" if mean >= 0.05 and fb >= 1024 else "idle"
+                    led[f"{cls}_s"] += len(got)
+    return out
+
+
+def test_expected_ledger_matches_the_records(records: list[tuple[Any, bytes, dict[str, Any]]]) -> None:
+    expected = expected_ledger(SMALL)
+    observed = _ledger_from_records(records)
+    assert set(expected) == set(observed)
+    for job_id, led in expected.items():
+        got = observed[job_id]
+        for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s"):
+            assert getattr(led, k) == got.get(k, 0), (job_id, led.kind, k)
+
+
+def test_ledger_invariants_and_behaviours() -> None:
+    cfg = SimConfig(seed=5, nodes=8, duration_s=2 * 3600)
+    p = plan(cfg)
+    ledger = expected_ledger(cfg)
+    by_kind: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for job in p.jobs:
+        led = ledger[job.job_id]
+        assert led.allocated_s == led.active_s + led.starved_s + led.idle_s + led.dark_s
+        assert led.allocated_s == len(job.devices) * (job.end_s - job.start_s)
+        for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s"):
+            by_kind[job.kind][k] += getattr(led, k)
+    share = {k: {c: v[c] / v["allocated_s"] for c in v} for k, v in by_kind.items()}
+    assert share["batch"]["active_s"] > 0.9
+    assert share["starved"]["starved_s"] > 0.9
+    assert share["poker"]["idle_s"] > 0.9
+    assert share["notebook"]["idle_s"] > 0.3  # lunch and reading time
+    # The dead exporter and the silent device leave allocated seconds dark, never idle.
+    (outage,) = p.outages
+    dark_jobs = [j for j in p.jobs if outage.node in j.nodes and j.start_s < outage.end_s and j.end_s > outage.start_s]
+    assert dark_jobs and all(ledger[j.job_id].dark_s > 0 for j in dark_jobs)
+    (silent,) = p.silent
+    silent_job = next(j for j in p.jobs if silent in j.devices)
+    assert ledger[silent_job.job_id].dark_s >= silent_job.end_s - silent_job.start_s
+    assert unallocated_seconds(SimConfig(seed=5, nodes=2, duration_s=600)) > 0
+
+
+def test_exporter_upgrade_keeps_canonical_values(records: list[tuple[Any, bytes, dict[str, Any]]]) -> None:
+    versions = [(r["ts_ms"], r["mapping_version"], r["exporter_version"]) for t, _, r in records if t is DEVICE_SAMPLES]
+    before = {(m, e) for ts, m, e in versions if ts < SMALL.start_ms + SMALL.upgrade_at_s * 1000}  # type: ignore[operator]
+    after = {(m, e) for ts, m, e in versions if ts >= SMALL.start_ms + SMALL.upgrade_at_s * 1000}  # type: ignore[operator]
+    assert before == {("dcgm-v2", "3.3.5-3.4.0")}
+    assert after == {("dcgm-v4", "4.4.2-4.7.1")}
+    # The same device-second through both releases: same canonical metrics where both report them.
+    p = plan(SMALL)
+    job = next(j for j in p.jobs if j.kind == "batch")
+    dev = p.devices[job.devices[0]]
+    tr = truth(dev, job, 0, job.start_s + 5, SMALL.start_ms // 1000)
+    norm = Normalizer()
+    out = []
+    for version in ("3.3.5-3.4.0", "4.4.2-4.7.1"):
+        prof = exporter_profile(version)
+        raw = exporter_samples(prof, device_labels(dev, prof, job.job_id), tr)
+        (d,) = norm.normalize(raw, mapping=load_mappings().get(prof.mapping_version)).devices
+        out.append(d)
+    old, new = out
+    for k in ("gpu_util_pct", "fb_used_mib", "fb_free_mib", "power_w", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+              "temperature_c", "uuid", "index", "model", "hpc_job"):
+        assert old[k] == new[k], k
+    assert old["gr_engine_active_ratio"] is None and new["gr_engine_active_ratio"] == old["gpu_util_pct"] / 100
+    assert not norm.unknown_counts
+
+
+def test_write_ledger_json_and_csv(tmp_path: Any) -> None:
+    import csv
+    import json
+
+    cfg = SimConfig(seed=2, nodes=2, duration_s=600)
+    j = json.loads(write_ledger(cfg, tmp_path / "l.json").read_text())
+    assert j["classifier_version"] == "c1" and j["jobs"]
+    rows = list(csv.DictReader((write_ledger(cfg, tmp_path / "l.csv")).open()))
+    assert {r["job_id"] for r in rows} == set(j["jobs"])
+    for r in rows:
+        assert int(r["allocated_s"]) == sum(int(r[k]) for k in ("active_s", "starved_s", "idle_s", "dark_s"))
