@@ -137,7 +137,7 @@ def _walk(obj, cls, path):
     for key, value in obj.items():
         assert key in attr, f"{path}.{key} is not a field of {cls.__name__}"
         typ = cls.openapi_types[attr[key]]
-        inner = typ[5:-1] if typ.startswith("list[") else typ
+        inner = typ[5:-1] if typ.lower().startswith("list[") else typ
         if hasattr(client, inner) and isinstance(value, list | dict):
             for i, item in enumerate(value if isinstance(value, list) else [value]):
                 _walk(item, getattr(client, inner), f"{path}.{key}[{i}]")
