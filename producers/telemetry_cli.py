@@ -1,0 +1,215 @@
+"""Telemetry commands: `inspect dcgm`, `simulate run|ledger`, `dcgm run`, `nvsmi run`, `inventory publish`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpuledger.errors import ConfigError, ServiceError
+
+STATE_DIR_OPTION = typer.Option(None, "--state-dir", help="State directory (default: the settings').")
+
+
+def _settings(state_dir: Path | None) -> Any:
+    from gpuledger.cli import load_settings
+
+    return load_settings(state_dir)
+
+
+def _read_source(source: str, timeout_s: float) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    if source.startswith(("http://", "https://")):
+        import httpx
+
+        try:
+            resp = httpx.get(source, timeout=timeout_s)
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise ServiceError(f"cannot scrape {source}: {exc}") from exc
+        return resp.text
+    path = Path(source)
+    if not path.exists():
+        raise ConfigError(f"{source}: no such file (give a file, a http(s) URL or -)")
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+    return str(value)
+
+
+def _parse_start(text: str | None, realtime: bool) -> int:
+    from producers.simulator import DEFAULT_START_MS
+
+    if text is None:
+        return int(time.time()) * 1000 if realtime else DEFAULT_START_MS
+    if text == "now":
+        return int(time.time()) * 1000
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ConfigError(f"--start {text!r}: expected an ISO time like 2026-03-02T11:30:00Z, or now") from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp()) * 1000
+
+
+def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
+    """Add the telemetry producers' commands to the `gpuledger` command."""
+
+    @inspect_app.command("dcgm")
+    def inspect_dcgm(
+        source: str = typer.Argument(..., help="A /metrics scrape: file, http(s) URL, or - for stdin."),
+        as_json: bool = typer.Option(False, "--json", help="Print the normalized record as JSON."),
+        exporter_version: str | None = typer.Option(
+            None, "--exporter-version", help="dcgm-exporter release (e.g. 3.3.7-3.5.0); detected when absent."
+        ),
+        cluster: str = typer.Option("inspect", "--cluster", help="Cluster name to put on the record."),
+        timeout_s: float = typer.Option(5.0, "--timeout", help="Scrape timeout for URLs, seconds."),
+    ) -> None:
+        """Print the normalized samples one dcgm-exporter scrape yields (check an exporter first)."""
+        from producers.dcgm import normalize_text, scrape_record
+        from producers.generations import generation_of
+
+        text = _read_source(source, timeout_s)
+        norm = normalize_text(text, exporter_version=exporter_version)
+        node = norm.hostname or "unknown"
+        record = scrape_record(
+            cluster=cluster,
+            node=node,
+            ts_ms=int(time.time() * 1000),
+            normalized=norm,
+            exporter_version=exporter_version,
+        )
+        if as_json:
+            typer.echo(
+                json.dumps(
+                    {"record": record, "warnings": norm.warnings, "unknown_metrics": norm.unknown_metrics}, indent=2
+                )
+            )
+            return
+        console = Console()
+        table = Table(title=f"{node}: {len(norm.devices)} devices, mapping {norm.mapping_version}")
+        for col in ("idx", "uuid", "MIG", "model", "gen", "activity", "util %", "fb used MiB", "power W", "owner"):
+            table.add_column(col)
+        for d in norm.devices:
+            act = d["sm_active_ratio"]
+            if act is None:
+                act = d["gr_engine_active_ratio"]
+            if act is None and d["gpu_util_pct"] is not None:
+                act = d["gpu_util_pct"] / 100
+            mig = f"{d['mig_instance_id']} {d['mig_profile'] or ''}".strip() if d["mig_instance_id"] is not None else ""
+            owner = "/".join(x for x in (d["namespace"], d["pod"]) if x) or (d["hpc_job"] or "")
+            table.add_row(
+                _fmt(d["index"]),
+                d["uuid"],
+                mig,
+                d["model"] or "-",
+                generation_of(d["model"]),
+                _fmt(act, 3),
+                _fmt(d["gpu_util_pct"]),
+                _fmt(d["fb_used_mib"]),
+                _fmt(d["power_w"], 1),
+                owner,
+            )
+        console.print(table)
+        console.print(f"driver: {norm.driver_version or '-'}  exporter version: {exporter_version or 'not given'}")
+        for w in norm.warnings:
+            console.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+    simulate_app = typer.Typer(
+        help="A simulated GPU cluster: job events, telemetry, inventory, expected ledger.", no_args_is_help=True
+    )
+    app.add_typer(simulate_app, name="simulate")
+
+    def _config(
+        seed: int,
+        nodes: int,
+        duration: int,
+        start: str | None,
+        realtime: bool,
+        cluster: str | None,
+        state_dir: Path | None,
+    ) -> Any:
+        from producers.simulator import SimConfig
+
+        settings = _settings(state_dir)
+        return SimConfig(
+            seed=seed,
+            nodes=nodes,
+            duration_s=duration,
+            start_ms=_parse_start(start, realtime),
+            cluster=cluster or settings.cluster,
+        ), settings
+
+    @simulate_app.command("run")
+    def simulate_run(
+        nodes: int = typer.Option(8, "--nodes", help="Nodes of 8 GPUs."),
+        seed: int = typer.Option(1, "--seed"),
+        duration: int = typer.Option(86400, "--duration", help="Seconds of cluster time."),
+        realtime: bool = typer.Option(
+            True, "--realtime/--fast", help="Pace to the wall clock, or as fast as possible."
+        ),
+        start: str | None = typer.Option(
+            None,
+            "--start",
+            help="Event time of the first second (ISO, or now). "
+            "Default: now with --realtime, 2026-03-02T11:30Z with --fast.",
+        ),
+        ledger: Path | None = typer.Option(
+            None,
+            "--ledger",
+            help="Write the expected ledger here (.json or .csv). Default: <state-dir>/simulator/expected-ledger.json.",
+        ),
+        cluster: str | None = typer.Option(None, "--cluster", help="Cluster name (default: the settings')."),
+        state_dir: Path | None = STATE_DIR_OPTION,
+    ) -> None:
+        """Publish a simulated cluster's inventory, job events and device samples to Kafka."""
+        from gpuledger.kafka import RecordPublisher
+        from producers.simulator import run, write_ledger
+
+        cfg, settings = _config(seed, nodes, duration, start, realtime, cluster, state_dir)
+        path = write_ledger(cfg, ledger or settings.state_dir / "simulator" / "expected-ledger.json")
+        err = Console(stderr=True)
+        err.print(
+            f"simulator: {cfg.nodes} nodes, {cfg.duration_s} s from "
+            f"{datetime.fromtimestamp(cfg.start_ms / 1000, UTC).isoformat()}, expected ledger {path}"
+        )
+        publisher = RecordPublisher(settings.kafka)
+        stats = run(
+            cfg,
+            publisher,
+            realtime=realtime,
+            progress=lambda t, s: (
+                err.print(f"  t={t}s {sum(s.records.values())} records", highlight=False) if not realtime else None
+            ),
+        )
+        err.print(f"simulator: published {stats.records} in {stats.wall_s:.1f}s")
+
+    @simulate_app.command("ledger")
+    def simulate_ledger(
+        out: Path = typer.Argument(..., help="Output file: .json or .csv."),
+        nodes: int = typer.Option(8, "--nodes"),
+        seed: int = typer.Option(1, "--seed"),
+        duration: int = typer.Option(7200, "--duration"),
+        start: str | None = typer.Option(None, "--start"),
+        cluster: str | None = typer.Option(None, "--cluster"),
+        state_dir: Path | None = STATE_DIR_OPTION,
+    ) -> None:
+        """Write the expected ledger of a simulation without publishing anything."""
+        from producers.simulator import write_ledger
+
+        cfg, _ = _config(seed, nodes, duration, start, False, cluster, state_dir)
+        typer.echo(str(write_ledger(cfg, out)))
