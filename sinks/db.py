@@ -46,18 +46,25 @@ def connect(ch: ClickHouseSettings, *, analyst: bool = False, database: str | No
     user = ch.analyst_user if analyst else ch.user
     password = (ch.analyst_password if analyst else ch.password).get_secret_value()
     scheme = ch.url.split("://", 1)[0] if "://" in ch.url else "http"
+    kwargs.setdefault("autogenerate_session_id", False)
     try:
-        return clickhouse_connect.get_client(
+        client = clickhouse_connect.get_client(
             host=ch.host,
             port=ch.port,
             interface="https" if scheme == "https" else "http",
             username=user,
             password=password,
-            database=database if database is not None else ch.database,
             **kwargs,
         )
     except ClickHouseError as exc:
-        raise ServiceError(f"cannot reach ClickHouse at {ch.url} as {user!r}: {exc}") from exc
+        raise ServiceError(f"cannot reach ClickHouse at {ch.url} as {user!r}: {_one_line(exc)}") from None
+    # Set after the handshake, so connecting works before `gpuledger db migrate` made the database.
+    client.database = check_identifier(database if database is not None else ch.database)
+    return client
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
 
 
 def check_identifier(name: str) -> str:

@@ -1,0 +1,214 @@
+"""Chargeback, explain, finance journal and alert listings, read from the analyst views.
+
+The CLI reads the same views analysts query (`v_chargeback`, `v_chargeback_jobs`,
+`v_finance_journal`), so the two cannot disagree; this module only selects, totals and formats.
+Values are bound parameters; the only identifiers come from fixed tables in this module.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from gpuledger.errors import ConfigError
+
+BY_CHOICES = ("team", "project", "user", "cost-centre")
+FORMATS = ("table", "csv", "json", "parquet")
+_PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+
+
+def check_period(period: str) -> str:
+    if not _PERIOD.match(period):
+        raise ConfigError(f"--period must be a month as YYYY-MM (e.g. 2026-11), got {period!r}")
+    return period
+
+
+def check_by(by: str) -> str:
+    if by not in BY_CHOICES:
+        raise ConfigError(f"--by must be one of {', '.join(BY_CHOICES)}, got {by!r}")
+    return by
+
+
+@dataclass(frozen=True, slots=True)
+class ChargebackLine:
+    line: str
+    jobs: int
+    allocated_gpu_h: Decimal
+    charge: Decimal
+    consumed_gpu_h: Decimal
+    utilisation_pct: float
+    active_gpu_h: Decimal
+    starved_gpu_h: Decimal
+    idle_gpu_h: Decimal
+    dark_gpu_h: Decimal
+    idle_cost: Decimal
+    coverage_pct: float
+    unpriced_gpu_h: Decimal
+
+
+LINE_COLUMNS = tuple(f.name for f in fields(ChargebackLine))
+
+
+@dataclass(frozen=True, slots=True)
+class ChargebackReport:
+    period: str
+    by: str
+    lines: tuple[ChargebackLine, ...]
+    total: ChargebackLine
+
+
+def _pct(part: int, whole: int) -> float:
+    return 0.0 if whole == 0 else round(100 * part / whole, 1)
+
+
+def chargeback(client: Any, period: str, by: str) -> ChargebackReport:
+    period, by = check_period(period), check_by(by)
+    cols = ", ".join(LINE_COLUMNS)
+    result = client.query(
+        f"SELECT {cols}, allocated_seconds, active_seconds, starved_seconds, dark_seconds "
+        "FROM v_chargeback WHERE period = {period:String} AND by = {by:String} ORDER BY line",
+        parameters={"period": period, "by": by},
+    )
+    lines = []
+    alloc = consumed = dark = 0
+    for row in result.result_rows:
+        values = dict(zip((*LINE_COLUMNS, "a", "act", "st", "dk"), row, strict=True))
+        alloc += int(values["a"])
+        consumed += int(values["act"]) + int(values["st"])
+        dark += int(values["dk"])
+        lines.append(ChargebackLine(**{k: values[k] for k in LINE_COLUMNS}))
+    # A job is in exactly one line per grouping, so line sums are the totals.
+    total = ChargebackLine(
+        line="TOTAL",
+        jobs=sum(line.jobs for line in lines),
+        allocated_gpu_h=sum((line.allocated_gpu_h for line in lines), Decimal(0)),
+        charge=sum((line.charge for line in lines), Decimal(0)),
+        consumed_gpu_h=sum((line.consumed_gpu_h for line in lines), Decimal(0)),
+        utilisation_pct=_pct(consumed, alloc),
+        active_gpu_h=sum((line.active_gpu_h for line in lines), Decimal(0)),
+        starved_gpu_h=sum((line.starved_gpu_h for line in lines), Decimal(0)),
+        idle_gpu_h=sum((line.idle_gpu_h for line in lines), Decimal(0)),
+        dark_gpu_h=sum((line.dark_gpu_h for line in lines), Decimal(0)),
+        idle_cost=sum((line.idle_cost for line in lines), Decimal(0)),
+        coverage_pct=_pct(alloc - dark, alloc),
+        unpriced_gpu_h=sum((line.unpriced_gpu_h for line in lines), Decimal(0)),
+    )
+    return ChargebackReport(period, by, tuple(lines), total)
+
+
+EXPLAIN_COLUMNS = (
+    "cluster", "job_id", "user", "team", "project", "original_project", "correction_id", "cost_centre",
+    "generation", "pricing_tier", "preemptible", "first_day", "last_day", "allocated_s", "active_s", "starved_s",
+    "idle_s", "dark_s", "charge",
+)  # fmt: skip
+
+
+def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
+    """The jobs (and their price segments) behind one project's line, corrections applied."""
+    period = check_period(period)
+    if not project:
+        raise ConfigError("--project must not be empty")
+    result = client.query(
+        f"SELECT {', '.join(EXPLAIN_COLUMNS)} FROM v_chargeback_jobs "
+        "WHERE period = {period:String} AND project = {project:String} ORDER BY cluster, job_id, generation, "
+        "pricing_tier, preemptible",
+        parameters={"period": period, "project": project},
+    )
+    return [dict(zip(EXPLAIN_COLUMNS, row, strict=True)) for row in result.result_rows]
+
+
+JOURNAL_COLUMNS = ("period", "cost_centre", "account", "description", "debit", "allocated_gpu_h", "jobs")
+
+
+def journal(client: Any, period: str, *, account: str = "GPU-CHARGEBACK") -> list[dict[str, Any]]:
+    """Finance journal lines: one debit per cost centre for the period."""
+    period = check_period(period)
+    result = client.query(
+        "SELECT cost_centre, jobs, allocated_gpu_h, charge FROM v_finance_journal "
+        "WHERE period = {period:String} ORDER BY cost_centre",
+        parameters={"period": period},
+    )
+    return [
+        {
+            "period": period,
+            "cost_centre": cc or "UNASSIGNED",
+            "account": account,
+            "description": f"GPU allocation {period}: {hours} GPU-h over {jobs} jobs",
+            "debit": charge,
+            "allocated_gpu_h": hours,
+            "jobs": jobs,
+        }
+        for cc, jobs, hours, charge in result.result_rows
+    ]
+
+
+ALERT_LIST_COLUMNS = ("ts_ms", "kind", "cluster", "job_id", "user", "team", "project", "idle_minutes", "message")
+
+
+def recent_alerts(client: Any, *, limit: int = 50, kind: str | None = None) -> list[dict[str, Any]]:
+    if limit <= 0 or limit > 10_000:
+        raise ConfigError(f"--limit must be between 1 and 10000, got {limit}")
+    result = client.query(
+        f"SELECT {', '.join(ALERT_LIST_COLUMNS)} FROM alerts FINAL "
+        "WHERE {kind:String} = '' OR kind = {kind:String} ORDER BY ts_ms DESC LIMIT {limit:UInt32}",
+        parameters={"kind": kind or "", "limit": limit},
+    )
+    return [dict(zip(ALERT_LIST_COLUMNS, row, strict=True)) for row in result.result_rows]
+
+
+# -- formatting -----------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def report_rows(report: ChargebackReport) -> list[dict[str, Any]]:
+    return [{"period": report.period, "by": report.by, **asdict(line)} for line in (*report.lines, report.total)]
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _plain(v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def to_json(rows: list[dict[str, Any]]) -> str:
+    return json.dumps([{k: _plain(v) for k, v in row.items()} for row in rows], indent=2)
+
+
+def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows)  # Decimals become decimal128 columns: exact
+    pq.write_table(table, path)
+
+
+def render_table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        numeric = bool(rows) and isinstance(rows[0].get(col), int | float | Decimal) and not isinstance(
+            rows[0].get(col), bool
+        )
+        table.add_column(col, justify="right" if numeric else "left")
+    for i, row in enumerate(rows):
+        style = "bold" if row.get("line") == "TOTAL" and i == len(rows) - 1 else None
+        table.add_row(*(str(_plain(row.get(c, ""))) for c in columns), style=style)
+    return table

@@ -1,0 +1,251 @@
+"""Chat alerts: route each alert to the channel people read, with its evidence and appeal route.
+
+Pure parts (routing, templates, dedupe, rate limit, URL masking) take plain data and an injected
+clock; `ChatNotifier` sends through apprise (Slack, Mattermost, Teams, email, generic JSON webhook:
+any apprise URL). `WebhookReceiver` is a loopback webhook endpoint for tests and demos.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from gpuledger.settings import ChatRoute, ChatSettings
+
+log = logging.getLogger(__name__)
+
+
+def mask_url(url: str) -> str:
+    """A webhook URL fit for logs: its scheme and a short digest, never the token it carries."""
+    scheme = url.split("://", 1)[0] if "://" in url else "?"
+    return f"{scheme}://<secret {hashlib.sha256(url.encode()).hexdigest()[:8]}>"
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    kind: str  # user, team, default
+    name: str
+    channel: str
+    route: ChatRoute
+
+    @property
+    def masked(self) -> str:
+        return mask_url(self.route.url.get_secret_value())
+
+
+def resolve(alert: dict[str, Any], chat: ChatSettings) -> Destination | None:
+    """User route first (their channel or a direct message), then team channel, then default."""
+    user, team = alert.get("user"), alert.get("team")
+    if user and user in chat.users:
+        route = chat.users[user]
+        return Destination("user", user, route.channel or f"@{user}", route)
+    if team and team in chat.teams:
+        route = chat.teams[team]
+        return Destination("team", team, route.channel or f"#{team}", route)
+    if chat.default is not None:
+        return Destination("default", "default", chat.default.channel or "#gpu-alerts", chat.default)
+    return None
+
+
+_TITLES = {
+    "IDLE_WARNING": "Idle GPUs: action pending",
+    "RECLAIM_NOTICE": "GPUs being reclaimed",
+    "IDLE_RESOLVED": "Idle GPUs: resolved",
+    "COVERAGE_GAP": "GPU telemetry missing (coverage gap)",
+    "COVERAGE_RECOVERED": "GPU telemetry restored",
+}
+
+
+def _when(ms: Any) -> str:
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(int(ms) / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def render(alert: dict[str, Any], destination: Destination, default_appeal: str) -> tuple[str, str]:
+    """Title and body: what happened, the evidence, what happens next, and how to appeal."""
+    kind = str(alert.get("kind", "ALERT"))
+    title = f"[gpuledger] {_TITLES.get(kind, kind)}"
+    if alert.get("job_id"):
+        title += f": job {alert['job_id']} on {alert.get('cluster', '?')}"
+    devices = alert.get("device_uuids") or []
+    evidence = [
+        f"channel: {destination.channel}",
+        f"alert: {alert.get('alert_id')} ({kind}) at {_when(alert.get('ts_ms'))}",
+        f"job: {alert.get('job_id') or '-'}  cluster: {alert.get('cluster') or '-'}  node: {alert.get('node') or '-'}",
+        f"owner: user {alert.get('user') or '-'}, team {alert.get('team') or '-'}, "
+        f"project {alert.get('project') or '-'}",
+        f"evidence: {len(devices)} device(s) {', '.join(devices[:8])}{' ...' if len(devices) > 8 else ''}",
+    ]
+    if alert.get("idle_minutes") is not None:
+        evidence.append(f"idle for {alert['idle_minutes']} min (time-integrated device activity, not sessions)")
+    if alert.get("cost_so_far") is not None:
+        evidence.append(f"cost of the idle time so far: ${float(alert['cost_so_far']):.2f}")
+    if alert.get("action"):
+        mode = " (dry-run: nothing will be done)" if alert.get("dry_run") else ""
+        evidence.append(f"next: {alert['action']} at {_when(alert.get('action_at_ms'))}{mode}")
+    message = str(alert.get("message") or "").strip()
+    appeal = f"appeal: {alert.get('appeal_route') or default_appeal}"
+    body = "\n".join([*([message] if message else []), *evidence, appeal])
+    return title, body
+
+
+class Deduper:
+    """Remembers the last N alert ids; `first_time(id)` is True once per id."""
+
+    def __init__(self, capacity: int) -> None:
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+
+    def first_time(self, alert_id: str) -> bool:
+        if alert_id in self._seen:
+            self._seen.move_to_end(alert_id)
+            return False
+        self._seen[alert_id] = None
+        if len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)
+        return True
+
+
+class RateLimiter:
+    """At most `per_minute` messages per destination in any 60 s window (clock in ms, injected)."""
+
+    def __init__(self, per_minute: int) -> None:
+        self._per_minute = per_minute
+        self._sent: dict[str, deque[int]] = {}
+
+    def allow(self, destination: str, now_ms: int) -> bool:
+        window = self._sent.setdefault(destination, deque())
+        while window and window[0] <= now_ms - 60_000:
+            window.popleft()
+        if len(window) >= self._per_minute:
+            return False
+        window.append(now_ms)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    alert_id: str
+    status: str  # sent, dry-run, duplicate, rate-limited, no-route, skipped-kind, failed
+    destination: str = ""  # masked
+    channel: str = ""
+
+
+Sender = Callable[[str, str, str], bool]  # (url, title, body) -> delivered
+
+
+def apprise_send(url: str, title: str, body: str) -> bool:
+    import apprise
+
+    app = apprise.Apprise()
+    if not app.add(url):
+        log.error("not a usable apprise URL: %s", mask_url(url))
+        return False
+    return bool(app.notify(body=body, title=title))
+
+
+class ChatNotifier:
+    def __init__(self, chat: ChatSettings, *, clock_ms: Callable[[], int], sender: Sender = apprise_send) -> None:
+        self._chat = chat
+        self._clock_ms = clock_ms
+        self._send = sender
+        self._dedupe = Deduper(chat.dedupe_window)
+        self._limit = RateLimiter(chat.rate_limit_per_minute)
+
+    def handle(self, alert: dict[str, Any]) -> Delivery:
+        alert_id = str(alert.get("alert_id") or "")
+        if self._chat.kinds and str(alert.get("kind")) not in self._chat.kinds:
+            return Delivery(alert_id, "skipped-kind")
+        if not self._dedupe.first_time(alert_id):
+            return Delivery(alert_id, "duplicate")
+        dest = resolve(alert, self._chat)
+        if dest is None:
+            log.warning("no chat route for alert %s (user %s, team %s)", alert_id, alert.get("user"), alert.get("team"))
+            return Delivery(alert_id, "no-route")
+        if not self._limit.allow(dest.masked, self._clock_ms()):
+            log.warning("rate limit reached for %s; alert %s not sent", dest.masked, alert_id)
+            return Delivery(alert_id, "rate-limited", dest.masked, dest.channel)
+        title, body = render(alert, dest, self._chat.appeal_route)
+        if self._chat.dry_run:
+            log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
+            return Delivery(alert_id, "dry-run", dest.masked, dest.channel)
+        ok = self._send(dest.route.url.get_secret_value(), title, body)
+        log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
+        return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel)
+
+
+# -- local webhook receiver ----------------------------------------------------------------------
+
+
+class WebhookReceiver:
+    """Loopback HTTP endpoint that stores every POST it gets (path, JSON or text body) in memory
+    and, when given, as JSON lines in a file. `GET /received` returns what it has."""
+
+    def __init__(self, port: int = 0, out: Path | None = None, host: str = "127.0.0.1") -> None:
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError("the webhook receiver listens on loopback only")
+        self.received: list[dict[str, Any]] = []
+        self._out = out
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body: Any = json.loads(raw)
+                except ValueError:
+                    body = raw.decode("utf-8", "replace")
+                receiver._store({"path": self.path, "content_type": self.headers.get("Content-Type"), "body": body})
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                with receiver._lock:
+                    data = json.dumps(receiver.received).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("receiver: " + format, *args)
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def _store(self, item: dict[str, Any]) -> None:
+        with self._lock:
+            self.received.append(item)
+            if self._out is not None:
+                with self._out.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(item) + "\n")
+
+    def start(self) -> WebhookReceiver:
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
