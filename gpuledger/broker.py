@@ -407,7 +407,7 @@ def _see(log_path: Path | None) -> str:
 
 
 def stop_process(proc_pid: int, *, timeout: float = 30.0, group: bool = True) -> None:
-    """SIGTERM the process (its process group when `group`), wait, then SIGKILL."""
+    """SIGTERM the process (its whole process group when `group`), wait, then SIGKILL what is left."""
 
     def send(sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -416,16 +416,41 @@ def stop_process(proc_pid: int, *, timeout: float = 30.0, group: bool = True) ->
             else:
                 os.kill(proc_pid, sig)
 
+    def gone() -> bool:
+        return not pid_alive(proc_pid) and (not group or not group_members(proc_pid))
+
     send(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not pid_alive(proc_pid):
+        if gone():
             return
         time.sleep(0.1)
     send(signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and pid_alive(proc_pid):
+    while time.monotonic() < deadline and not gone():
         time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
 
 
 def pid_alive(pid: int) -> bool:
