@@ -131,7 +131,7 @@ def owners_by_second(intervals: Iterable[Interval], minute_ms: int) -> dict[str,
 class _Job:
     info: JobInfo
     first_offset: int
-    event_ids: set[str] = field(default_factory=set)
+    event_ids: set[tuple[str, str]] = field(default_factory=set)  # (node, event id)
     nodes: set[str] = field(default_factory=set)
     ended_ms: int | None = None
 
@@ -162,11 +162,11 @@ class AllocationTable:
         if job is None:
             job = _Job(JobInfo.from_event(ev), offset)
             self._jobs[job_id] = job
-        elif ev["event_id"] in job.event_ids:
+        elif (node, ev["event_id"]) in job.event_ids:
             return False
         elif kind == "STARTED" and job.info.user is None:
             job.info = JobInfo.from_event(ev)
-        job.event_ids.add(ev["event_id"])
+        job.event_ids.add((node, ev["event_id"]))
         job.first_offset = min(job.first_offset, offset)
         self.min_event_ms = ts if self.min_event_ms is None else min(self.min_event_ms, ts)
         if kind == "SUBMITTED":
@@ -205,12 +205,6 @@ class AllocationTable:
         applied = False
         for node in nodes:
             applied = self.apply(node, ev, offset) or applied
-            if job is None:
-                job = self._jobs.get(ev["job_id"])
-            if job is not None:
-                job.event_ids.discard(ev["event_id"])  # let the same event reach the job's other nodes
-        if job is not None and applied:
-            job.event_ids.add(ev["event_id"])
         return applied
 
     def expected_devices(self, job_id: str, minute_ms: int) -> int:
@@ -255,6 +249,14 @@ class AllocationTable:
                         return None
                     ends.append(iv.end_ms)
         return max(ends, default=job.ended_ms)
+
+    def forgotten(self, job_id: str) -> bool:
+        return job_id in self._ended and job_id not in self._jobs
+
+    def mark_forgotten(self, job_id: str, ended_ms: int) -> None:
+        """A job whose every minute is already out (restored after a restart): ignore its replays."""
+        self._ended[job_id] = ended_ms
+        self._jobs.pop(job_id, None)
 
     def jobs(self) -> list[str]:
         return list(self._jobs)

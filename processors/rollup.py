@@ -159,6 +159,7 @@ def allocated_row(
 def node_minute_rows(
     cluster: str,
     node: str,
+    node_id: str,
     minute_ms: int,
     windows: Mapping[tuple[str, int | None], DeviceWindow],
     intervals: list[Interval],
@@ -177,7 +178,7 @@ def node_minute_rows(
     for (uuid, mig), win in windows.items():
         ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
         matched.update(iv.ref for iv in ivs)
-        facts = DeviceFacts(uuid, win.model, directory.generation(node, uuid, win.index, mig, win.model))
+        facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model))
         owners = owners_by_second(ivs, minute_ms)
         for job_id in sorted({iv.job_id for iv in ivs}):
             base = _row(cluster, node, facts, mig, minute_ms, table.job(job_id), win.mappings, thresholds)
@@ -197,7 +198,7 @@ def node_minute_rows(
             by_ref.setdefault(iv.ref, []).append(iv)
     for ref in sorted(by_ref, key=lambda r: r.sort_key):
         ivs = by_ref[ref]
-        facts = directory.facts_for_ref(node, ref)
+        facts = directory.facts_for_ref(node_id, ref)
         owners = owners_by_second(ivs, minute_ms)
         for job_id in sorted({iv.job_id for iv in ivs}):
             base = _row(cluster, node, facts, ref.mig_instance_id, minute_ms, table.job(job_id), (), thresholds)

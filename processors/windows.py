@@ -71,8 +71,9 @@ class MinuteWindows:
             return Admit.LATE
         return Admit.ACCEPTED
 
-    def add_scrape(self, scrape: Mapping[str, Any], activity: Any, offset: int) -> Admit:
-        """Add every device sample of a node scrape (hot path). `activity(sample) -> float | None`."""
+    def add_scrape(self, node: str, scrape: Mapping[str, Any], activity: Any, offset: int) -> Admit:
+        """Add every device sample of a node scrape (hot path). `node` is the node's id in the window
+        keys (the stages use "cluster/node"); `activity(sample) -> float | None`."""
         ts = scrape["ts_ms"]
         verdict = self.admit(ts, offset)
         if verdict is not Admit.ACCEPTED:
@@ -83,7 +84,6 @@ class MinuteWindows:
         if devices is None:
             devices = self.open[m] = {}
             self.first_offset[m] = offset
-        node = scrape["node"]
         mapping = scrape["mapping_version"]
         for dev in scrape["devices"]:
             key = (node, dev["uuid"], dev["mig_instance_id"])
