@@ -189,8 +189,19 @@ def test_exporter_upgrade_keeps_canonical_values(records: list[tuple[Any, bytes,
         (d,) = norm.normalize(raw, mapping=load_mappings().get(prof.mapping_version)).devices
         out.append(d)
     old, new = out
-    for k in ("gpu_util_pct", "fb_used_mib", "fb_free_mib", "power_w", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
-              "temperature_c", "uuid", "index", "model", "hpc_job"):
+    for k in (
+        "gpu_util_pct",
+        "fb_used_mib",
+        "fb_free_mib",
+        "power_w",
+        "pcie_tx_bytes_per_s",
+        "pcie_rx_bytes_per_s",
+        "temperature_c",
+        "uuid",
+        "index",
+        "model",
+        "hpc_job",
+    ):
         assert old[k] == new[k], k
     assert old["gr_engine_active_ratio"] is None and new["gr_engine_active_ratio"] == old["gpu_util_pct"] / 100
     assert not norm.unknown_counts

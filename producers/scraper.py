@@ -1,0 +1,187 @@
+"""The DCGM producer: scrape many dcgm-exporter endpoints at 1 Hz and publish one record per node scrape.
+
+One asyncio task per target on a shared `httpx.AsyncClient`. Each target scrapes on whole-second
+ticks plus a fixed per-target offset (jitter, so hundreds of targets do not hit the network in the
+same millisecond), with a per-request timeout; a target that fails backs off exponentially (up to
+`backoff_max_s`) and is retried, never dropped. The record's `ts_ms` is the tick the scrape was
+made for (event time, whole seconds plus the target's offset). Parsing, mapping and record
+building are `producers.dcgm` (pure); publishing goes through `gpuledger.kafka.RecordPublisher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+
+from gpuledger.errors import ConfigError, ParseError
+from producers.dcgm import SOURCE, ExpositionParser, Normalizer, scrape_record
+from schemas.topics import DEVICE_SAMPLES, Topic, node_key
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    def publish(self, topic: Topic, key: bytes, record: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One dcgm-exporter endpoint. `node` defaults to the exporter's Hostname label, else the URL host."""
+
+    url: str
+    node: str | None = None
+    exporter_version: str | None = None
+
+
+def parse_targets(text: str, origin: str = "targets") -> list[Target]:
+    """Targets from YAML: a list of URLs or {url, node, exporter_version} maps, or
+    `{url_template: "http://{node}:9400/metrics", nodes: [...], exporter_version: ...}` (nodes from an inventory)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ParseError(f"{origin}: not YAML: {exc}") from exc
+    if isinstance(data, dict) and "targets" in data:
+        data = data["targets"]
+    items = data if isinstance(data, list) else [data]
+    out: list[Target] = []
+    for n, item in enumerate(items):
+        if isinstance(item, str):
+            out.append(Target(item))
+        elif isinstance(item, dict) and "url" in item:
+            out.append(Target(str(item["url"]), item.get("node"), item.get("exporter_version")))
+        elif isinstance(item, dict) and "url_template" in item:
+            for node in item.get("nodes", []):
+                out.append(Target(str(item["url_template"]).format(node=node), str(node), item.get("exporter_version")))
+        else:
+            raise ParseError(f"{origin}: entry {n}: expected a URL, {{url: ...}} or {{url_template, nodes}}: {item!r}")
+    for t in out:
+        if not t.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{origin}: {t.url!r} is not an http(s) URL")
+    return out
+
+
+@dataclass(slots=True)
+class TargetState:
+    failures: int = 0
+    retry_at: float = 0.0
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class ScrapeStats:
+    ok: int = 0
+    failed: int = 0
+    records: int = 0
+    devices: int = 0
+    missed_ticks: int = 0
+    targets: dict[str, TargetState] = field(default_factory=dict)
+
+
+def _offset(url: str, jitter_s: float) -> float:
+    return (zlib.crc32(url.encode()) % 1000) / 1000 * jitter_s
+
+
+class DcgmScraper:
+    def __init__(
+        self,
+        targets: list[Target],
+        publisher: Publisher,
+        cluster: str,
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float = 0.8,
+        jitter_s: float = 0.25,
+        backoff_max_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        topic: Topic = DEVICE_SAMPLES,
+    ) -> None:
+        if not targets:
+            raise ConfigError("dcgm producer: no targets")
+        self.targets = targets
+        self.publisher = publisher
+        self.cluster = cluster
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.jitter_s = min(jitter_s, interval_s / 2)
+        self.backoff_max_s = backoff_max_s
+        self.clock = clock
+        self.topic = topic
+        self.parser = ExpositionParser()
+        self.normalizer = Normalizer()
+        self.stats = ScrapeStats(targets={t.url: TargetState() for t in targets})
+
+    def handle(self, target: Target, text: str, ts_ms: int) -> dict[str, Any]:
+        """Parse, map, build and publish one scrape's record (the CPU part of a scrape)."""
+        exposition = self.parser.parse(text)
+        norm = self.normalizer.normalize(exposition.samples, exporter_version=target.exporter_version)
+        node = target.node or norm.hostname or urlsplit(target.url).hostname or target.url
+        record = scrape_record(
+            cluster=self.cluster, node=node, ts_ms=ts_ms, normalized=norm, exporter_version=target.exporter_version
+        )
+        self.publisher.publish(self.topic, node_key(self.cluster, node), record)
+        self.stats.records += 1
+        self.stats.devices += len(norm.devices)
+        return record
+
+    async def scrape_once(self, client: httpx.AsyncClient, target: Target, ts_ms: int) -> dict[str, Any] | None:
+        state = self.stats.targets[target.url]
+        try:
+            resp = await client.get(target.url, timeout=self.timeout_s)
+            resp.raise_for_status()
+            record = self.handle(target, resp.text, ts_ms)
+        except (httpx.HTTPError, ParseError) as exc:
+            state.failures += 1
+            state.failed += 1
+            self.stats.failed += 1
+            delay = min(self.backoff_max_s, self.interval_s * (2 ** min(state.failures, 16)))
+            state.retry_at = self.clock() + delay
+            if state.failures == 1 or str(exc) != state.last_error:
+                log.warning("dcgm %s: %s (retry in %.0fs)", target.url, exc or type(exc).__name__, delay)
+            state.last_error = str(exc)
+            return None
+        if state.failures:
+            log.info("dcgm %s: back after %d failures", target.url, state.failures)
+        state.failures = 0
+        state.ok += 1
+        self.stats.ok += 1
+        return record
+
+    async def _loop(self, client: httpx.AsyncClient, target: Target, until: float | None) -> None:
+        offset = _offset(target.url, self.jitter_s)
+        state = self.stats.targets[target.url]
+        tick = (int(self.clock() / self.interval_s) + 1) * self.interval_s + offset
+        while until is None or tick < until:
+            delay = tick - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.clock() >= state.retry_at:
+                await self.scrape_once(client, target, int(tick * 1000))
+            else:
+                state.skipped += 1
+            # Next tick; ticks that passed while this one ran are missed, not queued.
+            nxt = tick + self.interval_s
+            now = self.clock()
+            if now > nxt:
+                missed = int((now - nxt) / self.interval_s) + 1
+                self.stats.missed_ticks += missed
+                nxt += missed * self.interval_s
+            tick = nxt
+
+    async def run(self, duration_s: float | None = None) -> ScrapeStats:
+        until = None if duration_s is None else self.clock() + duration_s
+        limits = httpx.Limits(max_connections=len(self.targets) + 8, max_keepalive_connections=len(self.targets) + 8)
+        async with httpx.AsyncClient(limits=limits, headers={"Accept": "text/plain"}) as client:
+            await asyncio.gather(*(self._loop(client, t, until) for t in self.targets))
+        return self.stats
