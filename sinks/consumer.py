@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from gpuledger.consumer import SourceRecord, dead_letter, decode_or_dead_letter
 from gpuledger.errors import ContractError, ServiceError
+from gpuledger.kafka import RecordPublisher
 from gpuledger.settings import KafkaSettings, SinksSettings
 from schemas.codec import AvroCodec
 from schemas.topics import Topic
@@ -24,7 +26,10 @@ from sinks.rows import DEFAULT_TOPICS, SINKS, TOPICS_BY_NAME, TableSpec
 from sinks.writer import ClickHouseUnavailable, LedgerWriter, Origin, Pending, Rejected
 
 log = logging.getLogger(__name__)
-DEADLETTER_SUBJECT = "deadletter"
+
+
+class RowRejected(ContractError):
+    """ClickHouse refused a row of this record (constraint, type, range), or it could not be mapped."""
 
 
 @dataclass(slots=True)
@@ -78,7 +83,7 @@ class LedgerSink:
             "isolation.level": "read_committed",
         }
         self._consumer = Consumer(conf)
-        self._producer = Producer({**kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+        self._publisher = RecordPublisher(kafka, self._codec)
         self._paused = False
         self.stats = SinkStats()
 
@@ -108,17 +113,17 @@ class LedgerSink:
         result = self._write_with_retry(pending)
         dead.extend(result.rejected)
         self._dead_letter(dead)
+        self._publisher.flush()  # every dead letter delivered before the offsets move
         self._commit(records)
         self.stats.batches += 1
         self.stats.records += len(records)
         self.stats.rows_inserted += sum(result.inserted.values())
         self.stats.duplicates_skipped += result.skipped_duplicates
-        self.stats.dead_lettered += len(dead)
         return len(records)
 
     def close(self) -> None:
         try:
-            self._producer.flush(10)
+            self._publisher.flush(10)
         finally:
             self._consumer.close()
 
@@ -140,10 +145,9 @@ class LedgerSink:
             topic, specs = self._routes[msg.topic()]
             ts_type, ts = msg.timestamp()
             origin = Origin(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), ts if ts_type else None)
-            try:
-                record = self._codec.decode(msg.value() or b"", expected_subject=topic.subject).record
-            except ContractError as exc:
-                dead.append(Rejected(origin, "", type(exc).__name__, str(exc)))
+            record = decode_or_dead_letter(msg, self._codec, self._publisher, subject=topic.subject)
+            if record is None:  # undecodable or invalid: already on <topic>.dlq with the reason
+                self.stats.dead_lettered += 1
                 continue
             try:
                 rows = [(spec, row) for spec in specs for row in spec.rows(record)]
@@ -190,34 +194,15 @@ class LedgerSink:
                 self._consumer.pause([tp])
 
     def _dead_letter(self, dead: list[Rejected]) -> None:
-        if not dead:
-            return
         for item in dead:
             o = item.origin
             topic, _ = self._routes[o.topic]
-            record = {
-                "source_topic": o.topic,
-                "source_partition": o.partition,
-                "source_offset": o.offset,
-                "key": o.key,
-                "value": o.value,
-                "error_class": item.error_class,
-                "error_message": item.reason if not item.table else f"{item.table}: {item.reason}",
-                "schema_fingerprint": self._codec.writer_fingerprint(o.value or b""),
-                "ts_ms": self._clock_ms(),
-                "source_subject": topic.subject,
-                "source_timestamp_ms": o.timestamp_ms,
-            }
-            value = self._codec.encode(DEADLETTER_SUBJECT, record)
-            headers: list[tuple[str, str | bytes | None]] = [
-                ("error_class", item.error_class.encode()),
-                ("error_message", item.reason[:1000].encode()),
-            ]
-            self._producer.produce(self._kafka.topic(topic.dlq), value=value, key=o.key, headers=headers)
-            log.warning("dead-lettered %s[%d]@%d: %s", o.topic, o.partition, o.offset, item.reason[:200])
-        remaining = self._producer.flush(30)
-        if remaining:
-            raise ServiceError(f"{remaining} dead letters not delivered; offsets not committed")
+            where = f"{item.table}: " if item.table else ""
+            error = RowRejected(f"{where}{item.error_class}: {item.reason}")
+            source = SourceRecord(o.topic, o.partition, o.offset, o.key, o.value, o.timestamp_ms)
+            dead_letter(source, error, self._publisher, subject=topic.subject, clock=self._clock_ms)
+            self.stats.dead_lettered += 1
+            log.warning("dead-lettered %s[%d]@%d: %s", o.topic, o.partition, o.offset, str(error)[:200])
 
     def _commit(self, records: list[Any]) -> None:
         last: dict[tuple[str, int], int] = {}
