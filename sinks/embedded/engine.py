@@ -429,6 +429,17 @@ class Engine:
         handle.dirty = True
         return Lease(handle, None, self._release)
 
+    def describe_aside(self, handle: Handle, sql: str, params: Mapping[str, str]) -> list[tuple[str, str]] | None:
+        """`describe` on another handle, for when `handle` is busy streaming (same database)."""
+        lease = self._pooled("", handle.readonly)
+        try:
+            lease.handle.prepare(handle.database, {})
+            return lease.handle.describe(sql, params)
+        except QueryFailed:
+            return None
+        finally:
+            lease.release()
+
     def reap(self) -> int:
         """Close sessions idle past their timeout; returns how many."""
         now = self._clock()

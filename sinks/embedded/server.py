@@ -711,7 +711,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if first is None:
                     first = handle.repair_native(sql, binds, b"", keyword) or None
                 elif native.needs_zone_repair(first):
-                    columns = handle.describe(sql, binds)
+                    engine = self.server.app.engine
+                    columns = engine.describe_aside(handle, sql, binds) if engine else None
                     if columns and any(t.startswith("DateTime(") for _, t in columns):
                         types = [t for _, t in columns]
             tag = secrets.token_hex(8)
