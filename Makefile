@@ -1,11 +1,13 @@
 # The two commands a new user runs: `make up` (set up, run the stack on a simulated cluster) and `make test`.
+# Everything is installed from the project's own files; Java 17 and Maven are the only tools assumed.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: up down status test lint setup
+.PHONY: up down status test lint setup bench
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuledger needs Python >= 3.11; run make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e ".[dev]"
@@ -13,6 +15,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Starts the local stack in the background (first run also fetches the Kafka jars with Maven).
 up: $(STAMP)
 	$(VENV)/bin/gpuledger up
 
@@ -26,7 +29,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Lint, types, then every test (unit and integration: the fixtures start a real broker).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/broker_startup.py

@@ -104,6 +104,11 @@ def _jars_complete(libs: Path, kafka_version: str) -> bool:
     return (libs / f"kafka_2.13-{kafka_version}.jar").is_file() and (libs / ".complete").is_file()
 
 
+def jars_cached(kafka_version: str, cache_root: Path | None = None) -> bool:
+    """Whether the broker jars of this version are in the cache already (no Maven run needed)."""
+    return _jars_complete(jar_cache_dir(kafka_version, cache_root) / "libs", kafka_version)
+
+
 def ensure_jars(
     kafka_version: str,
     cache_root: Path | None = None,
