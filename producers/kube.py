@@ -1,0 +1,671 @@
+"""Kubernetes job events: Pods requesting NVIDIA GPUs (whole or MIG), Kueue Workloads, Volcano PodGroups.
+
+Pure core: `KubeTracker.on_pod / on_workload / on_podgroup(watch_type, obj, now_ms) -> events`, over plain
+dicts as the API server sends them. The adapter `KubeWatcher` runs list+watch with the official
+kubernetes client and feeds the tracker.
+
+Model:
+- a Pod that holds GPUs is a job (`job_id = namespace/pod`): SUBMITTED when created, STARTED when it runs on
+  a node (devices from `PodDeviceSource`: kubelet PodResources where reachable, else dcgm-exporter's pod
+  labels), UPDATED when device UUIDs become known later, ENDED when it finishes or is deleted
+  (exit_state PREEMPTED when it was evicted/preempted).
+- a gang is the pods of one Kueue Workload, Volcano PodGroup or JobSet: `gang_id` names it
+  (`kueue:ns/workload`, `volcano:ns/podgroup`, `jobset:ns/name`); `gang_size` is the gang's device total.
+- Kueue Workloads and Volcano PodGroups are jobs of their own kind (scheduler KUEUE/VOLCANO) carrying the
+  gang's queue-level life: admission (UPDATED), eviction by preemption (PREEMPTED), deactivation via
+  `spec.active=false` (SUSPENDED, then RESUMED), other evictions/requeues (REQUEUED), finish (ENDED).
+  They hold no devices themselves: the pods do.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from producers.devicemap import iter_dcgm_labels
+from producers.jobevents import EventContext, EventSink, HeldDevices, job_event
+from producers.projects import Attribution
+from schemas.topics import JOB_EVENTS, job_key
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+PROJECT_LABEL = "gpuledger.io/project"
+USER_KEYS = ("gpuledger.io/user", "kueue.x-k8s.io/user")
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+PREEMPT_REASONS = frozenset(
+    {"Preempted", "PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI", "Evicted",
+     "TerminationByKubelet", "StoppedByKueue", "InactiveWorkload"}
+)
+
+
+def parse_time(value: Any) -> int | None:
+    """RFC 3339 (`2024-05-17T14:02:54Z`) -> epoch ms."""
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    text = str(value).replace("Z", "+00:00")
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    gpus: int = 0
+    mig: Mapping[str, int] = field(default_factory=dict)  # e.g. {"nvidia.com/mig-1g.5gb": 2}
+
+    @property
+    def devices(self) -> int:
+        return self.gpus + sum(self.mig.values())
+
+
+def gpu_request(pod_spec: Mapping[str, Any]) -> GpuRequest:
+    """GPUs a pod spec asks for: sum over containers (limits, else requests), max with init containers."""
+
+    def of(containers: Iterable[Mapping[str, Any]]) -> list[dict[str, int]]:
+        out = []
+        for c in containers or ():
+            res = c.get("resources") or {}
+            merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+            out.append({k: _quantity(v) for k, v in merged.items() if k == GPU_RESOURCE or k.startswith(MIG_PREFIX)})
+        return out
+
+    total: dict[str, int] = {}
+    for c in of(pod_spec.get("containers") or ()):
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    for c in of(pod_spec.get("initContainers") or ()):
+        for k, v in c.items():
+            total[k] = max(total.get(k, 0), v)
+    mig = {k: v for k, v in total.items() if k.startswith(MIG_PREFIX) and v}
+    return GpuRequest(total.get(GPU_RESOURCE, 0), mig)
+
+
+# ------------------------------------------------------------------------------------------------
+# Device UUIDs of a pod
+
+
+@dataclass(frozen=True, slots=True)
+class PodDevice:
+    uuid: str
+    index: int | None = None
+    mig_instance_id: int | None = None
+
+
+class PodDeviceSource(Protocol):
+    def pod_devices(self, node: str, namespace: str, pod: str) -> list[PodDevice] | None: ...
+
+
+class DcgmPodLabels:
+    """Pod -> devices from dcgm-exporter series labels (`pod`, `namespace`, `UUID`, `gpu`, `GPU_I_ID`).
+
+    dcgm-exporter itself asks the kubelet PodResources API, so its labels are the fallback where the
+    kubelet socket is not reachable from this process. Feed it scrapes as they arrive.
+    """
+
+    def __init__(self) -> None:
+        self._by_pod: dict[tuple[str, str, str], dict[tuple[str, int | None], PodDevice]] = {}
+
+    def load_scrape(self, text: str, node: str | None = None) -> None:
+        for labels in iter_dcgm_labels(text):
+            pod, ns, uuid = labels.get("pod"), labels.get("namespace"), labels.get("UUID")
+            host = node or labels.get("Hostname") or labels.get("hostname")
+            if not (pod and ns and uuid and host):
+                continue
+            gpu = labels.get("gpu", "")
+            mig = labels.get("GPU_I_ID", "")
+            dev = PodDevice(uuid, int(gpu) if gpu.isdigit() else None, int(mig) if mig.isdigit() else None)
+            self._by_pod.setdefault((host, ns, pod), {})[(uuid, dev.mig_instance_id)] = dev
+
+    def pod_devices(self, node: str, namespace: str, pod: str) -> list[PodDevice] | None:
+        devs = self._by_pod.get((node, namespace, pod))
+        return sorted(devs.values(), key=lambda d: (d.index or 0, d.mig_instance_id or 0)) if devs else None
+
+
+class ChainedPodDevices:
+    """Ask each source in turn (PodResources first, dcgm labels after)."""
+
+    def __init__(self, *sources: PodDeviceSource) -> None:
+        self.sources = sources
+
+    def pod_devices(self, node: str, namespace: str, pod: str) -> list[PodDevice] | None:
+        for s in self.sources:
+            got = s.pod_devices(node, namespace, pod)
+            if got:
+                return got
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# The tracker (pure)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    m = _meta(obj)
+    return f"{m.get('namespace', 'default')}/{m.get('name')}"
+
+
+def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {str(c.get("type")): c for c in (obj.get("status") or {}).get("conditions") or () if isinstance(c, Mapping)}
+
+
+@dataclass
+class _PodState:
+    submitted: bool = False
+    started_ms: int | None = None
+    uuids_known: bool = False
+    ended: bool = False
+
+
+@dataclass
+class _GangState:
+    kind: str
+    submitted: bool = False
+    admitted_at: str | None = None
+    seen_conditions: set[tuple[str, str]] = field(default_factory=set)  # (type, lastTransitionTime)
+    inactive: bool = False
+    ended: bool = False
+    devices: int = 0
+    queue: str | None = None
+
+
+class KubeTracker:
+    def __init__(
+        self,
+        ctx: EventContext,
+        pod_devices: PodDeviceSource | None = None,
+        *,
+        project_label: str = PROJECT_LABEL,
+    ) -> None:
+        self.ctx = ctx
+        self.pod_devices = pod_devices
+        self.project_label = project_label
+        self.pods: dict[str, _PodState] = {}
+        self.gangs: dict[str, _GangState] = {}
+        self.workload_by_owner_uid: dict[str, str] = {}  # owner (job/pod) uid -> gang id
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _user(self, obj: Mapping[str, Any]) -> str:
+        m = _meta(obj)
+        for src in (m.get("labels") or {}, m.get("annotations") or {}):
+            for k in USER_KEYS:
+                if src.get(k):
+                    return str(src[k])
+        return str(m.get("namespace") or "unknown")
+
+    def _attribution(self, user: str, obj: Mapping[str, Any]) -> Attribution:
+        labels = _meta(obj).get("labels") or {}
+        if self.ctx.attributor is None:
+            explicit = labels.get(self.project_label)
+            return Attribution(explicit, "EXPLICIT" if explicit else "MISSING", "NOT_CHECKED")
+        teams: frozenset[str] = frozenset()
+        if self.ctx.identity is not None:
+            entry = self.ctx.identity.lookup(user)
+            teams = frozenset(entry.teams) if entry else frozenset()
+        return self.ctx.attributor.resolve(user, labels.get(self.project_label), teams)
+
+    def gang_of(self, pod: Mapping[str, Any]) -> str | None:
+        m = _meta(pod)
+        ns = m.get("namespace", "default")
+        labels, ann = m.get("labels") or {}, m.get("annotations") or {}
+        if ann.get(VOLCANO_GROUP):
+            return f"volcano:{ns}/{ann[VOLCANO_GROUP]}"
+        if labels.get(KUEUE_POD_GROUP):
+            return f"kueue:{ns}/{labels[KUEUE_POD_GROUP]}"
+        if labels.get(JOBSET_LABEL):
+            return f"jobset:{ns}/{labels[JOBSET_LABEL]}"
+        for uid in [m.get("uid"), *(o.get("uid") for o in m.get("ownerReferences") or ())]:
+            if uid and uid in self.workload_by_owner_uid:
+                return self.workload_by_owner_uid[uid]
+        return None
+
+    def _scheduler(self, pod: Mapping[str, Any]) -> str:
+        m = _meta(pod)
+        if (pod.get("spec") or {}).get("schedulerName") == "volcano" or (m.get("annotations") or {}).get(VOLCANO_GROUP):
+            return "VOLCANO"
+        labels = m.get("labels") or {}
+        if labels.get(KUEUE_QUEUE) or labels.get("kueue.x-k8s.io/managed") == "true":
+            return "KUEUE"
+        return "KUBERNETES"
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    def _held(self, pod: Mapping[str, Any], req: GpuRequest) -> tuple[list[HeldDevices], bool]:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return [], False
+        m = _meta(pod)
+        devs = self.pod_devices.pod_devices(node, m.get("namespace", "default"), m.get("name", "")) if (
+            self.pod_devices) else None
+        if devs:
+            indices = tuple(d.index for d in devs if d.index is not None)
+            if len(indices) != len(devs):
+                indices = ()
+            return [HeldDevices(node, len(devs), indices, tuple(d.uuid for d in devs),
+                                tuple(d.mig_instance_id for d in devs))], True
+        return [HeldDevices(node, req.devices)], False
+
+    def _pod_event(self, pod: Mapping[str, Any], etype: str, ts: int, req: GpuRequest, held: list[HeldDevices],
+                   **fields: Any) -> dict[str, Any]:
+        m = _meta(pod)
+        spec = pod.get("spec") or {}
+        user = self._user(pod)
+        gang = self.gang_of(pod)
+        gang_state = self.gangs.get(gang) if gang else None
+        labels = m.get("labels") or {}
+        return job_event(
+            self.ctx,
+            event_type=etype,
+            ts_ms=ts,
+            scheduler=self._scheduler(pod),
+            job_id=_key(pod),
+            user=user,
+            attribution=self._attribution(user, pod),
+            held=held,
+            job_name=m.get("name"),
+            account=m.get("namespace"),
+            partition=labels.get(KUEUE_QUEUE) or (gang_state.queue if gang_state else None),
+            qos=spec.get("priorityClassName"),
+            preemptible=(spec.get("priorityClassName") or "") in self.ctx.preemptible_qos
+            or (spec.get("priority") or 0) < 0,
+            interactive=labels.get("gpuledger.io/interactive") == "true",
+            checkpointable=labels.get("gpuledger.io/checkpointable") == "true",
+            gang_id=gang,
+            gang_size=max(gang_state.devices if gang_state else 0, req.devices),
+            requested_devices=req.devices,
+            submit_ts_ms=parse_time(m.get("creationTimestamp")),
+            **fields,
+        )
+
+    def on_pod(self, watch_type: str, pod: Mapping[str, Any], now_ms: int) -> list[dict[str, Any]]:
+        spec = pod.get("spec") or {}
+        req = gpu_request(spec)
+        key = _key(pod)
+        if not req.devices:
+            return []
+        st = self.pods.setdefault(key, _PodState())
+        if st.ended:
+            if watch_type == "DELETED":
+                self.pods.pop(key, None)
+            return []
+        status = pod.get("status") or {}
+        phase = status.get("phase")
+        m = _meta(pod)
+        out: list[dict[str, Any]] = []
+        if not st.submitted:
+            st.submitted = True
+            created = parse_time(m.get("creationTimestamp")) or now_ms
+            out.append(self._pod_event(pod, "SUBMITTED", created, req, []))
+        running = phase == "Running" or (phase in ("Succeeded", "Failed") and status.get("startTime"))
+        held, known = self._held(pod, req)
+        if running and spec.get("nodeName") and st.started_ms is None:
+            st.started_ms = parse_time(status.get("startTime")) or now_ms
+            st.uuids_known = known
+            out.append(self._pod_event(pod, "STARTED", st.started_ms, req, held, start_ts_ms=st.started_ms))
+        elif st.started_ms is not None and known and not st.uuids_known and phase == "Running":
+            st.uuids_known = True
+            out.append(self._pod_event(pod, "UPDATED", now_ms, req, held, start_ts_ms=st.started_ms))
+        finished = phase in ("Succeeded", "Failed") or watch_type == "DELETED"
+        if finished:
+            end = self._pod_end(pod, now_ms)
+            exit_state, exit_code = self._pod_exit(pod, watch_type)
+            out.append(self._pod_event(pod, "ENDED", end, req, [], start_ts_ms=st.started_ms, end_ts_ms=end,
+                                       exit_state=exit_state, exit_code=exit_code))
+            st.ended = True
+            if watch_type == "DELETED":
+                self.pods.pop(key, None)
+        return out
+
+    @staticmethod
+    def _pod_end(pod: Mapping[str, Any], now_ms: int) -> int:
+        status = pod.get("status") or {}
+        ends = [
+            parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            for cs in status.get("containerStatuses") or ()
+        ]
+        known = [e for e in ends if e]
+        if known:
+            return max(known)
+        return parse_time(_meta(pod).get("deletionTimestamp")) or now_ms
+
+    @staticmethod
+    def _pod_exit(pod: Mapping[str, Any], watch_type: str) -> tuple[str, int | None]:
+        status = pod.get("status") or {}
+        codes = [
+            ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+            for cs in status.get("containerStatuses") or ()
+        ]
+        code = next((c for c in codes if c), codes[0] if codes else None)
+        reasons = {status.get("reason")} | {c.get("reason") for c in _conditions(pod).values()
+                                           if c.get("type") in ("DisruptionTarget", "TerminationTarget")
+                                           and c.get("status") == "True"}
+        if reasons & PREEMPT_REASONS:
+            return "PREEMPTED", code
+        phase = status.get("phase")
+        if phase == "Succeeded":
+            return "COMPLETED", code
+        if phase == "Failed":
+            return "FAILED", code
+        return "CANCELLED" if watch_type == "DELETED" else "UNKNOWN", code
+
+    # -- Kueue workloads -------------------------------------------------------------------------
+
+    def _gang_event(self, obj: Mapping[str, Any], kind: str, scheduler: str, etype: str, ts: int,
+                    gs: _GangState, **fields: Any) -> dict[str, Any]:
+        user = self._user(obj)
+        return job_event(
+            self.ctx,
+            event_type=etype,
+            ts_ms=ts,
+            scheduler=scheduler,
+            job_id=_key(obj),
+            user=user,
+            attribution=self._attribution(user, obj),
+            job_name=_meta(obj).get("name"),
+            account=_meta(obj).get("namespace"),
+            partition=gs.queue,
+            gang_id=f"{kind}:{_key(obj)}",
+            gang_size=gs.devices,
+            requested_devices=gs.devices,
+            submit_ts_ms=parse_time(_meta(obj).get("creationTimestamp")),
+            id_extra=(kind,),
+            **fields,
+        )
+
+    def on_workload(self, watch_type: str, wl: Mapping[str, Any], now_ms: int) -> list[dict[str, Any]]:
+        key = _key(wl)
+        gang = f"kueue:{key}"
+        gs = self.gangs.setdefault(gang, _GangState("kueue"))
+        m = _meta(wl)
+        for o in m.get("ownerReferences") or ():
+            if o.get("uid"):
+                self.workload_by_owner_uid[o["uid"]] = gang
+        if (m.get("labels") or {}).get(KUEUE_JOB_UID):
+            self.workload_by_owner_uid[m["labels"][KUEUE_JOB_UID]] = gang
+        spec, status = wl.get("spec") or {}, wl.get("status") or {}
+        admission = status.get("admission") or {}
+        requested = sum(
+            gpu_request((ps.get("template") or {}).get("spec") or {}).devices * int(ps.get("count") or 1)
+            for ps in spec.get("podSets") or ()
+        )
+        assigned = sum(
+            _quantity((a.get("resourceUsage") or {}).get(GPU_RESOURCE, 0))
+            + sum(_quantity(v) for k, v in (a.get("resourceUsage") or {}).items() if k.startswith(MIG_PREFIX))
+            for a in admission.get("podSetAssignments") or ()
+        )
+        gs.devices = assigned or requested
+        gs.queue = admission.get("clusterQueue") or spec.get("queueName")
+        if not gs.devices or gs.ended:
+            if watch_type == "DELETED":
+                self.gangs.pop(gang, None)
+            return []
+        out: list[dict[str, Any]] = []
+
+        def emit(etype: str, ts: int, **fields: Any) -> None:
+            out.append(self._gang_event(wl, "kueue", "KUEUE", etype, ts, gs, **fields))
+
+        if not gs.submitted:
+            gs.submitted = True
+            emit("SUBMITTED", parse_time(m.get("creationTimestamp")) or now_ms)
+        conds = _conditions(wl)
+
+        def new(ctype: str) -> Mapping[str, Any] | None:
+            c = conds.get(ctype)
+            if not c or c.get("status") != "True":
+                return None
+            mark = (ctype, str(c.get("lastTransitionTime")))
+            if mark in gs.seen_conditions:
+                return None
+            gs.seen_conditions.add(mark)
+            return c
+
+        evicted = new("Evicted")
+        if evicted is not None:
+            ts = parse_time(evicted.get("lastTransitionTime")) or now_ms
+            reason = evicted.get("reason")
+            if reason == "Preempted":
+                emit("PREEMPTED", ts)
+            elif reason in ("InactiveWorkload", "Deactivated") or spec.get("active") is False:
+                gs.inactive = True
+                emit("SUSPENDED", ts)
+            else:
+                emit("REQUEUED", ts)
+        if spec.get("active") is False and not gs.inactive:
+            gs.inactive = True
+            emit("SUSPENDED", now_ms)
+        requeued = new("Requeued")
+        if requeued is not None and evicted is None and requeued.get("reason") not in (None, "Admitted"):
+            emit("REQUEUED", parse_time(requeued.get("lastTransitionTime")) or now_ms)
+        admitted = new("Admitted")
+        if admitted is not None:
+            ts = parse_time(admitted.get("lastTransitionTime")) or now_ms
+            if gs.inactive and spec.get("active", True) is not False:
+                gs.inactive = False
+                emit("RESUMED", ts)
+            else:
+                emit("UPDATED", ts)
+        elif gs.inactive and spec.get("active", True) is not False and evicted is None:
+            gs.inactive = False
+            emit("RESUMED", now_ms)
+        finished = new("Finished")
+        if finished is not None or watch_type == "DELETED":
+            ts = (parse_time(finished.get("lastTransitionTime")) if finished else None) or now_ms
+            reason = (finished or {}).get("reason")
+            state = "COMPLETED" if reason in ("Succeeded", "JobFinished", None) and finished else (
+                "FAILED" if finished else "CANCELLED")
+            emit("ENDED", ts, end_ts_ms=ts, exit_state=state)
+            gs.ended = True
+        if watch_type == "DELETED":
+            self.gangs.pop(gang, None)
+        return out
+
+    # -- Volcano PodGroups -----------------------------------------------------------------------
+
+    def on_podgroup(self, watch_type: str, pg: Mapping[str, Any], now_ms: int) -> list[dict[str, Any]]:
+        key = _key(pg)
+        gang = f"volcano:{key}"
+        gs = self.gangs.setdefault(gang, _GangState("volcano"))
+        spec, status = pg.get("spec") or {}, pg.get("status") or {}
+        min_res = spec.get("minResources") or {}
+        gs.devices = _quantity(min_res.get(GPU_RESOURCE, 0)) + sum(
+            _quantity(v) for k, v in min_res.items() if k.startswith(MIG_PREFIX))
+        gs.queue = spec.get("queue")
+        if not gs.devices or gs.ended:
+            if watch_type == "DELETED":
+                self.gangs.pop(gang, None)
+            return []
+        out: list[dict[str, Any]] = []
+        phase = status.get("phase")
+
+        def emit(etype: str, ts: int, **fields: Any) -> None:
+            out.append(self._gang_event(pg, "volcano", "VOLCANO", etype, ts, gs, **fields))
+
+        if not gs.submitted:
+            gs.submitted = True
+            emit("SUBMITTED", parse_time(_meta(pg).get("creationTimestamp")) or now_ms)
+        conds = _conditions(pg)
+        if phase == "Running" and gs.admitted_at is None:
+            sched = conds.get("Scheduled") or {}
+            gs.admitted_at = str(sched.get("lastTransitionTime") or now_ms)
+            emit("UPDATED", parse_time(sched.get("lastTransitionTime")) or now_ms)
+        if phase in ("Completed",) or watch_type == "DELETED":
+            emit("ENDED", now_ms, end_ts_ms=now_ms, exit_state="COMPLETED" if phase == "Completed" else "CANCELLED")
+            gs.ended = True
+        if watch_type == "DELETED":
+            self.gangs.pop(gang, None)
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Adapter: list+watch with the official client
+
+
+@dataclass(frozen=True)
+class WatchTarget:
+    name: str  # pods, workloads, podgroups
+    group: str | None = None
+    version: str = "v1"
+    plural: str = "pods"
+
+
+WATCH_TARGETS = (
+    WatchTarget("workloads", "kueue.x-k8s.io", "v1beta1", "workloads"),
+    WatchTarget("podgroups", "scheduling.volcano.sh", "v1beta1", "podgroups"),
+    WatchTarget("pods"),
+)
+
+
+class KubeWatcher:
+    """Watches the targets in threads, applies events in one thread (order per target kept), publishes."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        tracker: KubeTracker,
+        sink: EventSink,
+        *,
+        clock: Callable[[], int],
+        targets: Iterable[WatchTarget] = WATCH_TARGETS,
+        timeout_seconds: int = 300,
+    ) -> None:
+        self.api_client = api_client
+        self.tracker = tracker
+        self.sink = sink
+        self.clock = clock
+        self.targets = tuple(targets)
+        self.timeout_seconds = timeout_seconds
+        self._queue: queue.Queue[tuple[str, str, dict[str, Any]] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self.errors: list[str] = []
+
+    def _list_fn(self, target: WatchTarget) -> Callable[..., Any]:
+        from kubernetes import client
+
+        # Wrappers typed `-> Any` so the watch hands back raw dicts (the client's pydantic models reject
+        # objects that are valid on the wire but omit fields the models require).
+        if target.group is None:
+            core = client.CoreV1Api(self.api_client)
+
+            def list_pods(**kw: Any) -> Any:
+                return core.list_pod_for_all_namespaces(**kw)
+
+            return list_pods
+        custom = client.CustomObjectsApi(self.api_client)
+
+        def list_custom(**kw: Any) -> Any:
+            return custom.list_cluster_custom_object(str(target.group), target.version, target.plural, **kw)
+
+        return list_custom
+
+    def _list(self, target: WatchTarget) -> tuple[list[dict[str, Any]], str | None] | None:
+        """The initial list (informer style): current objects and the resourceVersion to watch from."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self._list_fn(target)(_preload_content=False)
+        except ApiException as exc:
+            if exc.status in (403, 404):  # CRD not installed (no Kueue / no Volcano) or not allowed
+                self.errors.append(f"{target.name}: not served ({exc.status})")
+                return None
+            raise
+        data = json.loads(resp.data)
+        return list(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion")
+
+    def _watch(self, target: WatchTarget, rv: str | None, rounds: int | None) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        fn = self._list_fn(target)
+        done = 0
+        while not self._stop.is_set() and (rounds is None or done < rounds):
+            done += 1
+            w = watch.Watch()
+            try:
+                kwargs: dict[str, Any] = {"timeout_seconds": self.timeout_seconds, "allow_watch_bookmarks": True}
+                if rv:
+                    kwargs["resource_version"] = rv
+                for ev in w.stream(fn, **kwargs):
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    obj = ev["raw_object"] if "raw_object" in ev else ev["object"]
+                    if ev["type"] == "BOOKMARK":
+                        rv = _meta(obj).get("resourceVersion") or rv
+                        continue
+                    if ev["type"] == "ERROR":
+                        rv = None  # 410 Gone: relist from now
+                        continue
+                    rv = _meta(obj).get("resourceVersion") or rv
+                    self._queue.put((target.name, ev["type"], obj))
+            except ApiException as exc:
+                self.errors.append(f"{target.name}: {exc.status} {exc.reason}")
+                rv = None
+                self._stop.wait(1.0)
+
+    def apply(self, target: str, watch_type: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        now = self.clock()
+        if target == "pods":
+            events = self.tracker.on_pod(watch_type, obj, now)
+        elif target == "workloads":
+            events = self.tracker.on_workload(watch_type, obj, now)
+        else:
+            events = self.tracker.on_podgroup(watch_type, obj, now)
+        for e in events:
+            self.sink.publish(JOB_EVENTS, job_key(e["cluster"], e["job_id"]), e)
+        return events
+
+    def run(self, rounds: int | None = None) -> list[dict[str, Any]]:
+        """List every target (gangs before pods), then watch until stopped (or for `rounds` watch calls
+        per target, for tests). Returns the events applied."""
+        applied: list[dict[str, Any]] = []
+        threads = []
+        for target in self.targets:
+            listed = self._list(target)
+            if listed is None:
+                continue
+            items, rv = listed
+            for obj in items:
+                applied.extend(self.apply(target.name, "ADDED", obj))
+            threads.append(threading.Thread(target=self._watch, args=(target, rv, rounds), daemon=True))
+        for t in threads:
+            t.start()
+
+        def drain() -> None:
+            while True:
+                try:
+                    item = self._queue.get(timeout=0.05)
+                except queue.Empty:
+                    return
+                if item is not None:
+                    applied.extend(self.apply(*item))
+
+        while any(t.is_alive() for t in threads) and not self._stop.is_set():
+            drain()
+        drain()
+        return applied
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,272 @@
+"""Kubernetes producer against a local fake API server replaying watch streams built from the fixtures."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+from kubernetes import client
+
+from producers.jobevents import EventContext
+from producers.kube import DcgmPodLabels, KubeTracker, KubeWatcher, gpu_request
+from producers.projects import Attributor, ProjectRule, registry_from_data
+from schemas.codec import AvroCodec
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "kubernetes"
+POD = yaml.safe_load((FIX / "kueue-issue-2213_pod_dws-pod_gke-nvidia-l4.yaml").read_text())
+WORKLOAD = yaml.safe_load((FIX / "kueue-issue-2213_workload_pod-dws-pod-4e884_v1beta1.yaml").read_text())
+SCRAPE = (FIX / "nvidia-aicr_h100_k8s_gpu-node-1_accelerator-metrics_bc05c6b.prom").read_text()
+NODE = "gke-kueue-dws-l4-pool-7f3a"
+WL_GANG = "kueue:kueue-dws/pod-dws-pod-4e884"
+
+
+def _pod_lifecycle() -> list[tuple[str, dict]]:
+    """The fixture pod from creation to deletion, as a watch would show it."""
+    pending = copy.deepcopy(POD)
+    for k in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+        pending["metadata"].pop(k)
+    pending["metadata"]["labels"]["gpuledger.io/project"] = "atlas"
+    pending["metadata"]["labels"]["gpuledger.io/user"] = "alice"
+    pending["status"] = {"phase": "Pending", "qosClass": "Guaranteed",
+                         "conditions": [POD["status"]["conditions"][0]]}
+    running = copy.deepcopy(pending)
+    running["spec"]["nodeName"] = NODE
+    running["status"] = {
+        "phase": "Running",
+        "startTime": "2024-05-17T14:06:45Z",
+        "containerStatuses": [{"name": "dummy-job", "ready": True, "restartCount": 0,
+                               "image": "gcr.io/k8s-staging-perf-tests/sleep:v0.0.3", "imageID": "",
+                               "state": {"running": {"startedAt": "2024-05-17T14:06:50Z"}}}],
+    }
+    done = copy.deepcopy(running)
+    done["status"]["phase"] = "Succeeded"
+    done["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": "2024-05-17T14:06:50Z",
+                       "finishedAt": "2024-05-17T14:08:50Z"}}
+    return [("ADDED", pending), ("MODIFIED", running), ("MODIFIED", done), ("DELETED", done)]
+
+
+def _cond(ctype, reason, ts, status="True"):
+    return {"type": ctype, "status": status, "reason": reason, "message": "", "lastTransitionTime": ts}
+
+
+def _workload_lifecycle() -> tuple[dict, list[tuple[str, dict]]]:
+    queued = copy.deepcopy(WORKLOAD)
+    for k in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+        queued["metadata"].pop(k)
+    queued["metadata"].setdefault("labels", {})["gpuledger.io/project"] = "atlas"
+    queued["status"] = {}
+    admitted = copy.deepcopy(queued)
+    admitted["status"] = copy.deepcopy(WORKLOAD["status"])  # QuotaReserved + Admitted, as captured
+    preempted = copy.deepcopy(admitted)
+    preempted["status"]["conditions"] = [
+        _cond("Admitted", "NoReservation", "2024-05-17T14:07:30Z", "False"),
+        _cond("Evicted", "Preempted", "2024-05-17T14:07:30Z"),
+    ]
+    readmitted = copy.deepcopy(admitted)
+    readmitted["status"]["conditions"] = [
+        _cond("Evicted", "Preempted", "2024-05-17T14:07:30Z", "False"),
+        _cond("Admitted", "Admitted", "2024-05-17T14:08:00Z"),
+    ]
+    deactivated = copy.deepcopy(readmitted)
+    deactivated["spec"]["active"] = False
+    deactivated["status"]["conditions"] = [
+        _cond("Admitted", "NoReservation", "2024-05-17T14:08:30Z", "False"),
+        _cond("Evicted", "InactiveWorkload", "2024-05-17T14:08:30Z"),
+    ]
+    reactivated = copy.deepcopy(readmitted)
+    reactivated["status"]["conditions"] = [_cond("Admitted", "Admitted", "2024-05-17T14:08:40Z")]
+    finished = copy.deepcopy(reactivated)
+    finished["status"]["conditions"].append(_cond("Finished", "Succeeded", "2024-05-17T14:08:55Z"))
+    return queued, [("MODIFIED", admitted), ("MODIFIED", preempted), ("MODIFIED", readmitted),
+                    ("MODIFIED", deactivated), ("MODIFIED", reactivated), ("MODIFIED", finished)]
+
+
+def _podgroup(phase: str) -> dict:
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "llm-train", "namespace": "research", "uid": "pg-1", "resourceVersion": "5",
+                     "creationTimestamp": "2024-05-17T13:00:00Z", "labels": {"gpuledger.io/project": "atlas"}},
+        "spec": {"minMember": 2, "queue": "gpu-queue", "minResources": {"nvidia.com/gpu": "16"}},
+        "status": {"phase": phase, "conditions": [
+            _cond("Scheduled", "tasks in gang are ready to be scheduled", "2024-05-17T13:01:00Z")]
+            if phase != "Pending" else []},
+    }
+
+
+class FakeApiServer:
+    """Serves list and watch for pods, Kueue workloads and Volcano podgroups on 127.0.0.1."""
+
+    def __init__(self, lists: dict[str, list[dict]], streams: dict[str, list[tuple[str, dict]]]) -> None:
+        self.lists, self.streams, self.requests = lists, streams, []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                url = urlparse(self.path)
+                q = parse_qs(url.query)
+                outer.requests.append((url.path, q))
+                routes = {"/api/v1/pods": "pods", "/apis/kueue.x-k8s.io/v1beta1/workloads": "workloads",
+                          "/apis/scheduling.volcano.sh/v1beta1/podgroups": "podgroups"}
+                name = routes.get(url.path)
+                if name is None or name not in outer.lists:
+                    self.send_response(404)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(json.dumps({"kind": "Status", "code": 404}).encode())
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                if q.get("watch") == ["true"]:
+                    for etype, obj in outer.streams.get(name, []):
+                        self.wfile.write(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                        self.wfile.flush()
+                    return
+                self.wfile.write(json.dumps({"kind": "List", "metadata": {"resourceVersion": "100"},
+                                             "items": outer.lists[name]}).encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class ListSink:
+    def __init__(self):
+        self.codec = AvroCodec()
+        self.records = []
+
+    def publish(self, topic, key, record):
+        self.codec.encode(topic.subject, record)
+        self.records.append((key, record))
+
+
+REGISTRY = registry_from_data({"projects": [{"id": "atlas", "cost_centre": "CC-1"}], "defaults": {}})
+
+
+def _ctx():
+    return EventContext("gke", attributor=Attributor(REGISTRY, ProjectRule(mode="grace")))
+
+
+def test_watch_streams_through_the_official_client():
+    queued, wl_stream = _workload_lifecycle()
+    lists = {"pods": [], "workloads": [queued], "podgroups": [_podgroup("Pending")]}
+    streams = {"pods": _pod_lifecycle(), "workloads": wl_stream,
+               "podgroups": [("MODIFIED", _podgroup("Running")), ("MODIFIED", _podgroup("Completed"))]}
+    with FakeApiServer(lists, streams) as host:
+        cfg = client.Configuration()
+        cfg.host = host
+        sink = ListSink()
+        watcher = KubeWatcher(client.ApiClient(cfg), KubeTracker(_ctx()), sink, clock=lambda: 1715955000000,
+                              timeout_seconds=5)
+        watcher.run(rounds=1)
+    assert watcher.errors == []
+    by_job: dict[str, list] = {}
+    for key, rec in sink.records:
+        assert key == f"gke/{rec['job_id']}".encode()
+        by_job.setdefault(rec["job_id"], []).append(rec)
+
+    pod = by_job["kueue-dws/dws-pod"]
+    assert [(r["event_type"], r["ts_ms"]) for r in pod] == [
+        ("SUBMITTED", 1715954574000), ("STARTED", 1715954805000), ("ENDED", 1715954930000)]
+    started = pod[1]
+    assert started["scheduler"] == "KUEUE" and started["gang_id"] == WL_GANG
+    assert started["allocations"] == [{"node": NODE, "devices": [{"index": None, "uuid": None,
+                                                                   "mig_instance_id": None}]}]
+    assert (started["user"], started["project"], started["project_source"], started["project_validation"]) == (
+        "alice", "atlas", "EXPLICIT", "VALID")
+    assert started["identity"]["cost_centre"] == "CC-1" and started["partition"] == "dws-jobs"
+    assert (pod[2]["exit_state"], pod[2]["exit_code"]) == ("COMPLETED", 0)
+
+    wl = by_job["kueue-dws/pod-dws-pod-4e884"]
+    assert [r["event_type"] for r in wl] == [
+        "SUBMITTED", "UPDATED", "PREEMPTED", "UPDATED", "SUSPENDED", "RESUMED", "ENDED"]
+    assert {r["scheduler"] for r in wl} == {"KUEUE"} and wl[1]["partition"] == "dws-cluster-queue"
+    assert wl[1]["requested_devices"] == 1 and wl[2]["ts_ms"] == 1715954850000
+
+    pg = by_job["research/llm-train"]
+    assert [(r["event_type"], r["scheduler"], r["gang_id"]) for r in pg] == [
+        ("SUBMITTED", "VOLCANO", "volcano:research/llm-train"), ("UPDATED", "VOLCANO", "volcano:research/llm-train"),
+        ("ENDED", "VOLCANO", "volcano:research/llm-train")]
+    assert pg[1]["gang_size"] == 16
+
+
+def test_missing_crds_are_reported_not_fatal():
+    with FakeApiServer({"pods": []}, {"pods": _pod_lifecycle()}) as host:
+        cfg = client.Configuration()
+        cfg.host = host
+        sink = ListSink()
+        watcher = KubeWatcher(client.ApiClient(cfg), KubeTracker(_ctx()), sink, clock=lambda: 0, timeout_seconds=5)
+        watcher.run(rounds=1)
+    assert sorted(watcher.errors) == ["podgroups: not served (404)", "workloads: not served (404)"]
+    assert [r["event_type"] for _, r in sink.records] == ["SUBMITTED", "STARTED", "ENDED"]
+    assert sink.records[1][1]["gang_id"] is None and sink.records[1][1]["scheduler"] == "KUEUE"
+
+
+def test_captured_pod_stopped_by_kueue_never_started():
+    tracker = KubeTracker(EventContext("gke"))
+    events = tracker.on_pod("MODIFIED", POD, 1715955000000)
+    assert [(e["event_type"], e["exit_state"]) for e in events] == [("SUBMITTED", None), ("ENDED", "PREEMPTED")]
+    assert events[1]["ts_ms"] == 1715954800000  # deletionTimestamp 14:06:40Z
+    assert events[1]["project_source"] == "MISSING"
+
+
+def test_device_uuids_from_dcgm_exporter_pod_labels():
+    labels = DcgmPodLabels()
+    labels.load_scrape(SCRAPE)
+    pod = copy.deepcopy(_pod_lifecycle()[1][1])
+    pod["metadata"].update(name="vllm-agg-0-vllmdecodeworker-s65j5", namespace="dynamo-workload", uid="u-1")
+    pod["spec"]["nodeName"] = "gpu-node-1"
+    tracker = KubeTracker(EventContext("aicr"), labels)
+    submitted, started = tracker.on_pod("ADDED", pod, 1)
+    assert started["allocations"] == [{"node": "gpu-node-1", "devices": [
+        {"index": 0, "uuid": "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", "mig_instance_id": None}]}]
+
+
+def test_uuids_learned_after_start_give_an_update():
+    labels = DcgmPodLabels()
+    pod = copy.deepcopy(_pod_lifecycle()[1][1])
+    pod["metadata"].update(name="vllm-agg-0-vllmdecodeworker-s65j5", namespace="dynamo-workload")
+    pod["spec"]["nodeName"] = "gpu-node-1"
+    tracker = KubeTracker(EventContext("aicr"), labels)
+    assert [e["event_type"] for e in tracker.on_pod("ADDED", pod, 1)] == ["SUBMITTED", "STARTED"]
+    labels.load_scrape(SCRAPE)
+    (upd,) = tracker.on_pod("MODIFIED", pod, 2)
+    assert upd["event_type"] == "UPDATED" and upd["allocations"][0]["devices"][0]["uuid"].startswith("GPU-c452")
+    assert tracker.on_pod("MODIFIED", pod, 3) == []
+
+
+@pytest.mark.parametrize("resources,gpus,mig", [
+    ({"limits": {"nvidia.com/gpu": "2"}}, 2, {}),
+    ({"requests": {"nvidia.com/mig-1g.5gb": "1"}, "limits": {"nvidia.com/mig-1g.5gb": "1"}}, 0,
+     {"nvidia.com/mig-1g.5gb": 1}),
+    ({"limits": {"cpu": "1"}}, 0, {}),
+])
+def test_gpu_request(resources, gpus, mig):
+    req = gpu_request({"containers": [{"name": "c", "resources": resources}]})
+    assert (req.gpus, dict(req.mig)) == (gpus, mig)
+
+
+def test_jobset_and_volcano_gangs_from_pod_metadata():
+    tracker = KubeTracker(EventContext("c"))
+    pod = copy.deepcopy(_pod_lifecycle()[1][1])
+    pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = "trainer"
+    assert tracker.gang_of(pod) == "jobset:kueue-dws/trainer"
+    pod["metadata"].setdefault("annotations", {})["scheduling.k8s.io/group-name"] = "pg"
+    assert tracker.gang_of(pod) == "volcano:kueue-dws/pg"
