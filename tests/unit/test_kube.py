@@ -234,7 +234,7 @@ def test_device_uuids_from_dcgm_exporter_pod_labels():
     pod["metadata"].update(name="vllm-agg-0-vllmdecodeworker-s65j5", namespace="dynamo-workload", uid="u-1")
     pod["spec"]["nodeName"] = "gpu-node-1"
     tracker = KubeTracker(EventContext("aicr"), labels)
-    submitted, started = tracker.on_pod("ADDED", pod, 1)
+    _submitted, started = tracker.on_pod("ADDED", pod, 1)
     assert started["allocations"] == [{"node": "gpu-node-1", "devices": [
         {"index": 0, "uuid": "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", "mig_instance_id": None}]}]
 
