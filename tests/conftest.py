@@ -25,6 +25,8 @@ import pytest
 
 from gpuledger.settings import BrokerSettings, KafkaSettings, Settings
 
+pytest_plugins = ["fixtures_clickhouse"]  # embedded ClickHouse fixtures (tests/fixtures_clickhouse.py)
+
 # ------------------------------------------------------------------------------------------------
 # Kafka
 
