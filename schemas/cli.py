@@ -68,10 +68,14 @@ def topics_apply(
     plans = plan(wanted, broker.state(w.name for w in wanted))
     if not check:
         broker.apply(plans)
+        broker.wait_until_visible(plans)
     if as_json:
         typer.echo(json.dumps([p.as_json(applied=not check) for p in plans], indent=2))
     else:
-        Console().print(_table(plans, applied=not check))
+        console = Console()
+        if not console.is_terminal:  # piped or captured: keep whole rows rather than 80 columns
+            console = Console(width=200)
+        console.print(_table(plans, applied=not check))
     failed = any(p.error for p in plans)
     if failed or (check and not all(p.in_sync for p in plans)):
         raise typer.Exit(1)

@@ -12,6 +12,7 @@ incremental alters, so other configs an operator set stay as they are.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,6 +233,19 @@ class BrokerTopics:
         if alter:
             for resource, future in self._admin.incremental_alter_configs(alter).items():
                 self._settle(by_name[resource.name], future)
+
+    def wait_until_visible(self, plans: list[TopicPlan], poll_s: float = 0.2) -> bool:
+        """Wait (up to the timeout) until the broker reports the applied changes, so the next reader
+        sees them (metadata and configs propagate asynchronously). True when everything is visible."""
+        pending = [p.desired for p in plans if p.changes and not p.error]
+        deadline = time.monotonic() + self._timeout
+        while pending:
+            state = self.state(d.name for d in pending)
+            pending = [item.desired for item in plan(pending, state) if item.changes]
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+        return not pending
 
     def _settle(self, item: TopicPlan, future: Any, tolerate: str | None = None) -> None:
         try:
