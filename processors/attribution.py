@@ -83,7 +83,7 @@ class JobInfo:
 
 @dataclass(slots=True)
 class Interval:
-    job_id: str
+    job_id: str  # the job's key, "cluster/job_id"
     ref: DeviceRef
     start_ms: int
     end_ms: int | None = None  # None: still open
@@ -152,7 +152,7 @@ class AllocationTable:
     # -- input
     def apply(self, node: str, ev: Mapping[str, Any], offset: int = 0) -> bool:
         """Apply one job event to `node`'s allocations. Returns False for a duplicate or stale event."""
-        job_id: str = ev["job_id"]
+        job_id = job_key_of(ev)
         ts: int = ev["ts_ms"]
         kind: str = ev["event_type"]
         tomb = self._ended.get(job_id)
@@ -196,7 +196,7 @@ class AllocationTable:
     def apply_all(self, ev: Mapping[str, Any], offset: int = 0) -> bool:
         """Apply a job event to every node it names and every node the job already holds devices on
         (the job stage keeps whole jobs, keyed by job)."""
-        job = self._jobs.get(ev["job_id"])
+        job = self._jobs.get(job_key_of(ev))
         nodes = event_nodes(ev)
         if job is not None:
             nodes += sorted(job.nodes - set(nodes))
@@ -323,6 +323,11 @@ class AllocationTable:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._intervals.values())
+
+
+def job_key_of(ev: Mapping[str, Any]) -> str:
+    """Jobs are known by "cluster/job_id" (job ids repeat across clusters); `Interval.job_id` holds it."""
+    return f"{ev['cluster']}/{ev['job_id']}"
 
 
 def _refs_for_node(ev: Mapping[str, Any], node: str) -> list[DeviceRef]:

@@ -1,9 +1,60 @@
-"""Commands of this component (filled in by its issue)."""
+"""`gpuledger processors run`: the processing stages (re-keying, node windows, job-minutes and idle)."""
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from gpuledger.errors import ConfigError
+
+
+def _settings(state_dir: Path | None) -> Any:
+    from gpuledger.cli import load_settings
+
+    return load_settings(state_dir)
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     """Add this component's commands to the `gpuledger` command."""
+    processors_app = typer.Typer(help="Attribution, windows, classification, idle detection, coverage.")
+    app.add_typer(processors_app, name="processors")
+
+    @processors_app.command("run")
+    def run(
+        stage: list[str] = typer.Option(
+            ["rekey", "node", "job"], "--stage", help="Stage(s) to run in this process: rekey, node, job."
+        ),
+        instance: str | None = typer.Option(
+            None, "--instance", help="Stable instance id (static group membership: a restart resumes at once)."
+        ),
+        exit_when_idle: float | None = typer.Option(
+            None, "--exit-when-idle", help="Finite input: close the last minutes and exit after N quiet seconds."
+        ),
+        realtime: bool | None = typer.Option(
+            None, "--realtime/--event-time", help="Let the wall clock close windows when inputs are caught up."
+        ),
+        stats_file: Path | None = typer.Option(None, "--stats-file", help="Write final counters here (JSON)."),
+        state_dir: Path | None = typer.Option(None, "--state-dir", help="State directory."),
+    ) -> None:
+        """Run the processors until stopped (SIGTERM/SIGINT)."""
+        from processors.runtime import STAGES, ProcessorRuntime
+
+        bad = [s for s in stage if s not in STAGES]
+        if bad:
+            raise ConfigError(f"unknown stage(s) {bad}; choose from {list(STAGES)}")
+        settings = _settings(state_dir)
+        if realtime is not None:
+            settings = settings.model_copy(
+                update={"processor": settings.processor.model_copy(update={"realtime": realtime})}
+            )
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        runtime = ProcessorRuntime(settings, stages=tuple(stage), instance=instance, exit_when_idle_s=exit_when_idle)
+        stats = runtime.run()
+        text = json.dumps(stats.as_dict(), sort_keys=True)
+        if stats_file is not None:
+            stats_file.write_text(text + "\n", encoding="utf-8")
+        typer.echo(text)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from processors.attribution import MINUTE_MS, AllocationTable, event_nodes
+from processors.attribution import MINUTE_MS, AllocationTable, event_nodes, job_key_of
 from processors.classify import activity_of
 from processors.config import ProcessorSettings
 from processors.coverage import CoverageTracker
@@ -71,7 +71,7 @@ class RekeyStage:
 
     def route(self, ev: Mapping[str, Any], offset: int = 0) -> list[str]:
         """Node keys ("cluster/node") the event must reach."""
-        jid = f"{ev['cluster']}/{ev['job_id']}"
+        jid = job_key_of(ev)
         job = self._jobs.get(jid)
         nodes = _nodes_of(ev)
         if job is None:
@@ -211,7 +211,7 @@ class JobOutputs:
     job_minutes: list[dict[str, Any]] = field(default_factory=list)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
-    states: dict[str, IdleState | None] = field(default_factory=dict)  # job -> new state (None: forget)
+    states: dict[str, IdleState | None] = field(default_factory=dict)  # "cluster/job_id" -> state (None: forget)
 
 
 class JobPartition:
@@ -232,7 +232,7 @@ class JobPartition:
 
     def on_job_event(self, ev: Mapping[str, Any], offset: int) -> None:
         self.events_next_offset = offset + 1
-        jid = ev["job_id"]
+        jid = job_key_of(ev)
         if self.table.forgotten(jid):
             return
         self.table.apply_all(_with_node_keys(ev), offset)
@@ -250,8 +250,10 @@ class JobPartition:
 
     def on_device_minute(self, row: Mapping[str, Any], offset: int) -> None:
         self.rows_next_offset = offset + 1
-        jid = row.get("job_id")
-        if jid is None or self.table.forgotten(jid):
+        if row.get("job_id") is None:
+            return
+        jid = f"{row['cluster']}/{row['job_id']}"
+        if self.table.forgotten(jid):
             return
         m = int(row["minute_start_ms"])
         st = self.states.get(jid)

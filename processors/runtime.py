@@ -1,0 +1,598 @@
+"""The Kafka runtime of the processors: thin confluent-kafka loops around the pure stages.
+
+Design (see docs/benchmarks.md "Processors" for the figures):
+- Hot path on confluent-kafka consumers, not faust agents: a faust table write costs ~100 us per
+  event, a plain loop ~2.6 us. State is plain Python in the stage objects.
+- Exactness without a state store: offsets are committed only up to the first input record still
+  needed by something not yet emitted (an open window, a live job's allocation, a job-minute still
+  waiting for devices). Before a commit every output is flushed. After a crash the stages replay from
+  the committed offsets and re-emit byte-identical rollups (idempotent sinks keep one copy). The
+  node stage stores in the commit metadata which minutes are closed and at which input offset each
+  recent one closed, so a replayed sample of an emitted minute is neither counted twice nor lost.
+- The job stage keeps each job's idle state machine in a compacted internal topic
+  (`processors.idle-state.v1`, JSON), written after the outputs it reflects are delivered and before
+  the offsets are committed; a replayed minute at or before the stored `last_minute_ms` is skipped.
+- Watermark per node partition: while an input (samples or allocations) has a backlog, the minimum of
+  the inputs' event times; once all are caught up, the maximum event time across every assigned
+  partition (so a node whose exporter died still gets its minutes closed as dark) and, in real-time
+  mode, the wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from gpuledger.errors import ServiceError
+from gpuledger.kafka import PRODUCER_DEFAULTS
+from gpuledger.settings import Settings
+from processors.attribution import MINUTE_MS
+from processors.dlq import Decoder
+from processors.idle import IdleState
+from processors.stages import JobOutputs, JobPartition, NodePartition, RekeyStage
+from processors.windows import Admit
+from schemas.codec import AvroCodec
+from schemas.topics import (
+    ALERTS,
+    ALLOCATIONS,
+    COVERAGE_MINUTES,
+    DEVICE_MINUTES,
+    DEVICE_SAMPLES,
+    INVENTORY,
+    JOB_EVENTS,
+    JOB_MINUTES,
+    LATE_SAMPLES,
+    RECLAIM_ACTIONS,
+    job_key,
+    node_key,
+)
+
+log = logging.getLogger("gpuledger.processors")
+
+IDLE_STATE_TOPIC = "processors.idle-state.v1"
+STAGES = ("rekey", "node", "job")
+NEG_INF = -(2**62)
+
+
+@dataclass(slots=True)
+class Stats:
+    scrapes: int = 0
+    samples: int = 0
+    late_scrapes: int = 0
+    dead_lettered: int = 0
+    device_minutes: int = 0
+    job_minutes: int = 0
+    coverage_minutes: int = 0
+    alerts: int = 0
+    actions: int = 0
+    allocations: int = 0
+    commits: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__ if k != "extra"} | self.extra
+
+
+def _coords(msg: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset of a consumed (non-error) message."""
+    return cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset())
+
+
+def _consumer_conf(settings: Settings, group: str, instance: str | None) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        **settings.kafka.client_config(),
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "range",  # co-partitioned topics: same partition numbers together
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+        "fetch.queue.backoff.ms": 10,
+        "enable.partition.eof": False,
+    }
+    if instance:
+        conf["group.instance.id"] = f"{group}.{instance}"  # static membership: a restart takes its place at once
+    return conf
+
+
+class ProcessorRuntime:
+    """One process running some or all stages. `run()` loops until stopped (or idle, for finite inputs)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        stages: tuple[str, ...] = STAGES,
+        instance: str | None = None,
+        exit_when_idle_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.ps = settings.processor
+        self.stages = tuple(s for s in STAGES if s in stages)
+        self.clock = clock
+        self.exit_when_idle_s = exit_when_idle_s
+        self.codec = AvroCodec.from_settings(settings.kafka)
+        k = settings.kafka
+        self.t_samples = k.topic(DEVICE_SAMPLES.name)
+        self.t_allocs = k.topic(ALLOCATIONS.name)
+        self.t_inventory = k.topic(INVENTORY.name)
+        self.t_jobs = k.topic(JOB_EVENTS.name)
+        self.t_dm = k.topic(DEVICE_MINUTES.name)
+        self.t_jm = k.topic(JOB_MINUTES.name)
+        self.t_cov = k.topic(COVERAGE_MINUTES.name)
+        self.t_alerts = k.topic(ALERTS.name)
+        self.t_actions = k.topic(RECLAIM_ACTIONS.name)
+        self.t_late = k.topic(LATE_SAMPLES.name)
+        self.t_state = k.topic(IDLE_STATE_TOPIC)
+        self.producer = Producer({**PRODUCER_DEFAULTS, **k.client_config(), "linger.ms": "5"})
+        self._delivery_errors: list[str] = []
+        self.decoder = Decoder(self.codec, self._send_raw, lambda: int(self.clock() * 1000))
+        self.stats = Stats()
+        self._stop = False
+        gid = self.ps.group_id
+        self.rekey_c = Consumer(_consumer_conf(settings, f"{gid}.rekey", instance)) if "rekey" in self.stages else None
+        self.node_c = Consumer(_consumer_conf(settings, f"{gid}.node", instance)) if "node" in self.stages else None
+        self.job_c = Consumer(_consumer_conf(settings, f"{gid}.job", instance)) if "job" in self.stages else None
+        self.rekey: dict[int, RekeyStage] = {}
+        self.nodes: dict[int, NodePartition] = {}
+        self.jobs: dict[int, JobPartition] = {}
+        self.pos: dict[tuple[str, int], int] = {}  # next offset per consumed topic-partition
+        self.assigned: dict[str, list[TopicPartition]] = {"rekey": [], "node": [], "job": []}
+        self.state_dirty: dict[int, dict[str, IdleState | None]] = {}
+        self.rekey_ready = self.rekey_c is None
+        self._last_commit = 0.0
+        self._last_msg = self.clock()
+        self._drained = False
+
+    # ------------------------------------------------------------------ wiring
+    def _send_raw(
+        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, str | bytes | None]] | None = None
+    ) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._delivery_errors.append(f"{msg.topic()}: {err}")
+
+    def _send(self, topic: str, subject: str, key: bytes, record: dict[str, Any]) -> None:
+        self._send_raw(topic, key, self.codec.encode(subject, record))
+
+    def ensure_internal_topics(self) -> None:
+        """The idle-state topic: compacted, co-partitioned with the job-keyed topics."""
+        admin = AdminClient(dict(self.settings.kafka.client_config()))
+        md = admin.list_topics(timeout=10)
+        if self.t_state in md.topics:
+            return
+        dm = md.topics.get(self.t_dm)
+        parts = len(dm.partitions) if dm is not None and dm.partitions else DEVICE_MINUTES.partitions
+        fut = admin.create_topics(
+            [
+                NewTopic(
+                    self.t_state,
+                    parts,
+                    1,
+                    config={"cleanup.policy": "compact,delete", "retention.ms": str(30 * 24 * 3600 * 1000)},
+                )
+            ]
+        )
+        try:
+            fut[self.t_state].result(timeout=30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise ServiceError(f"cannot create {self.t_state}: {exc}") from exc
+
+    def start(self) -> None:
+        if self.job_c is not None:
+            self.ensure_internal_topics()
+        if self.rekey_c is not None:
+            self.rekey_c.subscribe([self.t_jobs], on_assign=self._on_assign_rekey, on_revoke=self._on_revoke)
+        if self.node_c is not None:
+            self.node_c.subscribe(
+                [self.t_samples, self.t_allocs, self.t_inventory],
+                on_assign=self._on_assign_node,
+                on_revoke=self._on_revoke,
+            )
+        if self.job_c is not None:
+            self.job_c.subscribe([self.t_dm, self.t_jobs], on_assign=self._on_assign_job, on_revoke=self._on_revoke)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.commit(force=True)
+        for tp in partitions:
+            self.pos.pop((tp.topic, tp.partition), None)
+            if consumer is self.rekey_c:
+                self.rekey.pop(tp.partition, None)
+            elif consumer is self.node_c and tp.topic == self.t_samples:
+                self.nodes.pop(tp.partition, None)
+            elif consumer is self.job_c and tp.topic == self.t_dm:
+                self.jobs.pop(tp.partition, None)
+
+    def _on_assign_rekey(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.rekey[tp.partition] = RekeyStage()
+        self.assigned["rekey"] = list(partitions)
+        self.rekey_ready = False
+
+    def _on_assign_node(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        samples = [TopicPartition(tp.topic, tp.partition) for tp in partitions if tp.topic == self.t_samples]
+        committed = {tp.partition: tp for tp in consumer.committed(samples, timeout=30)} if samples else {}
+        for tp in partitions:
+            if tp.topic == self.t_samples:
+                part = NodePartition(self.ps)
+                c = committed.get(tp.partition)
+                if c is not None and c.offset >= 0:
+                    part.restore(c.metadata)
+                    part.samples_next_offset = c.offset
+                self.nodes[tp.partition] = part
+            elif tp.topic == self.t_inventory:
+                tp.offset = OFFSET_BEGINNING  # compacted: always read whole
+        self.assigned["node"] = list(partitions)
+        consumer.assign(partitions)
+
+    def _on_assign_job(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = sorted({tp.partition for tp in partitions if tp.topic == self.t_dm})
+        for p in parts:
+            self.jobs[p] = JobPartition(self.ps)
+        for p, jkey, state in self._read_states(parts):
+            if p in self.jobs:
+                if state is not None and state.get("forgotten"):
+                    self.jobs[p].table.mark_forgotten(jkey, 0)
+                    self.jobs[p].restore_state(jkey, None)
+                else:
+                    self.jobs[p].restore_state(jkey, None if state is None else IdleState.from_json(state))
+        self.assigned["job"] = list(partitions)
+        consumer.assign(partitions)
+
+    def _read_states(self, parts: list[int]) -> list[tuple[int, str, dict[str, Any] | None]]:
+        """Read the compacted idle-state partitions to their end (latest value per job wins)."""
+        if not parts:
+            return []
+        conf = {
+            **self.settings.kafka.client_config(),
+            "group.id": f"{self.ps.group_id}.state-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+        reader = Consumer(conf)
+        try:
+            ends: dict[int, int] = {}
+            tps = []
+            for p in parts:
+                lo, hi = reader.get_watermark_offsets(TopicPartition(self.t_state, p), timeout=10)
+                if hi > lo:
+                    ends[p] = hi
+                    tps.append(TopicPartition(self.t_state, p, lo))
+            latest: dict[tuple[int, str], dict[str, Any] | None] = {}
+            if tps:
+                reader.assign(tps)
+                deadline = time.monotonic() + 60
+                while ends and time.monotonic() < deadline:
+                    for msg in reader.consume(500, 0.5):
+                        if msg.error():
+                            continue
+                        _, p, off = _coords(msg)
+                        key = (msg.key() or b"").decode()
+                        value = msg.value()
+                        latest[(p, key)] = None if value is None else json.loads(value)
+                        if off + 1 >= ends.get(p, 0):
+                            ends.pop(p, None)
+            return [(p, k, v) for (p, k), v in sorted(latest.items())]
+        finally:
+            reader.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _caught_up(self, consumer: Consumer, topic: str, partition: int) -> bool:
+        tp = TopicPartition(topic, partition)
+        try:
+            lo, hi = consumer.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            return False
+        if hi is None or hi < 0:
+            return False
+        pos = self.pos.get((topic, partition))
+        if pos is None:
+            positions = consumer.position([tp])
+            pos = positions[0].offset if positions else -1
+            if pos < 0:
+                return hi == lo
+        return pos >= hi
+
+    def _all_caught_up(self, consumer: Consumer | None, stage: str) -> bool:
+        if consumer is None:
+            return True
+        tps = self.assigned[stage]
+        if not tps:
+            return False
+        return all(self._caught_up(consumer, tp.topic, tp.partition) for tp in tps)
+
+    # ------------------------------------------------------------------ stages
+    def _poll_rekey(self) -> int:
+        assert self.rekey_c is not None
+        msgs = self.rekey_c.consume(self.ps.batch_size, 0.0 if not self.rekey_ready else 0.01)
+        for msg in msgs:
+            if msg.error():
+                log.warning("rekey consumer: %s", msg.error())
+                continue
+            topic, p, off = _coords(msg)
+            self.pos[(topic, p)] = off + 1
+            ev = self.decoder.decode(msg, JOB_EVENTS.subject)
+            stage = self.rekey.get(p)
+            if ev is None or stage is None:
+                continue
+            for nk in stage.route(ev, off):
+                self._send_raw(self.t_allocs, nk.encode(), msg.value() or b"")
+        if not self.rekey_ready and self._all_caught_up(self.rekey_c, "rekey"):
+            self.producer.flush(30)
+            self.rekey_ready = True
+        return len(msgs)
+
+    def _poll_node(self) -> int:
+        assert self.node_c is not None
+        msgs = self.node_c.consume(self.ps.batch_size, 0.01)
+        decode = self.codec.decode
+        samples_subject = DEVICE_SAMPLES.subject
+        for msg in msgs:
+            if msg.error():
+                log.warning("node consumer: %s", msg.error())
+                continue
+            topic, p, off = _coords(msg)
+            self.pos[(topic, p)] = off + 1
+            part = self.nodes.get(p)
+            if part is None:
+                continue
+            if topic == self.t_samples:
+                try:
+                    scrape = decode(msg.value() or b"", samples_subject).record
+                except Exception:
+                    self.decoder.decode(msg, samples_subject)  # dead-letters it with the reason
+                    continue
+                verdict = part.on_scrape(scrape, off)
+                self.stats.scrapes += 1
+                self.stats.samples += len(scrape["devices"])
+                if verdict is Admit.LATE:
+                    self.stats.late_scrapes += 1
+                    self._send_raw(self.t_late, msg.key(), msg.value() or b"")
+            elif topic == self.t_allocs:
+                ev = self.decoder.decode(msg, JOB_EVENTS.subject)
+                if ev is not None:
+                    key = (msg.key() or b"").decode()
+                    part.on_allocation(key, ev, off)
+                    self.stats.allocations += 1
+            elif topic == self.t_inventory:
+                inv = self.decoder.decode(msg, INVENTORY.subject)
+                if inv is not None:
+                    part.on_inventory(inv)
+        return len(msgs)
+
+    def _node_watermarks(self, drain_to: int | None) -> dict[int, tuple[int, int]]:
+        """Partition -> (window watermark, coverage clock)."""
+        assert self.node_c is not None
+        global_max = max(
+            (t for part in self.nodes.values() for t in (part.max_sample_ts, part.max_alloc_ts) if t is not None),
+            default=NEG_INF,
+        )
+        wall = int(self.clock() * 1000) if self.ps.realtime else NEG_INF
+        out: dict[int, tuple[int, int]] = {}
+        for p, part in self.nodes.items():
+            inputs = ((self.t_samples, part.max_sample_ts), (self.t_allocs, part.max_alloc_ts))
+            behind = [ts for topic, ts in inputs if not self._caught_up(self.node_c, topic, p)]
+            if behind:
+                w = min(NEG_INF if ts is None else ts for ts in behind)
+                out[p] = (w, w)
+            else:
+                w = max(global_max, wall)
+                out[p] = (w if drain_to is None else max(w, drain_to), w)
+        return out
+
+    def _advance_nodes(self, drain_to: int | None = None) -> None:
+        for p, (w, now) in self._node_watermarks(drain_to).items():
+            part = self.nodes[p]
+            if w <= NEG_INF:
+                continue
+            out = part.advance(w)
+            for row in out.device_minutes:
+                jid = row["job_id"]
+                key = job_key(row["cluster"], jid) if jid is not None else node_key(row["cluster"], row["node"])
+                self._send(self.t_dm, DEVICE_MINUTES.subject, key, row)
+            for cov in out.coverage_minutes:
+                self._send(self.t_cov, COVERAGE_MINUTES.subject, node_key(cov["cluster"], cov["node"]), cov)
+            self.stats.device_minutes += len(out.device_minutes)
+            self.stats.coverage_minutes += len(out.coverage_minutes)
+            for alert in part.tick(now):
+                self._emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
+
+    def _emit_alert(self, alert: dict[str, Any], key: bytes) -> None:
+        alert["emitted_ts_ms"] = int(self.clock() * 1000)
+        self._send(self.t_alerts, ALERTS.subject, key, alert)
+        self.stats.alerts += 1
+
+    def _poll_job(self) -> int:
+        assert self.job_c is not None
+        msgs = self.job_c.consume(self.ps.batch_size, 0.01)
+        for msg in msgs:
+            if msg.error():
+                log.warning("job consumer: %s", msg.error())
+                continue
+            topic, p, off = _coords(msg)
+            self.pos[(topic, p)] = off + 1
+            part = self.jobs.get(p)
+            if part is None:
+                continue
+            if topic == self.t_dm:
+                row = self.decoder.decode(msg, DEVICE_MINUTES.subject)
+                if row is not None:
+                    part.on_device_minute(row, off)
+            elif topic == self.t_jobs:
+                ev = self.decoder.decode(msg, JOB_EVENTS.subject)
+                if ev is not None:
+                    part.on_job_event(ev, off)
+        return len(msgs)
+
+    def _advance_jobs(self) -> None:
+        wall = int(self.clock() * 1000) if self.ps.realtime else NEG_INF
+        for p, part in self.jobs.items():
+            self._job_outputs(p, part.drain())
+            now = max(wall, (part.max_ts or NEG_INF) + MINUTE_MS)
+            self._job_outputs(p, part.tick(now))
+
+    def _job_outputs(self, p: int, out: JobOutputs) -> None:
+        for jm in out.job_minutes:
+            self._send(self.t_jm, JOB_MINUTES.subject, job_key(jm["cluster"], jm["job_id"]), jm)
+        for alert in out.alerts:
+            self._emit_alert(alert, job_key(alert["cluster"], alert["job_id"]))
+        for action in out.actions:
+            self._send(self.t_actions, RECLAIM_ACTIONS.subject, job_key(action["cluster"], action["job_id"]), action)
+        self.stats.job_minutes += len(out.job_minutes)
+        self.stats.actions += len(out.actions)
+        if out.states:
+            self.state_dirty.setdefault(p, {}).update(out.states)
+
+    # ------------------------------------------------------------------ durability
+    def _flush(self) -> None:
+        remaining = self.producer.flush(30)
+        if remaining:
+            raise ServiceError(f"{remaining} output records not delivered within 30 s")
+        if self._delivery_errors:
+            errors, self._delivery_errors = self._delivery_errors, []
+            raise ServiceError(f"{len(errors)} output records failed delivery, first: {errors[0]}")
+
+    def commit(self, force: bool = False) -> None:
+        """Flush outputs, then the idle states they imply, then commit what is no longer needed."""
+        now = self.clock()
+        if not force and (now - self._last_commit) * 1000 < self.ps.commit_interval_ms:
+            return
+        self._last_commit = now
+        self._flush()
+        if self.state_dirty:
+            dirty, self.state_dirty = self.state_dirty, {}
+            for p, states in dirty.items():
+                for jkey, st in states.items():
+                    key = jkey.encode()
+                    value = json.dumps({"forgotten": True}) if st is None else json.dumps(st.to_json(), sort_keys=True)
+                    self.producer.produce(
+                        self.t_state, value=value.encode(), key=key, partition=p, on_delivery=self._on_delivery
+                    )
+            self._flush()
+        if self.rekey_c is not None:
+            offs = [
+                TopicPartition(self.t_jobs, p, stage.commit_offset(self.pos[(self.t_jobs, p)]))
+                for p, stage in self.rekey.items()
+                if (self.t_jobs, p) in self.pos
+            ]
+            self._commit(self.rekey_c, offs)
+        if self.node_c is not None:
+            offs = []
+            for p, part in self.nodes.items():
+                if (self.t_samples, p) in self.pos:
+                    offs.append(
+                        TopicPartition(self.t_samples, p, part.samples_commit_offset(), metadata=part.metadata())
+                    )
+                if (self.t_allocs, p) in self.pos:
+                    offs.append(TopicPartition(self.t_allocs, p, part.allocs_commit_offset()))
+            self._commit(self.node_c, offs)
+            for p, part in self.nodes.items():
+                if (self.t_samples, p) in self.pos:
+                    part.committed(part.samples_commit_offset())
+        if self.job_c is not None:
+            offs = []
+            for p, jpart in self.jobs.items():
+                if (self.t_dm, p) in self.pos:
+                    offs.append(TopicPartition(self.t_dm, p, jpart.rows_commit_offset()))
+                if (self.t_jobs, p) in self.pos:
+                    offs.append(TopicPartition(self.t_jobs, p, jpart.events_commit_offset()))
+            self._commit(self.job_c, offs)
+        self.stats.commits += 1
+
+    @staticmethod
+    def _commit(consumer: Consumer, offsets: list[TopicPartition]) -> None:
+        if not offsets:
+            return
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("commit failed (will retry at the next interval): %s", exc)
+
+    # ------------------------------------------------------------------ loop
+    def stop(self, *_: object) -> None:
+        self._stop = True
+
+    def step(self) -> int:
+        """One round over every stage. Returns the number of input records read."""
+        n = 0
+        if self.rekey_c is not None:
+            n += self._poll_rekey()
+        if self.node_c is not None and self.rekey_ready:
+            n += self._poll_node()
+            self._advance_nodes()
+        if self.job_c is not None:
+            n += self._poll_job()
+            self._advance_jobs()
+        self.producer.poll(0)
+        self.commit()
+        return n
+
+    def _idle_done(self, n: int) -> bool:
+        """For finite inputs: once everything is read and quiet, close the last minutes, then stop."""
+        now = self.clock()
+        if n:
+            self._last_msg = now
+            return False
+        if self.exit_when_idle_s is None or now - self._last_msg < self.exit_when_idle_s:
+            return False
+        if not (
+            self.rekey_ready
+            and self._all_caught_up(self.rekey_c, "rekey")
+            and self._all_caught_up(self.node_c, "node")
+            and self._all_caught_up(self.job_c, "job")
+        ):
+            return False
+        if not self._drained and self.node_c is not None:
+            self._drained = True
+            last = max(
+                (t for part in self.nodes.values() for t in (part.max_sample_ts, part.max_alloc_ts) if t is not None),
+                default=None,
+            )
+            if last is not None:
+                self._advance_nodes(drain_to=last - last % MINUTE_MS + 2 * MINUTE_MS + self.ps.grace_ms)
+            self.commit(force=True)
+            self._last_msg = now
+            return False
+        return True
+
+    def run(self) -> Stats:
+        self.start()
+        signal.signal(signal.SIGTERM, self.stop)
+        t0 = time.monotonic()
+        last_log = t0
+        try:
+            while not self._stop:
+                n = self.step()
+                if self._idle_done(n):
+                    break
+                if time.monotonic() - last_log > 10:
+                    last_log = time.monotonic()
+                    log.info("processors: %s", self.stats.as_dict())
+            self._advance_jobs()
+            self.commit(force=True)
+        finally:
+            for c in (self.rekey_c, self.node_c, self.job_c):
+                if c is not None:
+                    c.close()
+        self.stats.dead_lettered = self.decoder.dead_lettered
+        self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
+        self.stats.extra["wall_s"] = round(time.monotonic() - t0, 3)
+        return self.stats
