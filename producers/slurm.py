@@ -313,7 +313,7 @@ def _gpus_on_nodes(nodes: tuple[str, ...], detail: list[str] | tuple[str, ...]) 
     return tuple(out)
 
 
-def _even_split(nodes: tuple[str, ...], total: int | None) -> tuple[NodeGpus, ...]:
+def even_split(nodes: tuple[str, ...], total: int | None) -> tuple[NodeGpus, ...]:
     """Only a job-wide GPU count is known: spread it evenly over the nodes (indices unknown)."""
     if not total or not nodes:
         return ()
@@ -356,7 +356,7 @@ def _text(value: Any) -> str | None:
     return s or None
 
 
-def _state(value: Any) -> tuple[str, tuple[str, ...]]:
+def parse_state(value: Any) -> tuple[str, tuple[str, ...]]:
     """Base state and flags from a string (`RUNNING`, `CANCELLED by 0`), a list, or an abbreviation."""
     if isinstance(value, str):
         items = [value.split(" ", 1)[0]]
@@ -416,7 +416,7 @@ def parse_ctld_job(rec: Mapping[str, Any]) -> SlurmJob:
     numeric = _num(rec.get("job_id"))
     if numeric is None:
         raise ParseError(f"slurmctld job record without job_id: keys {sorted(rec)[:8]}")
-    state, flags = _state(rec.get("job_state"))
+    state, flags = parse_state(rec.get("job_state"))
     array_task = _num(rec.get("array_task_id"))
     array_job = _num(rec.get("array_job_id"))
     array_string = _text(rec.get("array_task_string")) if array_task is None else None
@@ -441,7 +441,7 @@ def parse_ctld_job(rec: Mapping[str, Any]) -> SlurmJob:
         or 0
     )
     if not gpus and state in ACTIVE_STATES | TERMINAL_STATES:
-        gpus = _even_split(nodes, count)
+        gpus = even_split(nodes, count)
     start, end = _when_ran(state, _ts_ms(rec.get("start_time")), _ts_ms(rec.get("end_time")), nodes)
     user = _text(rec.get("user_name")) or str(_num(rec.get("user_id")) or "unknown")
     batch = rec.get("batch_flag")
@@ -495,7 +495,7 @@ def parse_dbd_job(rec: Mapping[str, Any]) -> SlurmJob:
     if numeric is None:
         raise ParseError(f"slurmdbd job record without job_id: keys {sorted(rec)[:8]}")
     st = rec.get("state") or {}
-    state, flags = _state(st.get("current") if isinstance(st, Mapping) else st)
+    state, flags = parse_state(st.get("current") if isinstance(st, Mapping) else st)
     array = rec.get("array") or {}
     het = rec.get("het") or {}
     array_task = _num(array.get("task_id"))
@@ -512,7 +512,7 @@ def parse_dbd_job(rec: Mapping[str, Any]) -> SlurmJob:
     tres = rec.get("tres") or {}
     alloc = _tres_gpus(tres.get("allocated"))
     count = alloc if alloc is not None else (_tres_gpus(tres.get("requested")) or 0)
-    gpus = _even_split(nodes, count) if state in ACTIVE_STATES | TERMINAL_STATES or state == "REQUEUED" else ()
+    gpus = even_split(nodes, count) if state in ACTIVE_STATES | TERMINAL_STATES or state == "REQUEUED" else ()
     t = rec.get("time") or {}
     start, end = _when_ran(state, _ts_ms(t.get("start")), _ts_ms(t.get("end")), nodes)
     if state == "REQUEUED":  # the requeued run of the record did run: keep its times
@@ -618,7 +618,7 @@ def parse_scontrol_job(lines: list[str], tz: tzinfo = UTC) -> SlurmJob:
     if not numeric_text.isdigit():
         raise ParseError(f"scontrol record without a numeric JobId: {lines[0][:80]!r}")
     numeric = int(numeric_text)
-    state, flags = _state(fields.get("JobState", ""))
+    state, flags = parse_state(fields.get("JobState", ""))
 
     def opt_int(key: str) -> int | None:
         v = fields.get(key)
@@ -640,7 +640,7 @@ def parse_scontrol_job(lines: list[str], tz: tzinfo = UTC) -> SlurmJob:
         gpus.extend(NodeGpus(n, count, indices, gtype) for n in expand_hostlist(nl.get("Nodes")))
     count = sum(g.count for g in gpus) or gpus_in_tres(fields.get("TRES")) or 0
     if not gpus and state in ACTIVE_STATES | TERMINAL_STATES:
-        gpus = list(_even_split(nodes, count))
+        gpus = list(even_split(nodes, count))
     start, end = _when_ran(
         state, _scontrol_time(fields.get("StartTime"), tz), _scontrol_time(fields.get("EndTime"), tz), nodes
     )
