@@ -23,12 +23,12 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuledger.settings import ClickHouseSettings
+from schemas import topics
 from sinks import chargeback as cb
 from sinks.db import connect, migrate
 from sinks.ratecard import RATE_CARD_COLUMNS, charge_for_seconds, load_card, rate_card_rows
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
-from schemas import topics
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,9 @@ JOBS = {
 
 def device_minute(job: str | None, node: str, uuid: str, minute: int, cls: str, *, allocated: int = 60,
                   generation: str = "hopper") -> dict[str, Any]:  # fmt: skip
-    user, team, project, cc, gen, tier, pre = JOBS[job] if job else (None, None, None, None, generation, "on-prem", False)
+    user, team, project, cc, gen, tier, pre = (
+        JOBS[job] if job else (None, None, None, None, generation, "on-prem", False)
+    )
     counts = dict.fromkeys(("active_s", "starved_s", "idle_s", "dark_s"), 0)
     if job:
         counts[f"{cls}_s"] = allocated
@@ -62,7 +64,7 @@ def device_minute(job: str | None, node: str, uuid: str, minute: int, cls: str, 
         "model": "H100" if gen == "hopper" else "A100", "generation": gen, "job_id": job, "user": user,
         "project": project, "team": team, "cost_centre": cc, "preemptible": pre, "pricing_tier": tier,
         "unallocated_s": 60 - allocated if job else 60, "allocated_s": allocated if job else 0,
-        **counts, "sm_weighted_s": 0.7 * sampled if cls == "active" else 0.1 * sampled,
+        **counts, "sm_weighted_s": 0.0 if not job else 0.7 * sampled if cls == "active" else 0.1 * sampled,
         "sample_count": sampled if job else 60, "activity_mean_ratio": None, "activity_max_ratio": None,
         "fb_used_mib_max": None, "power_w_mean": None, "mapping_version": "dcgm-3.3/m1", "classifier_version": "c1",
     }  # fmt: skip
@@ -137,8 +139,12 @@ def write_ledger(ch: ClickHouseSettings) -> Any:
     writer = LedgerWriter(client)
     (dm_spec,) = SINKS[topics.DEVICE_MINUTES.name]
     (corr_spec,) = SINKS[topics.CORRECTIONS.name]
-    pending = [Pending(dm_spec, row, Origin("t", 0, i)) for i, r in enumerate(worked_ledger()) for row in dm_spec.rows(r)]
-    pending += [Pending(corr_spec, row, Origin("c", 0, i)) for i, r in enumerate(CORRECTIONS) for row in corr_spec.rows(r)]
+    pending = [
+        Pending(dm_spec, row, Origin("t", 0, i)) for i, r in enumerate(worked_ledger()) for row in dm_spec.rows(r)
+    ]
+    pending += [
+        Pending(corr_spec, row, Origin("c", 0, i)) for i, r in enumerate(CORRECTIONS) for row in corr_spec.rows(r)
+    ]
     result = writer.write(pending)
     assert not result.rejected
     return result
@@ -238,7 +244,9 @@ def test_worked_ledger_exact_to_the_cent_in_cli_and_views(ledger_settings: Click
                                                    "cost-centre", "--format", "csv"))))  # fmt: skip
     assert [(r["line"], r["charge"]) for r in rows] == [("CC-100", "24.02"), ("CC-200", "1.55"), ("TOTAL", "25.57")]
     parquet = tmp_path / "cb.parquet"
-    run_cli(ch, "report", "chargeback", "--period", "2026-11", "--by", "user", "--format", "parquet", "-o", str(parquet))
+    run_cli(
+        ch, "report", "chargeback", "--period", "2026-11", "--by", "user", "--format", "parquet", "-o", str(parquet)
+    )
     table = pq.read_table(parquet).to_pylist()
     assert table[-1]["line"] == "TOTAL" and table[-1]["charge"] == Decimal("25.57")
     table_out = run_cli(ch, "report", "chargeback", "--period", "2026-11", "--by", "team")
@@ -259,7 +267,7 @@ def test_migrations_are_recorded_and_idempotent(ledger_settings: ClickHouseSetti
     again = migrate(client, ledger_settings)
     assert [r.status for r in again if r.name != "analyst_role"] == ["already-applied"] * (len(again) - 1)
     versions = client.query("SELECT version, status FROM schema_migrations FINAL ORDER BY version").result_rows
-    assert [v for v, _ in versions] == [1, 2, 3, 4]
+    assert [v for v, _ in versions] == [1, 2, 3, 4, 5]
     ttl = client.command("SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
                          "AND name = 'raw_samples'")  # fmt: skip
     assert "toIntervalDay(14)" in str(ttl)
