@@ -84,7 +84,9 @@ def server_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def launch(path: Path, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None) -> subprocess.Popen[str]:
+def launch(
+    path: Path, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None
+) -> subprocess.Popen[str]:
     """Start `serve` without waiting for it; stdout is a pipe, stderr goes to log_path."""
     log_file = open(log_path or os.devnull, "a")  # noqa: SIM115 - handed to the child
     try:
@@ -122,7 +124,11 @@ def start_server(
         proc.wait(10)
         raise RuntimeError(f"embedded ClickHouse did not start: {log_path.read_text(errors='replace')}")
     return ClickHouseServer(
-        url=match.group(1), host=match.group(2), port=int(match.group(3)), path=path, process=proc,
+        url=match.group(1),
+        host=match.group(2),
+        port=int(match.group(3)),
+        path=path,
+        process=proc,
         log_path=log_path,
     )
 
@@ -159,9 +165,7 @@ def clickhouse_database(clickhouse_server: ClickHouseServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def clickhouse_client(
-    clickhouse_server: ClickHouseServer, clickhouse_database: str
-) -> Iterator[Callable[..., Client]]:
+def clickhouse_client(clickhouse_server: ClickHouseServer, clickhouse_database: str) -> Iterator[Callable[..., Client]]:
     made: list[Client] = []
 
     def make(**kwargs: Any) -> Client:

@@ -72,9 +72,11 @@ def trailing_format(sql: str) -> str | None:
     return match.group(1) if match else None
 
 
+_CREATE_TEMPORARY = re.compile(r"^CREATE\s+(?:OR\s+REPLACE\s+)?TEMPORARY\s+TABLE\b", re.IGNORECASE)
+
+
 def statement_has_temporary_table(sql: str) -> bool:
-    head = strip_leading(sql[:4096]).upper()
-    return head.startswith("CREATE") and "TEMPORARY" in head.split("(", 1)[0]
+    return _CREATE_TEMPORARY.match(strip_leading(sql[:4096])) is not None
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 NEVER_STATUSES = {429, 503, 504}
 
 
-def curl(server: ClickHouseServer, *args: str, user: str | None = None, password: str | None = None,
-         path: str = "/", data: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+def curl(
+    server: ClickHouseServer,
+    *args: str,
+    user: str | None = None,
+    password: str | None = None,
+    path: str = "/",
+    data: bytes | None = None,
+) -> tuple[int, dict[str, str], bytes]:
     """One request with curl; returns (status, headers with lower-case names, body)."""
     auth = f"{user or server.user}:{server.password if password is None else password}"
     cmd = ["curl", "-sS", "-D", "-", "-u", auth, *args, f"{server.url}{path}"]
@@ -74,8 +80,8 @@ def test_handshake_and_ping(clickhouse_server: ClickHouseServer, clickhouse_clie
 def test_response_headers(clickhouse_server: ClickHouseServer, clickhouse_database: str) -> None:
     query_id = "qid-" + uuid.uuid4().hex
     status, headers, body = curl(
-        clickhouse_server, path=q(clickhouse_database, "SELECT 1 AS x FORMAT JSONEachRow")
-        + f"&query_id={query_id}&wait_end_of_query=1"
+        clickhouse_server,
+        path=q(clickhouse_database, "SELECT 1 AS x FORMAT JSONEachRow") + f"&query_id={query_id}&wait_end_of_query=1",
     )
     assert status == 200 and json.loads(body) == {"x": 1}
     assert headers["x-clickhouse-query-id"] == query_id
@@ -101,15 +107,16 @@ def test_response_headers(clickhouse_server: ClickHouseServer, clickhouse_databa
 def test_commands_and_engines(clickhouse_client: Any) -> None:
     client = clickhouse_client()
     client.command("CREATE TABLE raw (k UInt32, v Float64, ts DateTime) ENGINE = MergeTree ORDER BY k")
-    client.command(
-        "CREATE TABLE latest (k UInt32, v Float64, ver UInt64) ENGINE = ReplacingMergeTree(ver) ORDER BY k"
-    )
+    client.command("CREATE TABLE latest (k UInt32, v Float64, ver UInt64) ENGINE = ReplacingMergeTree(ver) ORDER BY k")
     client.command(
         "CREATE TABLE agg (k UInt32, total AggregateFunction(sum, Float64)) ENGINE = AggregatingMergeTree ORDER BY k"
     )
     client.command("CREATE MATERIALIZED VIEW agg_mv TO agg AS SELECT k, sumState(v) AS total FROM raw GROUP BY k")
-    client.insert("raw", [[1, 1.5, dt.datetime(2024, 1, 1)], [1, 2.5, dt.datetime(2024, 1, 1)], [2, 4.0, dt.datetime(2024, 1, 1)]],
-                  column_names=["k", "v", "ts"])
+    client.insert(
+        "raw",
+        [[1, 1.5, dt.datetime(2024, 1, 1)], [1, 2.5, dt.datetime(2024, 1, 1)], [2, 4.0, dt.datetime(2024, 1, 1)]],
+        column_names=["k", "v", "ts"],
+    )
     client.insert("latest", [[1, 1.0, 1], [1, 9.0, 2]], column_names=["k", "v", "ver"])
     assert client.query("SELECT k, sumMerge(total) FROM agg GROUP BY k ORDER BY k").result_rows == [(1, 4.0), (2, 4.0)]
     assert client.query("SELECT v FROM latest FINAL").result_rows == [(9.0,)]
@@ -127,15 +134,23 @@ def test_commands_and_engines(clickhouse_client: Any) -> None:
 @pytest.mark.parametrize("compress", ["lz4", "zstd", False])
 def test_inserts_every_compression(clickhouse_client: Any, compress: Any) -> None:
     client = clickhouse_client(compress=compress)
-    client.command("CREATE TABLE t (id UInt64, name String, score Nullable(Float64), tags Array(String)) "
-                   "ENGINE = MergeTree ORDER BY id")
+    client.command(
+        "CREATE TABLE t (id UInt64, name String, score Nullable(Float64), tags Array(String)) "
+        "ENGINE = MergeTree ORDER BY id"
+    )
     rows = [[i, f"n{i}", None if i % 3 == 0 else i / 2, [str(i)] * (i % 4)] for i in range(20_000)]
     summary = client.insert("t", rows, column_names=["id", "name", "score", "tags"])
     assert summary.written_rows == 20_000
     df = pd.DataFrame({"id": range(20_000, 20_100), "name": "df", "score": 1.0, "tags": [["a"]] * 100})
     assert client.insert_df("t", df).written_rows == 100
-    table = pa.table({"id": pa.array(range(30_000, 30_050), pa.uint64()), "name": ["arrow"] * 50,
-                      "score": [2.0] * 50, "tags": [["b", "c"]] * 50})
+    table = pa.table(
+        {
+            "id": pa.array(range(30_000, 30_050), pa.uint64()),
+            "name": ["arrow"] * 50,
+            "score": [2.0] * 50,
+            "tags": [["b", "c"]] * 50,
+        }
+    )
     client.insert_arrow("t", table)
     assert client.command("SELECT count() FROM t") == 20_150
     assert client.query("SELECT name, tags FROM t WHERE id = 7").result_rows == [("n7", ["7", "7", "7"])]
@@ -148,12 +163,24 @@ def test_insert_bodies_from_curl(clickhouse_server: ClickHouseServer, clickhouse
     assert curl(clickhouse_server, path=q(db, create), data=b"")[0] == 200
     # chunked, lz4 frames, statement in the body
     body = lz4.frame.compress(b"INSERT INTO c FORMAT CSV\n1,one\n") + lz4.frame.compress(b"2,two\n")
-    status, _, _ = curl(clickhouse_server, "-H", "Transfer-Encoding: chunked", "-H", "Content-Encoding: lz4",
-                        path=f"?database={db}", data=body)
+    status, _, _ = curl(
+        clickhouse_server,
+        "-H",
+        "Transfer-Encoding: chunked",
+        "-H",
+        "Content-Encoding: lz4",
+        path=f"?database={db}",
+        data=body,
+    )
     assert status == 200
     # gzip, statement in the query parameter
-    status, _, _ = curl(clickhouse_server, "-H", "Content-Encoding: gzip", path=q(db, "INSERT INTO c FORMAT TSV"),
-                        data=gzip.compress(b"3\tthree\n"))
+    status, _, _ = curl(
+        clickhouse_server,
+        "-H",
+        "Content-Encoding: gzip",
+        path=q(db, "INSERT INTO c FORMAT TSV"),
+        data=gzip.compress(b"3\tthree\n"),
+    )
     assert status == 200
     # plain VALUES in the body
     assert curl(clickhouse_server, path=f"?database={db}", data=b"INSERT INTO c VALUES (4, 'four')")[0] == 200
@@ -171,7 +198,9 @@ def test_constraint_and_view_failures_are_reported(clickhouse_client: Any) -> No
 
     client.command("CREATE TABLE src (a UInt32) ENGINE = MergeTree ORDER BY a")
     client.command("CREATE TABLE dst (a UInt32) ENGINE = MergeTree ORDER BY a")
-    client.command("CREATE MATERIALIZED VIEW mv TO dst AS SELECT throwIf(a = 7, 'seven is not allowed') + a AS a FROM src")
+    client.command(
+        "CREATE MATERIALIZED VIEW mv TO dst AS SELECT throwIf(a = 7, 'seven is not allowed') + a AS a FROM src"
+    )
     with pytest.raises(DatabaseError, match="seven is not allowed"):
         client.insert("src", [[6], [7]], column_names=["a"])
     assert client.command("SELECT count() FROM dst") == 0
@@ -202,8 +231,9 @@ def test_query_variants_and_streams(clickhouse_client: Any) -> None:
     assert client.raw_query("SELECT 1 AS a FORMAT CSVWithNames") == b'"a"\n1\n'
 
 
-def test_bound_parameters_including_multipart(clickhouse_client: Any, clickhouse_server: ClickHouseServer,
-                                              clickhouse_database: str) -> None:
+def test_bound_parameters_including_multipart(
+    clickhouse_client: Any, clickhouse_server: ClickHouseServer, clickhouse_database: str
+) -> None:
     client = clickhouse_client()
     res = client.query("SELECT {a:UInt32} + 1 AS x, {s:String} AS s", parameters={"a": 41, "s": "it's"})
     assert res.result_rows == [(42, "it's")]
@@ -211,8 +241,14 @@ def test_bound_parameters_including_multipart(clickhouse_client: Any, clickhouse
     assert client.query("SELECT length({big:String})", parameters={"big": big}).result_rows == [(20_000,)]
     forced = clickhouse_client(form_encode_query_params=True)
     assert forced.query("SELECT {n:Int8} * 2", parameters={"n": 4}).result_rows == [(8,)]
-    status, _, body = curl(clickhouse_server, "-F", "query=SELECT {v:String}", "-F", "param_v=form value",
-                           path=f"?database={clickhouse_database}")
+    status, _, body = curl(
+        clickhouse_server,
+        "-F",
+        "query=SELECT {v:String}",
+        "-F",
+        "param_v=form value",
+        path=f"?database={clickhouse_database}",
+    )
     assert (status, body) == (200, b"form value\n")
     with pytest.raises(DatabaseError) as err:
         client.query("SELECT {missing:UInt8}")
@@ -232,7 +268,9 @@ def test_per_query_settings_do_not_stick(clickhouse_client: Any) -> None:
     assert client.command("SELECT 2") == 2
 
 
-def test_database_parameter(clickhouse_server: ClickHouseServer, clickhouse_client: Any, clickhouse_database: str) -> None:
+def test_database_parameter(
+    clickhouse_server: ClickHouseServer, clickhouse_client: Any, clickhouse_database: str
+) -> None:
     client = clickhouse_client()
     client.command("CREATE TABLE here (a UInt8) ENGINE = Memory")
     client.command("INSERT INTO here VALUES (5)")
@@ -281,16 +319,18 @@ def test_session_idle_expiry_and_check(clickhouse_server: ClickHouseServer, clic
     assert client.command("EXISTS TEMPORARY TABLE short_lived") == 0
     with client.query_row_block_stream("SELECT number FROM numbers(10000) SETTINGS max_block_size=100") as stream:
         assert sum(len(b) for b in stream) == 10000
-    status, headers, body = curl(clickhouse_server, path=f"?session_id=none-{uuid.uuid4().hex}&session_check=1",
-                                 data=b"SELECT 1")
+    status, headers, _body = curl(
+        clickhouse_server, path=f"?session_id=none-{uuid.uuid4().hex}&session_check=1", data=b"SELECT 1"
+    )
     assert status == 404 and headers["x-clickhouse-exception-code"] == "372"
 
 
 def test_concurrent_use_of_one_session_is_refused(clickhouse_server: ClickHouseServer) -> None:
     session = "busy-" + uuid.uuid4().hex
     results: list[tuple[int, dict[str, str], bytes]] = []
-    slow = threading.Thread(target=lambda: results.append(
-        curl(clickhouse_server, path=f"?session_id={session}", data=b"SELECT sleep(1.5)")))
+    slow = threading.Thread(
+        target=lambda: results.append(curl(clickhouse_server, path=f"?session_id={session}", data=b"SELECT sleep(1.5)"))
+    )
     slow.start()
     time.sleep(0.5)
     status, headers, _ = curl(clickhouse_server, path=f"?session_id={session}", data=b"SELECT 1")
@@ -328,10 +368,9 @@ def test_errors_carry_code_and_never_a_retry_status(
 def test_mid_stream_error(clickhouse_server: ClickHouseServer, clickhouse_client: Any) -> None:
     sql = "SELECT number, throwIf(number = 30000, 'late failure') FROM numbers(100000) SETTINGS max_block_size = 1000"
     client = clickhouse_client()
-    with pytest.raises(StreamFailureError, match="late failure"):
-        with client.query_row_block_stream(sql) as stream:
-            for _ in stream:
-                pass
+    with pytest.raises(StreamFailureError, match="late failure"), client.query_row_block_stream(sql) as stream:
+        for _ in stream:
+            pass
     assert client.command("SELECT 3") == 3  # the session survives
     status, headers, body = curl(clickhouse_server, data=(sql + " FORMAT TSV").encode())
     tag = headers["x-clickhouse-exception-tag"]
@@ -344,7 +383,9 @@ def test_mid_stream_error(clickhouse_server: ClickHouseServer, clickhouse_client
 
 def test_empty_results_keep_their_columns(clickhouse_client: Any) -> None:
     client = clickhouse_client()
-    client.command("CREATE TABLE e (id UInt32, name String, at DateTime('Europe/Paris')) ENGINE = MergeTree ORDER BY id")
+    client.command(
+        "CREATE TABLE e (id UInt32, name String, at DateTime('Europe/Paris')) ENGINE = MergeTree ORDER BY id"
+    )
     res = client.query("SELECT * FROM e")
     assert res.column_names == ("id", "name", "at") and res.result_rows == []
     assert [t.name for t in res.column_types] == ["UInt32", "String", "DateTime('Europe/Paris')"]
@@ -365,8 +406,11 @@ def test_datetime_zone_survives(clickhouse_client: Any) -> None:
         "ENGINE = MergeTree ORDER BY name"
     )
     moment = dt.datetime(2024, 3, 1, 12, 0, tzinfo=dt.UTC)
-    client.insert("z", [["a", ["x", "yy"], "k", None, moment, moment, moment], ["bb", [], "k", 3, moment, moment, moment]],
-                  column_names=["name", "tags", "lc", "n", "at", "plain", "at64"])
+    client.insert(
+        "z",
+        [["a", ["x", "yy"], "k", None, moment, moment, moment], ["bb", [], "k", 3, moment, moment, moment]],
+        column_names=["name", "tags", "lc", "n", "at", "plain", "at64"],
+    )
     res = client.query("SELECT * FROM z ORDER BY name")
     types = {name: t.name for name, t in zip(res.column_names, res.column_types, strict=True)}
     assert types["at"] == "DateTime('Asia/Tokyo')" and types["plain"] == "DateTime"
@@ -382,7 +426,9 @@ def test_datetime_zone_survives(clickhouse_client: Any) -> None:
 def test_abandoned_stream_never_hangs_the_session(clickhouse_client: Any) -> None:
     client = clickhouse_client(session_id="abandon-" + uuid.uuid4().hex)
     for _ in range(3):
-        with client.query_row_block_stream("SELECT number FROM numbers(5000000) SETTINGS max_block_size = 1000") as stream:
+        with client.query_row_block_stream(
+            "SELECT number FROM numbers(5000000) SETTINGS max_block_size = 1000"
+        ) as stream:
             next(iter(stream))  # read one block, then walk away
         started = time.monotonic()
         with client.query_row_block_stream("SELECT number FROM numbers(100)") as stream:
@@ -394,7 +440,9 @@ def test_abandoned_stream_never_hangs_the_session(clickhouse_client: Any) -> Non
 # -- concurrency and users -----------------------------------------------------------------------------
 
 
-def test_concurrent_clients_do_not_block_each_other(clickhouse_server: ClickHouseServer, clickhouse_client: Any) -> None:
+def test_concurrent_clients_do_not_block_each_other(
+    clickhouse_server: ClickHouseServer, clickhouse_client: Any
+) -> None:
     writer = clickhouse_client()
     writer.command("CREATE TABLE busy (a UInt64) ENGINE = MergeTree ORDER BY a")
     analyst = clickhouse_server.analyst_client()
@@ -419,7 +467,9 @@ def test_concurrent_clients_do_not_block_each_other(clickhouse_server: ClickHous
     assert elapsed < 1.5, f"writer waited {elapsed:.2f}s behind the analyst's slow query"
 
 
-def test_users_and_readonly(clickhouse_server: ClickHouseServer, clickhouse_client: Any, clickhouse_database: str) -> None:
+def test_users_and_readonly(
+    clickhouse_server: ClickHouseServer, clickhouse_client: Any, clickhouse_database: str
+) -> None:
     writer = clickhouse_client()
     writer.command("CREATE TABLE r (a UInt8) ENGINE = MergeTree ORDER BY a")
     writer.command("INSERT INTO r VALUES (1)")
@@ -427,8 +477,12 @@ def test_users_and_readonly(clickhouse_server: ClickHouseServer, clickhouse_clie
     try:
         assert analyst.command("SELECT count() FROM r") == 1
         assert analyst.query("SELECT a FROM r").result_rows == [(1,)]
-        for statement in ("INSERT INTO r VALUES (2)", "CREATE TABLE r2 (a UInt8) ENGINE = Memory", "DROP TABLE r",
-                          "SET readonly = 0"):
+        for statement in (
+            "INSERT INTO r VALUES (2)",
+            "CREATE TABLE r2 (a UInt8) ENGINE = Memory",
+            "DROP TABLE r",
+            "SET readonly = 0",
+        ):
             with pytest.raises(DatabaseError) as err:
                 analyst.command(statement)
             assert err.value.code == 164
@@ -437,9 +491,13 @@ def test_users_and_readonly(clickhouse_server: ClickHouseServer, clickhouse_clie
         assert err.value.code == 164
     finally:
         analyst.close()
-    status, headers, _ = curl(clickhouse_server, user=clickhouse_server.analyst_user,
-                              password=clickhouse_server.analyst_password, path=q(clickhouse_database, "DROP TABLE r"),
-                              data=b"")
+    status, headers, _ = curl(
+        clickhouse_server,
+        user=clickhouse_server.analyst_user,
+        password=clickhouse_server.analyst_password,
+        path=q(clickhouse_database, "DROP TABLE r"),
+        data=b"",
+    )
     assert status == 403 and headers["x-clickhouse-exception-code"] == "164"
     assert writer.command("SELECT count() FROM r") == 1
     # a per-request readonly setting from the writer applies to that request only
@@ -454,13 +512,30 @@ def test_authentication(clickhouse_server: ClickHouseServer) -> None:
     status, headers, body = curl(clickhouse_server, password="wrong", data=b"SELECT 1")
     assert status == 401 and headers["x-clickhouse-exception-code"] == "516"
     assert clickhouse_server.password.encode() not in body
-    proc = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--data-binary", "SELECT 1",
-                           clickhouse_server.url], capture_output=True, text=True, timeout=30, check=True)
+    proc = subprocess.run(
+        ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--data-binary", "SELECT 1", clickhouse_server.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert proc.stdout == "401"  # no credentials at all
     proc = subprocess.run(
-        ["curl", "-sS", "-H", f"X-ClickHouse-User: {clickhouse_server.analyst_user}",
-         "-H", f"X-ClickHouse-Key: {clickhouse_server.analyst_password}", "--data-binary", "SELECT 7", clickhouse_server.url],
-        capture_output=True, text=True, timeout=30, check=True,
+        [
+            "curl",
+            "-sS",
+            "-H",
+            f"X-ClickHouse-User: {clickhouse_server.analyst_user}",
+            "-H",
+            f"X-ClickHouse-Key: {clickhouse_server.analyst_password}",
+            "--data-binary",
+            "SELECT 7",
+            clickhouse_server.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     assert proc.stdout == "7\n"
     with pytest.raises(DatabaseError) as err:

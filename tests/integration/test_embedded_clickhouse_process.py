@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
-
 from fixtures_clickhouse import REPO, launch, server_env, start_server, stop_server
 
 if TYPE_CHECKING:
@@ -118,9 +117,23 @@ def test_body_limit_and_secret_free_logs(tmp_path: Path) -> None:
             client.insert("lim", [["x" * 1000] for _ in range(3000)], column_names=["a"])
         assert client.command("SELECT count() FROM lim") == 0
         proc = subprocess.run(
-            ["curl", "-sS", "-D", "-", "-o", "/dev/null", "-u", f"{server.user}:{server.password}",
-             "--data-binary", "@-", f"{server.url}/?query=INSERT+INTO+lim+FORMAT+TSV"],
-            input=b"y\n" * 700_000, capture_output=True, timeout=60, check=True,
+            [
+                "curl",
+                "-sS",
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+                "-u",
+                f"{server.user}:{server.password}",
+                "--data-binary",
+                "@-",
+                f"{server.url}/?query=INSERT+INTO+lim+FORMAT+TSV",
+            ],
+            input=b"y\n" * 700_000,
+            capture_output=True,
+            timeout=60,
+            check=True,
         )
         head = proc.stdout.decode()
         assert " 413 " in head and "X-ClickHouse-Exception-Code: 290" in head
@@ -141,7 +154,11 @@ def test_listens_on_loopback_by_default_and_refuses_open_without_passwords(tmp_p
     env = server_env(GPULEDGER_STATE_DIR=str(tmp_path / "state"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(tmp_path / "d1"), "--port", "0"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -154,9 +171,24 @@ def test_listens_on_loopback_by_default_and_refuses_open_without_passwords(tmp_p
         proc.stdout.close()
     open_env = {k: v for k, v in env.items() if "PASSWORD" not in k}
     result = subprocess.run(
-        [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(tmp_path / "d2"),
-         "--host", "0.0.0.0", "--port", "0"],
-        cwd=REPO, env=open_env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "sinks.embedded",
+            "clickhouse",
+            "serve",
+            "--path",
+            str(tmp_path / "d2"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ],
+        cwd=REPO,
+        env=open_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2 and "empty password" in result.stderr and "Traceback" not in result.stderr
 
@@ -171,8 +203,14 @@ def _sql(server: ClickHouseServer, *args: str, tmp_path: Path) -> subprocess.Com
         GPULEDGER_CLICKHOUSE__DATABASE="cli_db",
         COLUMNS="200",
     )
-    return subprocess.run([sys.executable, "-m", "sinks.embedded", "sql", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "sinks.embedded", "sql", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_sql_command(clickhouse_server: ClickHouseServer, tmp_path: Path) -> None:
@@ -186,11 +224,25 @@ def test_sql_command(clickhouse_server: ClickHouseServer, tmp_path: Path) -> Non
     table = _sql(clickhouse_server, "SELECT team, gpus FROM teams ORDER BY team", tmp_path=tmp_path)
     assert table.returncode == 0, table.stderr
     assert "team" in table.stdout and "vision" in table.stdout and "2 rows" in table.stdout
-    csv = _sql(clickhouse_server, "SELECT team FROM teams WHERE gpus > {n:UInt32}", "--format", "csv",
-               "--param", "n=5", tmp_path=tmp_path)
+    csv = _sql(
+        clickhouse_server,
+        "SELECT team FROM teams WHERE gpus > {n:UInt32}",
+        "--format",
+        "csv",
+        "--param",
+        "n=5",
+        tmp_path=tmp_path,
+    )
     assert csv.returncode == 0 and csv.stdout == '"team"\n"vision"\n'
-    js = _sql(clickhouse_server, "SELECT gpus FROM teams WHERE team = {t:String}", "--format", "json",
-              "--param", "t=speech", tmp_path=tmp_path)
+    js = _sql(
+        clickhouse_server,
+        "SELECT gpus FROM teams WHERE team = {t:String}",
+        "--format",
+        "json",
+        "--param",
+        "t=speech",
+        tmp_path=tmp_path,
+    )
     assert js.returncode == 0 and js.stdout.strip() == '{"gpus":4}'
     ddl = _sql(clickhouse_server, "CREATE TABLE IF NOT EXISTS scratch (a UInt8) ENGINE = Memory", tmp_path=tmp_path)
     assert ddl.returncode == 0, ddl.stderr
@@ -201,8 +253,14 @@ def test_sql_command(clickhouse_server: ClickHouseServer, tmp_path: Path) -> Non
 
 def test_sql_command_without_a_server(tmp_path: Path) -> None:
     env = server_env(GPULEDGER_STATE_DIR=str(tmp_path / "state"), GPULEDGER_CLICKHOUSE__URL="http://127.0.0.1:9")
-    result = subprocess.run([sys.executable, "-m", "sinks.embedded", "sql", "SELECT 1"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "sinks.embedded", "sql", "SELECT 1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "cannot reach ClickHouse" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -227,7 +285,13 @@ def test_stream_outlives_every_other_reference_to_its_handle(tmp_path: Path) -> 
         engine.close()
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("chunks ")
