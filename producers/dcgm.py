@@ -95,6 +95,7 @@ class ExpositionParser:
     def __init__(self, max_cached_label_sets: int = 200_000) -> None:
         self._labels: dict[str, dict[str, str]] = {}
         self._max = max_cached_label_sets
+        self._names: set[str] = set()
 
     def _labels_of(self, block: str) -> dict[str, str]:
         labels = self._labels.get(block)
@@ -109,6 +110,7 @@ class ExpositionParser:
         samples: list[RawSample] = []
         append = samples.append
         labels_of = self._labels_of
+        names = self._names
         try:
             for line in text.splitlines():
                 if not line or line[0] == "#":
@@ -124,10 +126,11 @@ class ExpositionParser:
                     name = line[:open_].strip()
                     labels = labels_of(line[open_ + 1 : close])
                     rest = line[close + 1 :]
-                value = rest.split()[0]
-                if not name.isidentifier() and not name.replace(":", "_").isidentifier():
-                    raise ValueError(name)
-                append(RawSample(name, labels, float(value)))
+                if name not in names:
+                    if not name.replace(":", "_").isidentifier():
+                        raise ValueError(name)
+                    names.add(name)
+                append(RawSample(name, labels, float(rest.split(None, 1)[0])))
         except (ValueError, IndexError):
             return parse_exposition(text)
         return Exposition(samples)
@@ -234,18 +237,17 @@ class Normalizer:
         hostnames: set[str] = set()
         no_uuid = 0
         auto_pct = False
+        ident_cache = self._identity_cache
+        last_labels: dict[tuple[str, int | None], int] = {}
         for s in samples:
             rule = rules.get(s.name)
             if rule is None:
                 self._note_unknown(s.name, result)
                 continue
-            ident = self._ident(s.labels)
-            attrs = ident.attrs
-            host = attrs.get("hostname")
-            if host is not None:
-                hostnames.add(host)
-            if result.driver_version is None and "driver_version" in attrs:
-                result.driver_version = attrs["driver_version"]
+            labels = s.labels
+            lid = id(labels)
+            hit = ident_cache.get(lid)
+            ident = hit[1] if hit is not None and hit[0] is labels else self._ident(labels)
             if ident.uuid is None:
                 no_uuid += 1
                 continue
@@ -254,17 +256,26 @@ class Normalizer:
             if dev is None:
                 dev = empty_device(ident.uuid)
                 dev["mig_instance_id"] = ident.mig_instance_id
-                index = attrs.get("index")
+                index = ident.attrs.get("index")
                 dev["index"] = int(index) if index is not None and index.isdigit() else None
                 devices[key] = dev
-            for attr in _DEVICE_ATTRS:
-                if dev[attr] is None and attr in attrs:
-                    dev[attr] = attrs[attr]
+            if last_labels.get(key) != lid:
+                # A label set not seen yet for this device: take what it tells (host, model, pod, ...).
+                last_labels[key] = lid
+                attrs = ident.attrs
+                host = attrs.get("hostname")
+                if host is not None:
+                    hostnames.add(host)
+                if result.driver_version is None and "driver_version" in attrs:
+                    result.driver_version = attrs["driver_version"]
+                for attr in _DEVICE_ATTRS:
+                    if dev[attr] is None and attr in attrs:
+                        dev[attr] = attrs[attr]
             canonical = rule.canonical
             if canonical is None:
                 continue
             value = s.value
-            if math.isnan(value) or math.isinf(value):
+            if value != value or value in (math.inf, -math.inf):
                 continue
             if rule.unit == "auto_ratio" and value > 1.0:
                 value = value / 100.0
