@@ -24,7 +24,7 @@ import httpx
 import yaml
 
 from gpuledger.errors import ConfigError, ParseError
-from producers.dcgm import SOURCE, ExpositionParser, Normalizer, scrape_record
+from producers.dcgm import ExpositionParser, Normalizer, scrape_record
 from schemas.topics import DEVICE_SAMPLES, Topic, node_key
 
 log = logging.getLogger(__name__)
