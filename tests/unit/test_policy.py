@@ -168,3 +168,28 @@ def test_schema_check_catches_unknown_fields():
     policy["spec"]["validations"][0]["mesage"] = "typo"
     with pytest.raises(AssertionError, match="mesage"):
         _strict_check(policy, client.V1ValidatingAdmissionPolicy)
+
+
+def test_policy_render_command_writes_both_files(tmp_path, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from producers import scheduler_cli
+
+    reg = tmp_path / "projects.yaml"
+    reg.write_text("projects:\n  - id: atlas\n    members: [alice]\ndefaults:\n  alice: atlas\n")
+    monkeypatch.chdir(tmp_path)
+    app, inspect_app = typer.Typer(), typer.Typer()
+    scheduler_cli.register(app, inspect_app)
+    res = CliRunner().invoke(app, ["policy", "render", "--registry", str(reg), "--out", str(tmp_path / "out"),
+                                   "--mode", "strict"])
+    assert res.exit_code == 0, res.output
+    lua_text = (tmp_path / "out" / "job_submit.lua").read_text()
+    lua = LuaRuntime()
+    lua.execute("slurm = {SUCCESS = 0, ERROR = -1, log_user = function() end}")
+    lua.execute(lua_text)
+    rc = lua.globals().slurm_job_submit(lua.table_from({"user_name": "alice", "tres_per_job": "gres/gpu:1"}),
+                                        lua.table(), 0)
+    assert rc == SLURM_ERROR
+    docs = list(yaml.safe_load_all((tmp_path / "out" / "gpuledger-admission-policy.yaml").read_text()))
+    _strict_check(docs[0], client.V1ValidatingAdmissionPolicy)
