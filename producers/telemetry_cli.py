@@ -14,14 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuledger.errors import ConfigError, ServiceError
+from gpuledger.settings import Settings
 
 STATE_DIR_OPTION = typer.Option(None, "--state-dir", help="State directory (default: the settings').")
 
 
-def _settings(state_dir: Path | None) -> Any:
-    from gpuledger.cli import load_settings
-
-    return load_settings(state_dir)
+def _settings(state_dir: Path | None) -> Settings:
+    """The process's one settings object; a `--state-dir` wins over every other source."""
+    return Settings(state_dir=state_dir) if state_dir is not None else Settings()
 
 
 def _read_source(source: str, timeout_s: float) -> str:
@@ -129,6 +129,8 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         for w in norm.warnings:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
 
+    register_producers(app)
+
     simulate_app = typer.Typer(
         help="A simulated GPU cluster: job events, telemetry, inventory, expected ledger.", no_args_is_help=True
     )
@@ -213,3 +215,59 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
 
         cfg, _ = _config(seed, nodes, duration, start, False, cluster, state_dir)
         typer.echo(str(write_ledger(cfg, out)))
+
+
+def _targets_from(targets_file: Path | None, target: list[str], settings: Settings) -> list[Any]:
+    from producers.scraper import Target, parse_targets
+
+    out = []
+    if targets_file is not None:
+        out.extend(parse_targets(targets_file.read_text(encoding="utf-8"), origin=str(targets_file)))
+    for spec in target:
+        url, _, node = spec.partition("=")
+        out.extend(parse_targets(json.dumps([{"url": url, "node": node or None}]), origin="--target"))
+    if not out:
+        conf = settings.extra.get("dcgm", {}).get("targets")
+        if conf:
+            out.extend(parse_targets(json.dumps(conf), origin="settings extra.dcgm.targets"))
+    return [Target(t.url, t.node, t.exporter_version) for t in out]
+
+
+def register_producers(app: typer.Typer) -> None:
+    """`gpuledger dcgm run`: the long-running DCGM producer."""
+    dcgm_app = typer.Typer(help="The dcgm-exporter producer.", no_args_is_help=True)
+    app.add_typer(dcgm_app, name="dcgm")
+
+    @dcgm_app.command("run")
+    def dcgm_run(
+        targets_file: Path | None = typer.Option(
+            None, "--targets", help="YAML: URLs, {url, node, exporter_version} maps, or {url_template, nodes}."
+        ),
+        target: list[str] = typer.Option([], "--target", help="URL[=node]; repeatable."),
+        interval_s: float = typer.Option(1.0, "--interval", help="Seconds between scrapes of a target."),
+        timeout_s: float = typer.Option(0.8, "--timeout", help="Per-scrape timeout, seconds."),
+        duration_s: float | None = typer.Option(None, "--duration", help="Stop after this many seconds."),
+        state_dir: Path | None = STATE_DIR_OPTION,
+    ) -> None:
+        """Scrape dcgm-exporter endpoints at 1 Hz and publish telemetry.device-samples records."""
+        import asyncio
+        import logging
+
+        from gpuledger.kafka import RecordPublisher
+        from producers.scraper import DcgmScraper
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        settings = _settings(state_dir)
+        targets = _targets_from(targets_file, target, settings)
+        if not targets:
+            raise ConfigError("no dcgm targets: give --targets FILE, --target URL, or extra.dcgm.targets in settings")
+        publisher = RecordPublisher(settings.kafka)
+        scraper = DcgmScraper(targets, publisher, settings.cluster, interval_s=interval_s, timeout_s=timeout_s)
+        try:
+            stats = asyncio.run(scraper.run(duration_s))
+        finally:
+            publisher.flush()
+        typer.echo(
+            f"dcgm: {stats.ok} scrapes, {stats.failed} failed, {stats.records} records, "
+            f"{stats.missed_ticks} missed ticks, unknown metrics {dict(scraper.normalizer.unknown_counts)}"
+        )
