@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from processors.attribution import (
+    AllocationTable,
+    DeviceRef,
+    Interval,
+    allocated_seconds,
+    attribute_scrape,
+    owners_by_second,
+)
+from processors.testing import T0, device, job_event, scrape
+
+S = 1000
+
+
+def test_seconds_of_an_interval_follow_the_contract() -> None:
+    # start 10.5 s: second 10 is not allocated (10*1000 < start); end 20.5 s: second 20 is (20000 < 20500)
+    iv = Interval("c1/J", DeviceRef("GPU-A", 0), T0 + 10_500, T0 + 20_500)
+    assert allocated_seconds([iv], T0 // 1000, T0 // 1000 + 60) == set(range(T0 // 1000 + 11, T0 // 1000 + 21))
+
+
+def test_owner_at_each_second() -> None:
+    t = AllocationTable()
+    t.apply("n1", job_event("STARTED", "J1", T0 + 10 * S, {"n1": ["GPU-A"]}))
+    t.apply("n1", job_event("ENDED", "J1", T0 + 20 * S))
+    t.apply("n1", job_event("STARTED", "J2", T0 + 20 * S, {"n1": ["GPU-A"]}))
+    s = scrape("n1", T0 + 9_999, [device("GPU-A", 0, sm=1.0), device("GPU-B", 1, sm=1.0)])
+    assert [o for _, _, o in attribute_scrape(t, s)] == [None, None]
+    owners = [t.owner_at("n1", "GPU-A", 0, None, T0 + x * S) for x in (10, 19, 20, 59)]
+    assert [o.job_id if o else None for o in owners] == ["J1", "J1", "J2", "J2"]
+
+
+def test_suspend_resume_and_index_only_allocations() -> None:
+    t = AllocationTable()
+    ev = job_event("STARTED", "J1", T0, {"n1": ["x"]})
+    ev["allocations"][0]["devices"][0] = {"index": 3, "uuid": None, "mig_instance_id": None}
+    t.apply("n1", ev)
+    t.apply("n1", job_event("SUSPENDED", "J1", T0 + 10 * S))
+    resumed = job_event("RESUMED", "J1", T0 + 30 * S, {"n1": ["x"]})
+    resumed["allocations"] = ev["allocations"]
+    t.apply("n1", resumed)
+    owners = owners_by_second(t.intervals("n1"), T0)
+    assert len(owners["c1/J1"]) == 10 + 30
+    assert t.owner_at("n1", "GPU-Z", 3, None, T0 + 5 * S) is not None  # matched by index
+    assert t.owner_at("n1", "GPU-Z", 2, None, T0 + 5 * S) is None
+
+
+def test_duplicate_and_stale_events_are_ignored() -> None:
+    t = AllocationTable()
+    start = job_event("STARTED", "J1", T0, {"n1": ["GPU-A"]})
+    assert t.apply("n1", start)
+    assert not t.apply("n1", start)  # re-published by the re-keying stage after a crash
+    t.apply("n1", job_event("ENDED", "J1", T0 + 60 * S))
+    t.prune(T0 + 120 * S)
+    assert len(t) == 0 and t.forgotten("c1/J1")
+    assert not t.apply("n1", start)  # a late duplicate of a finished job does not reopen it
+    assert len(t) == 0
+
+
+def test_double_booked_second_goes_to_the_later_allocation() -> None:
+    t = AllocationTable()
+    t.apply("n1", job_event("STARTED", "J1", T0, {"n1": ["GPU-A"]}))  # its end was never seen
+    t.apply("n1", job_event("STARTED", "J2", T0 + 30 * S, {"n1": ["GPU-A"]}))
+    owners = owners_by_second(t.intervals("n1"), T0)
+    assert len(owners["c1/J1"]) == 30 and len(owners["c1/J2"]) == 30
+
+
+def test_job_stage_counts_devices_per_minute_across_nodes() -> None:
+    t = AllocationTable()
+    t.apply_all(job_event("STARTED", "G", T0 + 30 * S, {"n1": ["A", "B"], "n2": ["C"]}))
+    t.apply_all(job_event("ENDED", "G", T0 + 90 * S))  # no allocations listed: closes every node
+    assert t.expected_devices("c1/G", T0 - 60 * S) == 0
+    assert t.expected_devices("c1/G", T0) == 3
+    assert t.expected_devices("c1/G", T0 + 60 * S) == 3
+    assert t.expected_devices("c1/G", T0 + 120 * S) == 0
+    assert t.job_last_end_ms("c1/G") == T0 + 90 * S

@@ -1,0 +1,164 @@
+"""Worked ledger: a few devices, jobs and seconds, every class asserted to the second (classifier c1)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from processors.classify import JobMinuteClass, classify_job_minute
+from processors.config import IdlePolicy, ProcessorSettings
+from processors.pipeline import PipelineResult, run_in_memory
+from processors.testing import T0, device, inventory, job_event, scrape
+from schemas.codec import AvroCodec
+from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key
+
+S = 1000
+
+
+def _samples(second: int) -> list[tuple[str, dict[str, Any]]]:
+    """Per node, what the exporter reports at run second `second` (0..179)."""
+    m = second // 60
+    n1 = [
+        device("GPU-A", 0, sm=0.9, fb_mib=30000),  # J1 holds it over [10 s, 130 s): active
+        device("GPU-B", 1, util_pct=0.0, fb_mib=2000),  # J2 (gang part 1): idle, via the gpu_util fallback
+        # J4, a poker: 2 s at 1.0 every few minutes, else 0 with memory loaded -> idle (mean 0.033)
+        device("GPU-E", 2, sm=1.0 if second in (0, 1) else 0.0, fb_mib=4000),
+    ]
+    n2 = [
+        # J3 starved: low real activity with memory loaded
+        device("GPU-D", 1, sm=0.1 if m == 0 else 0.2, fb_mib=8192),
+    ]
+    if m == 0:
+        n2.append(device("GPU-C", 0, sm=0.5, fb_mib=9000))  # J2 (gang part 2) busy in minute 0
+    elif m == 2:
+        # minute 1: no sample at all (dark); minute 2: 10 s with no activity metric (dark), then idle
+        n2.append(device("GPU-C", 0, sm=None if second < 130 else 0.0, fb_mib=9000))
+    # GPU-F (n2) never reports: J5 is dark all along.
+    return [("n1", scrape("n1", T0 + second * S, n1)), ("n2", scrape("n2", T0 + second * S, n2))]
+
+
+def records() -> list[tuple[Any, bytes, dict[str, Any]]]:
+    out: list[tuple[Any, bytes, dict[str, Any]]] = [
+        (INVENTORY, node_key("c1", "n1"), inventory("n1", ["GPU-A", "GPU-B", "GPU-E"])),
+        (INVENTORY, node_key("c1", "n2"), inventory("n2", ["GPU-C", "GPU-D", "GPU-F"])),
+    ]
+    starts = {
+        0: [
+            job_event("STARTED", "J2", T0, {"n1": ["GPU-B"], "n2": ["GPU-C"]}, interactive=True),
+            job_event("STARTED", "J3", T0, {"n2": ["GPU-D"]}),
+            job_event("STARTED", "J4", T0, {"n1": ["GPU-E"]}),
+            job_event("STARTED", "J5", T0, {"n2": ["GPU-F"]}),
+        ],
+        10: [job_event("STARTED", "J1", T0 + 10 * S, {"n1": ["GPU-A"]})],
+        120: [job_event("ENDED", "J3", T0 + 120 * S, {"n2": ["GPU-D"]})],
+        130: [job_event("ENDED", "J1", T0 + 130 * S)],  # no allocations listed: closes what J1 holds
+    }
+    for second in range(180):
+        for ev in starts.get(second, ()):
+            out.append((JOB_EVENTS, job_key("c1", ev["job_id"]), ev))
+        for node, rec in _samples(second):
+            out.append((DEVICE_SAMPLES, node_key("c1", node), rec))
+        if second == 30:  # a second sample of the same second counts once
+            dup = scrape("n1", T0 + 30_500, [device("GPU-A", 0, sm=0.0, fb_mib=0)])
+            out.append((DEVICE_SAMPLES, node_key("c1", "n1"), dup))
+    for jid in ("J2", "J4", "J5"):
+        ev = job_event("ENDED", jid, T0 + 180 * S)
+        out.append((JOB_EVENTS, job_key("c1", jid), ev))
+    return out
+
+
+EXPECTED = {
+    "J1": {"allocated_s": 120, "active_s": 120, "starved_s": 0, "idle_s": 0, "dark_s": 0},
+    "J2": {"allocated_s": 360, "active_s": 60, "starved_s": 0, "idle_s": 230, "dark_s": 70},
+    "J3": {"allocated_s": 120, "active_s": 0, "starved_s": 120, "idle_s": 0, "dark_s": 0},
+    "J4": {"allocated_s": 180, "active_s": 0, "starved_s": 0, "idle_s": 180, "dark_s": 0},
+    "J5": {"allocated_s": 180, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 180},
+}
+
+
+def settings() -> ProcessorSettings:
+    idle = IdlePolicy(idle_after_min_interactive=2, idle_after_min_batch=2, grace_min=1)
+    return ProcessorSettings(idle=idle, coverage_timeout_ms=60_000)
+
+
+@pytest.fixture(scope="module")
+def result() -> PipelineResult:
+    return run_in_memory(records(), settings())
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 4])
+def test_job_ledger_to_the_second(partitions: int) -> None:
+    assert run_in_memory(records(), settings(), partitions).ledger() == EXPECTED
+
+
+def test_unallocated_seconds_and_effective_seconds(result: PipelineResult) -> None:
+    free = [r for r in result.device_minutes if r["job_id"] is None]
+    per_device: Counter[str] = Counter()
+    for r in free:
+        per_device[r["device_uuid"]] += r["unallocated_s"]
+    assert per_device == {"GPU-A": 10 + 50, "GPU-D": 60}  # before/after J1; after J3 ended
+    assert all(r["allocated_s"] == 0 for r in free)
+    j1 = [r for r in result.device_minutes if r["job_id"] == "J1"]
+    assert sum(r["sm_weighted_s"] for r in j1) == pytest.approx(0.9 * 120)
+    j4 = [r for r in result.device_minutes if r["job_id"] == "J4"]
+    assert sum(r["sm_weighted_s"] for r in j4) == pytest.approx(2.0)
+
+
+def test_rows_are_additive_and_stamped(result: PipelineResult) -> None:
+    for r in result.device_minutes + result.job_minutes:
+        assert r["allocated_s"] == r["active_s"] + r["starved_s"] + r["idle_s"] + r["dark_s"]
+        assert r["classifier_version"] == "c1"
+    for r in result.device_minutes:
+        if r["sample_count"]:
+            assert r["mapping_version"] == "dcgm-3.x/1"
+    codec = AvroCodec()
+    for r in result.device_minutes:
+        codec.encode("usage.device-minutes", r)
+    for r in result.job_minutes:
+        codec.encode("usage.job-minutes", r)
+    for r in result.coverage_minutes:
+        codec.encode("usage.coverage-minutes", r)
+    for a in result.alerts:
+        codec.encode("alerts", a)
+    for a in result.actions:
+        codec.encode("actions.reclaim", a)
+
+
+def test_gang_minute_with_one_busy_device_is_not_idle(result: PipelineResult) -> None:
+    j2 = sorted((r for r in result.job_minutes if r["job_id"] == "J2"), key=lambda r: r["minute_start_ms"])
+    classes = [classify_job_minute(r["active_s"], r["starved_s"], r["idle_s"]) for r in j2]
+    assert classes == [JobMinuteClass.BUSY, JobMinuteClass.IDLE, JobMinuteClass.IDLE]
+    assert [r["device_count"] for r in j2] == [2, 2, 2]
+
+
+def test_dark_is_never_idle(result: PipelineResult) -> None:
+    j5 = [r for r in result.job_minutes if r["job_id"] == "J5"]
+    assert len(j5) == 3 and all(r["idle_s"] == 0 and r["dark_s"] == 60 for r in j5)
+    assert not [a for a in result.alerts if a["job_id"] == "J5"]
+
+
+def test_idle_alerts_poker_caught_starved_spared(result: PipelineResult) -> None:
+    kinds = Counter((a["job_id"], a["kind"]) for a in result.alerts if a["job_id"])
+    assert kinds[("J4", "IDLE_WARNING")] == 1  # the poker does not escape
+    assert kinds[("J4", "RECLAIM_NOTICE")] == 1
+    assert kinds[("J2", "IDLE_WARNING")] == 1  # gang idle in minutes 1 and 2
+    assert not [k for k in kinds if k[0] in ("J1", "J3", "J5")]  # active, starved, dark: never warned
+    (action,) = result.actions
+    assert action["job_id"] == "J4" and action["dry_run"] is True and action["action"] == "CANCEL"
+    assert action["device_uuids"] == ["GPU-E"]
+    warn = next(a for a in result.alerts if a["kind"] == "IDLE_WARNING" and a["job_id"] == "J4")
+    assert warn["ts_ms"] == T0 + 120 * S and warn["action_at_ms"] == T0 + 180 * S
+    assert warn["idle_minutes"] == 2 and warn["cost_so_far"] is None and warn["appeal_route"]
+
+
+def test_coverage_minutes_and_gap(result: PipelineResult) -> None:
+    cov = {(c["node"], (c["minute_start_ms"] - T0) // 60_000): c for c in result.coverage_minutes}
+    assert cov[("n2", 1)]["expected_devices"] == 3
+    assert cov[("n2", 1)]["reporting_devices"] == 1  # GPU-C silent in minute 1, GPU-F always
+    assert cov[("n2", 1)]["reporting_device_s"] == 60
+    assert cov[("n1", 0)]["reporting_device_s"] == 180
+    gaps = [a for a in result.alerts if a["kind"] == "COVERAGE_GAP"]
+    assert {tuple(a["device_uuids"]) for a in gaps} == {("GPU-F",), ("GPU-C",)}
+    assert [a for a in result.alerts if a["kind"] == "COVERAGE_RECOVERED"][0]["device_uuids"] == ["GPU-C"]
