@@ -77,10 +77,10 @@ def job_event(
     team: str = "vision",
 ) -> dict[str, Any]:
     """A JobEvent; `allocations` maps node -> device UUIDs held there."""
-    allocs = [
-        {"node": node, "devices": [{"index": None, "uuid": u, "mig_instance_id": None, "mig_profile": None} for u in uuids]}
-        for node, uuids in (allocations or {}).items()
-    ]
+    def held(uuid: str) -> dict[str, Any]:
+        return {"index": None, "uuid": uuid, "mig_instance_id": None, "mig_profile": None}
+
+    allocs = [{"node": node, "devices": [held(u) for u in us]} for node, us in (allocations or {}).items()]
     return {
         "event_id": f"{cluster}/{job_id}/{kind}/{ts_ms}",
         "event_type": kind,

@@ -161,4 +161,4 @@ def test_coverage_minutes_and_gap(result: PipelineResult) -> None:
     assert cov[("n1", 0)]["reporting_device_s"] == 180
     gaps = [a for a in result.alerts if a["kind"] == "COVERAGE_GAP"]
     assert {tuple(a["device_uuids"]) for a in gaps} == {("GPU-F",), ("GPU-C",)}
-    assert [a for a in result.alerts if a["kind"] == "COVERAGE_RECOVERED"][0]["device_uuids"] == ["GPU-C"]
+    assert next(a for a in result.alerts if a["kind"] == "COVERAGE_RECOVERED")["device_uuids"] == ["GPU-C"]
