@@ -137,12 +137,11 @@ def migrate(
     from clickhouse_connect.driver.exceptions import DatabaseError
 
     database = check_identifier(ch.database)
+    client.database = ""  # the ledger database may not exist yet
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
     client.database = database  # unqualified names in the migrations land in the ledger database
     client.command(MIGRATIONS_TABLE_DDL.replace("schema_migrations", f"{database}.schema_migrations"))
-    rows = client.query(
-        f"SELECT version, checksum, status FROM {database}.schema_migrations FINAL"
-    ).result_rows
+    rows = client.query(f"SELECT version, checksum, status FROM {database}.schema_migrations FINAL").result_rows
     done = {int(v): (c, s) for v, c, s in rows}
     results = []
     for mig in load_migrations():
