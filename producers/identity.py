@@ -7,7 +7,7 @@ The snapshot is embedded in the STARTED event, so a later reorganisation never r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +23,7 @@ class DirectoryEntry:
     teams: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     cost_centre: str | None = None
+    primary_team: str | None = None  # the team usage is reported under; default: the first team
 
 
 class IdentitySource(Protocol):
@@ -56,6 +57,7 @@ def directory_from_data(data: Any, where: str = "directory") -> dict[str, Direct
             teams=tuple(str(t) for t in entry.get("teams") or ()),
             groups=tuple(str(g) for g in entry.get("groups") or ()),
             cost_centre=str(entry["cost_centre"]) if entry.get("cost_centre") is not None else None,
+            primary_team=str(entry["primary_team"]) if entry.get("primary_team") is not None else None,
         )
     return out
 
@@ -89,14 +91,25 @@ class FileDirectory:
 
 
 def snapshot(
-    source: IdentitySource | None, user: str, ts_ms: int, project_cost_centre: str | None = None
+    source: IdentitySource | None,
+    user: str,
+    ts_ms: int,
+    project_cost_centre: str | None = None,
+    projects: Callable[[str, frozenset[str]], list[str]] | None = None,
 ) -> dict[str, Any]:
-    """The `IdentitySnapshot` record: project cost centre first, then the user's own."""
+    """The `IdentitySnapshot` record: project cost centre first, then the user's own.
+
+    `projects(user, teams)` lists the projects the user belongs to (from the registry), recorded as of now.
+    """
     entry = source.lookup(user) if source is not None else None
+    teams = list(entry.teams) if entry else []
+    primary = (entry.primary_team if entry else None) or (teams[0] if teams else None)
     return {
         "user": user,
-        "teams": list(entry.teams) if entry else [],
+        "teams": teams,
         "groups": list(entry.groups) if entry else [],
+        "projects": projects(user, frozenset(teams)) if projects is not None else [],
+        "primary_team": primary,
         "cost_centre": project_cost_centre or (entry.cost_centre if entry else None),
         "snapshot_ts_ms": ts_ms,
     }

@@ -42,23 +42,35 @@ class HeldDevices:
     indices: tuple[int, ...] = ()
     uuids: tuple[str, ...] = ()  # known UUIDs (Kubernetes), aligned with indices when both are known
     mig_instance_ids: tuple[int | None, ...] = ()
+    mig_profiles: tuple[str | None, ...] = ()  # e.g. 1g.10gb per device; a single entry applies to all
 
 
 def allocation_records(cluster: str, held: Iterable[HeldDevices], devmap: DeviceMap | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for h in held:
         devices: list[dict[str, Any]] = []
+
+        def mig(i: int, h: HeldDevices = h) -> tuple[int | None, str | None]:
+            inst = h.mig_instance_ids[i] if i < len(h.mig_instance_ids) else None
+            if len(h.mig_profiles) == 1:
+                return inst, h.mig_profiles[0]
+            return inst, h.mig_profiles[i] if i < len(h.mig_profiles) else None
+
         if h.indices:
             for i, idx in enumerate(h.indices):
                 uuid = h.uuids[i] if i < len(h.uuids) else None
                 if uuid is None and devmap is not None:
                     uuid = devmap.lookup(cluster, h.node, idx)
-                mig = h.mig_instance_ids[i] if i < len(h.mig_instance_ids) else None
-                devices.append({"index": idx, "uuid": uuid, "mig_instance_id": mig})
+                inst, profile = mig(i)
+                devices.append({"index": idx, "uuid": uuid, "mig_instance_id": inst, "mig_profile": profile})
         elif h.uuids:
-            devices = [{"index": None, "uuid": u, "mig_instance_id": None} for u in h.uuids]
+            for i, u in enumerate(h.uuids):
+                inst, profile = mig(i)
+                devices.append({"index": None, "uuid": u, "mig_instance_id": inst, "mig_profile": profile})
         else:
-            devices = [{"index": None, "uuid": None, "mig_instance_id": None} for _ in range(h.count)]
+            for i in range(h.count):
+                inst, profile = mig(i)
+                devices.append({"index": None, "uuid": None, "mig_instance_id": inst, "mig_profile": profile})
         if devices:
             out.append({"node": h.node, "devices": devices})
     return out
@@ -101,7 +113,10 @@ def job_event(
         raise ValueError(f"unknown event type {event_type!r}")
     identity = None
     if event_type == "STARTED":
-        identity = snapshot(ctx.identity, user, ts_ms, attribution.cost_centre)
+        registry = ctx.attributor.registry if ctx.attributor is not None else None
+        identity = snapshot(
+            ctx.identity, user, ts_ms, attribution.cost_centre, registry.projects_of if registry is not None else None
+        )
     allocations = allocation_records(ctx.cluster, held, ctx.devices) if event_type in WITH_ALLOCATIONS else []
     gang_size = fields.pop("gang_size", None)
     record: dict[str, Any] = {

@@ -108,6 +108,7 @@ class PodDevice:
     uuid: str
     index: int | None = None
     mig_instance_id: int | None = None
+    mig_profile: str | None = None
 
 
 class PodDeviceSource(Protocol):
@@ -132,7 +133,8 @@ class DcgmPodLabels:
                 continue
             gpu = labels.get("gpu", "")
             mig = labels.get("GPU_I_ID", "")
-            dev = PodDevice(uuid, int(gpu) if gpu.isdigit() else None, int(mig) if mig.isdigit() else None)
+            dev = PodDevice(uuid, int(gpu) if gpu.isdigit() else None, int(mig) if mig.isdigit() else None,
+                            labels.get("GPU_I_PROFILE") or None)
             self._by_pod.setdefault((host, ns, pod), {})[(uuid, dev.mig_instance_id)] = dev
 
     def pod_devices(self, node: str, namespace: str, pod: str) -> list[PodDevice] | None:
@@ -265,8 +267,12 @@ class KubeTracker:
             if len(indices) != len(devs):
                 indices = ()
             return [HeldDevices(node, len(devs), indices, tuple(d.uuid for d in devs),
-                                tuple(d.mig_instance_id for d in devs))], True
-        return [HeldDevices(node, req.devices)], False
+                                tuple(d.mig_instance_id for d in devs), tuple(d.mig_profile for d in devs))], True
+        profiles: tuple[str | None, ...] = ()
+        if req.mig:  # whole GPUs first, then each MIG slice with its profile from the resource name
+            profiles = (None,) * req.gpus + tuple(
+                k[len(MIG_PREFIX):] for k, n in sorted(req.mig.items()) for _ in range(n))
+        return [HeldDevices(node, req.devices, mig_profiles=profiles)], False
 
     def _pod_event(self, pod: Mapping[str, Any], etype: str, ts: int, req: GpuRequest, held: list[HeldDevices],
                    **fields: Any) -> dict[str, Any]:

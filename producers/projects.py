@@ -54,6 +54,12 @@ class Registry:
     def default_for(self, user: str) -> str | None:
         return self.user_defaults.get(user)
 
+    def projects_of(self, user: str, teams: frozenset[str] = frozenset()) -> list[str]:
+        """Active projects that name the user (or one of their teams) as a member; open projects excluded."""
+        return sorted(
+            p.id for p in self.projects.values() if p.active and (p.members or p.teams) and p.admits(user, teams)
+        )
+
     def active_ids(self) -> list[str]:
         return sorted(p.id for p in self.projects.values() if p.active)
 

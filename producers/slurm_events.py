@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from producers.jobevents import EventContext, HeldDevices, job_event
@@ -11,8 +12,22 @@ from producers.slurm import SlurmJob
 _TRUE = frozenset({"1", "yes", "true", "on", "y"})
 
 
+_MIG_TYPE = re.compile(r"(\d+g\.\d+gb)$")
+
+
+def mig_profile(gpu_type: str | None) -> str | None:
+    """`1g.10gb` / `nvidia_a100_3g.20gb` (Slurm's MIG gres types) -> the MIG profile; whole GPUs -> None."""
+    m = _MIG_TYPE.search(gpu_type or "")
+    return m.group(1) if m else None
+
+
 def held_devices(job: SlurmJob) -> list[HeldDevices]:
-    return [HeldDevices(g.node, g.count, g.indices) for g in job.gpus if g.count or g.indices]
+    out = []
+    for g in job.gpus:
+        if g.count or g.indices:
+            profile = mig_profile(g.gpu_type)
+            out.append(HeldDevices(g.node, g.count, g.indices, mig_profiles=(profile,) if profile else ()))
+    return out
 
 
 def slurm_attribution(job: SlurmJob, ctx: EventContext) -> Attribution:

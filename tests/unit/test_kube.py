@@ -188,7 +188,7 @@ def test_watch_streams_through_the_official_client():
     started = pod[1]
     assert started["scheduler"] == "KUEUE" and started["gang_id"] == WL_GANG
     assert started["allocations"] == [{"node": NODE, "devices": [{"index": None, "uuid": None,
-                                                                   "mig_instance_id": None}]}]
+                                                                   "mig_instance_id": None, "mig_profile": None}]}]
     assert (started["user"], started["project"], started["project_source"], started["project_validation"]) == (
         "alice", "atlas", "EXPLICIT", "VALID")
     assert started["identity"]["cost_centre"] == "CC-1" and started["partition"] == "dws-jobs"
@@ -235,8 +235,9 @@ def test_device_uuids_from_dcgm_exporter_pod_labels():
     pod["spec"]["nodeName"] = "gpu-node-1"
     tracker = KubeTracker(EventContext("aicr"), labels)
     _submitted, started = tracker.on_pod("ADDED", pod, 1)
-    assert started["allocations"] == [{"node": "gpu-node-1", "devices": [
-        {"index": 0, "uuid": "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", "mig_instance_id": None}]}]
+    dev = {"index": 0, "uuid": "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", "mig_instance_id": None,
+           "mig_profile": None}
+    assert started["allocations"] == [{"node": "gpu-node-1", "devices": [dev]}]
 
 
 def test_uuids_learned_after_start_give_an_update():
@@ -261,6 +262,14 @@ def test_uuids_learned_after_start_give_an_update():
 def test_gpu_request(resources, gpus, mig):
     req = gpu_request({"containers": [{"name": "c", "resources": resources}]})
     assert (req.gpus, dict(req.mig)) == (gpus, mig)
+
+
+def test_mig_pod_records_the_profile():
+    pod = copy.deepcopy(_pod_lifecycle()[1][1])
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.5gb": "2"}}
+    _, started = KubeTracker(EventContext("c")).on_pod("ADDED", pod, 1)
+    assert [(d["mig_profile"], d["index"]) for d in started["allocations"][0]["devices"]] == [
+        ("1g.5gb", None), ("1g.5gb", None)]
 
 
 def test_jobset_and_volcano_gangs_from_pod_metadata():

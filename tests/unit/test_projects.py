@@ -92,7 +92,8 @@ def test_identity_snapshot_from_file(tmp_path):
     src = FileDirectory(d)
     snap = snapshot(src, "alice", 1000, project_cost_centre=None)
     assert snap == {"user": "alice", "teams": ["physics"], "groups": ["hpc-users"], "cost_centre": "CC-7",
-                    "snapshot_ts_ms": 1000}
+                    "snapshot_ts_ms": 1000, "projects": [], "primary_team": "physics"}
+    assert snapshot(src, "alice", 1, projects=REG.projects_of)["projects"] == ["atlas"]
     assert snapshot(src, "alice", 1000, "CC-100")["cost_centre"] == "CC-100"  # project's centre wins
     # a reorganisation changes the file: later snapshots change, the one already taken does not
     d.write_text("users:\n  alice:\n    teams: [chemistry]\n")

@@ -96,9 +96,9 @@ def test_drain_publishes_then_deletes(tmp_path):
     assert (start["event_type"], start["ts_ms"], start["job_id"], start["user"]) == (
         "STARTED", 1762529652000, "4242", "alice")
     assert start["allocations"] == [{"node": "gpu1", "devices": [
-        {"index": 0, "uuid": None, "mig_instance_id": None},
-        {"index": 2, "uuid": "GPU-two", "mig_instance_id": None},
-        {"index": 3, "uuid": None, "mig_instance_id": None}]}]
+        {"index": 0, "uuid": None, "mig_instance_id": None, "mig_profile": None},
+        {"index": 2, "uuid": "GPU-two", "mig_instance_id": None, "mig_profile": None},
+        {"index": 3, "uuid": None, "mig_instance_id": None, "mig_profile": None}]}]
     assert (end["event_type"], end["exit_state"], end["exit_code"]) == ("ENDED", "FAILED", 1)
     assert list(spool.glob("*.json")) == []
     assert (spool / "bad" / "junk.json").exists() and (spool / "bad" / "junk.json.reason").exists()
@@ -157,7 +157,7 @@ def test_jobcomp_parse_and_events_join_with_start():
     # start seen with indices (e.g. from the poller): ENDED only, same id as the poller's ENDED
     starts = StartIndex()
     starts.observe({"event_type": "STARTED", "cluster": "hpc", "job_id": "9", "allocations": [
-        {"node": "gpu1", "devices": [{"index": i, "uuid": None, "mig_instance_id": None} for i in range(4)]}]})
+        {"node": "gpu1", "devices": [{"index": i, "uuid": None, "mig_instance_id": None, "mig_profile": None} for i in range(4)]}]})
     (ended,) = jobcomp_events(JOBCOMP_2311, ctx, starts)
     assert ended["event_type"] == "ENDED" and ended["exit_state"] == "COMPLETED"
 

@@ -134,7 +134,7 @@ def test_poll_loop_with_job_that_starts_and_ends_between_polls(fake_slurm):
     events = {(r["job_id"], r["event_type"]): r for _, _, r in sink.records}
     started9 = events[("9", "STARTED")]
     assert started9["allocations"] == [
-        {"node": "gpu1", "devices": [{"index": i, "uuid": f"GPU-gpu1-{i}", "mig_instance_id": None} for i in range(4)]}
+        {"node": "gpu1", "devices": [{"index": i, "uuid": f"GPU-gpu1-{i}", "mig_instance_id": None, "mig_profile": None} for i in range(4)]}
     ]
     assert started9["identity"]["user"] == "dperez" and started9["gang_size"] == 4
     ended9 = events[("9", "ENDED")]
@@ -168,7 +168,7 @@ def test_indices_from_scontrol_when_the_listing_lacks_gres_detail(fake_slurm):
     block = SCONTROL.read_text().strip().split("\n\n")[-1]
     (fake_slurm / "scontrol-9.out").write_text(block.replace("JobId=25687666", "JobId=9").replace("node-001", "gpu1"))
     (ev,) = SlurmPoller(_ctx(), ListSink(), clock=lambda: 1762529700000).poll_once()
-    dev = {"index": 1, "uuid": "GPU-gpu1-1", "mig_instance_id": None}
+    dev = {"index": 1, "uuid": "GPU-gpu1-1", "mig_instance_id": None, "mig_profile": None}
     assert ev["allocations"] == [{"node": "gpu1", "devices": [dev]}]
     assert "scontrol show job -d 9" in (fake_slurm / "calls.log").read_text()
 
