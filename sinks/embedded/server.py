@@ -17,6 +17,8 @@ import base64
 import contextlib
 import email.parser
 import email.policy
+import errno
+import fcntl
 import hmac
 import json
 import logging
@@ -641,19 +643,53 @@ class _Handler(BaseHTTPRequestHandler):
     # -- inserts -------------------------------------------------------------------------------
 
     def _insert(self, lease: Lease, parsed: Parsed, binds: dict[str, str], query_id: str, tz: str) -> None:
+        """Feed the body to `INSERT ... FROM INFILE` through a named pipe, so receiving overlaps ingesting.
+
+        The engine reads the pipe like a spooled file (and so reports constraint and view failures).
+        If the body fails (too large, cut off, undecodable) the pipe gets bytes no format parses, so the
+        statement fails instead of committing a truncated insert; if the engine fails first, the rest
+        of the body is dropped and the engine's error is the answer.
+        """
         app = self.server.app
         assert parsed.insert is not None and app.spool_dir is not None
-        fd, spool = tempfile.mkstemp(prefix="insert-", suffix=".data", dir=app.spool_dir)
+        fifo = app.spool_dir / f"insert-{uuid.uuid4().hex}.pipe"
+        os.mkfifo(fifo, 0o600)
+        result: dict[str, Any] = {}
+        statement = parsed.insert.from_infile(str(fifo))
+
+        def ingest() -> None:
+            try:
+                result["outcome"] = lease.handle.execute(statement, "TabSeparated", binds)
+            except BaseException as exc:  # handed to the request thread
+                result["error"] = exc
+
+        engine_thread = threading.Thread(target=ingest, name=f"insert-{query_id}", daemon=True)
+        engine_thread.start()
+        body_error: BaseException | None = None
         try:
-            with os.fdopen(fd, "wb", buffering=0) as out:
-                if parsed.data_head:
-                    out.write(parsed.data_head)
-                for chunk in parsed.data_rest or ():
-                    out.write(chunk)
-            outcome = lease.handle.execute(parsed.insert.from_infile(spool), "TabSeparated", binds)
+            fd = _open_pipe_writer(fifo, engine_thread)
+            if fd is not None:
+                try:
+                    _write_all(fd, parsed.data_head)
+                    for chunk in parsed.data_rest or ():
+                        _write_all(fd, chunk)
+                except BrokenPipeError:
+                    pass  # the engine stopped reading: its error is the answer
+                except BaseException as exc:
+                    body_error = exc
+                    with contextlib.suppress(OSError):
+                        _write_all(fd, b"\xff" * 4096)  # poison: no format parses this
+                finally:
+                    os.close(fd)
+            engine_thread.join()
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(spool)
+                os.unlink(fifo)
+        if body_error is not None:
+            raise body_error
+        if "error" in result:
+            raise result["error"]
+        outcome: Outcome = result["outcome"]
         headers = self._common_headers(query_id, tz)
         headers["X-ClickHouse-Summary"] = json.dumps(outcome.summary())
         headers["Content-Type"] = "text/plain; charset=UTF-8"
@@ -802,6 +838,31 @@ class _Handler(BaseHTTPRequestHandler):
         }
         with contextlib.suppress(OSError):
             self._send(http_status(exc.code), headers, message)
+
+
+def _open_pipe_writer(fifo: Path, reader: threading.Thread) -> int | None:
+    """Open the write end once the engine has opened the read end; None if the engine gave up first."""
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            if not reader.is_alive():
+                return None
+            time.sleep(0.0005)
+            continue
+        os.set_blocking(fd, True)
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+        return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
 
 def _text(data: bytes) -> str:

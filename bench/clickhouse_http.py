@@ -1,0 +1,141 @@
+"""Embedded ClickHouse over HTTP vs chDB in-process: insert rate and per-query latency.
+
+    .venv/bin/python bench/clickhouse_http.py [--rows 1000000] [--repeat 200]
+
+Starts `python -m sinks.embedded clickhouse serve` on a free loopback port with a temporary data
+path, loads the same 10-column table through clickhouse-connect (HTTP, lz4 and uncompressed) and
+through chDB in this process (`INSERT ... SELECT * FROM Python(df)`), then times `SELECT 1` and a
+GROUP BY both ways. "Added" is the HTTP median minus the in-process median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import clickhouse_connect
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+DDL = (
+    "CREATE TABLE {name} (ts DateTime, cluster LowCardinality(String), node String, gpu UInt8, job_id UInt64, "
+    "team LowCardinality(String), sm_active Float32, fb_used_mib UInt32, power_w Float32, samples UInt32) "
+    "ENGINE = MergeTree ORDER BY (cluster, node, gpu, ts)"
+)
+GROUP_BY = "SELECT team, count() AS n, avg(sm_active) AS sm, sum(power_w) AS w FROM {name} GROUP BY team ORDER BY team"
+
+
+def frame(rows: int) -> pd.DataFrame:
+    rng = np.random.default_rng(7)
+    nodes = np.array([f"node-{i:04d}" for i in range(512)])
+    teams = np.array([f"team-{i:02d}" for i in range(24)])
+    return pd.DataFrame(
+        {
+            "ts": pd.to_datetime(1_700_000_000 + np.arange(rows) // 64, unit="s"),
+            "cluster": np.where(np.arange(rows) % 2 == 0, "east", "west"),
+            "node": nodes[rng.integers(0, len(nodes), rows)],
+            "gpu": rng.integers(0, 8, rows).astype(np.uint8),
+            "job_id": rng.integers(1, 50_000, rows).astype(np.uint64),
+            "team": teams[rng.integers(0, len(teams), rows)],
+            "sm_active": rng.random(rows).astype(np.float32),
+            "fb_used_mib": rng.integers(0, 81_920, rows).astype(np.uint32),
+            "power_w": (rng.random(rows) * 700).astype(np.float32),
+            "samples": np.full(rows, 60, dtype=np.uint32),
+        }
+    )
+
+
+def start_server(path: Path, password: str) -> tuple[subprocess.Popen[str], str, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update(
+        GPULEDGER_CONFIG=str(path / "none.toml"),
+        GPULEDGER_STATE_DIR=str(path / "state"),
+        GPULEDGER_CLICKHOUSE__PASSWORD=password,
+        GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD=secrets.token_hex(8),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(path / "http"), "--port", "0"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    match = re.search(r"listening on http://(\S+):(\d+)", proc.stdout.readline())
+    if match is None:
+        proc.kill()
+        raise SystemExit("the embedded ClickHouse did not start")
+    return proc, match.group(1), int(match.group(2))
+
+
+def median_ms(fn: object, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()  # type: ignore[operator]
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=200, help="runs of SELECT 1 (GROUP BY runs a tenth)")
+    args = parser.parse_args()
+    df = frame(args.rows)
+    work = Path(tempfile.mkdtemp(prefix="gpuledger-bench-ch-"))
+    password = secrets.token_hex(12)
+    proc, host, port = start_server(work, password)
+    try:
+        results: dict[str, float] = {}
+        for compress in ("lz4", False):
+            client = clickhouse_connect.get_client(host=host, port=port, username="gpuledger", password=password,
+                                                   compress=compress)
+            name = f"http_{compress or 'none'}"
+            client.command(DDL.format(name=name))
+            started = time.perf_counter()
+            client.insert_df(name, df)
+            results[f"insert {name}"] = args.rows / (time.perf_counter() - started)
+            assert client.command(f"SELECT count() FROM {name}") == args.rows
+            client.close()
+
+        client = clickhouse_connect.get_client(host=host, port=port, username="gpuledger", password=password)
+        http_select1 = median_ms(lambda: client.query("SELECT 1"), args.repeat)
+        http_group = median_ms(lambda: client.query(GROUP_BY.format(name="http_lz4")), max(5, args.repeat // 10))
+        client.close()
+
+        import chdb
+
+        conn = chdb.connect(str(work / "direct"))
+        conn.query(DDL.format(name="direct"))
+        started = time.perf_counter()
+        conn.query("INSERT INTO direct SELECT * FROM Python(df)")
+        results["insert chdb in-process"] = args.rows / (time.perf_counter() - started)
+        direct_select1 = median_ms(lambda: conn.query("SELECT 1", "Native"), args.repeat)
+        direct_group = median_ms(lambda: conn.query(GROUP_BY.format(name="direct"), "Native"), max(5, args.repeat // 10))
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+    print(f"rows: {args.rows:,} x 10 columns; cpus: {os.cpu_count()}")
+    for label, rate in results.items():
+        print(f"{label:<28} {rate / 1e6:6.2f} M rows/s")
+    print(f"{'SELECT 1':<28} http {http_select1:6.2f} ms  in-process {direct_select1:6.2f} ms  "
+          f"added {http_select1 - direct_select1:5.2f} ms")
+    print(f"{'GROUP BY team (1M rows)':<28} http {http_group:6.2f} ms  in-process {direct_group:6.2f} ms  "
+          f"added {http_group - direct_group:5.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
