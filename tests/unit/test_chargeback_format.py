@@ -1,0 +1,42 @@
+"""Report arguments and output formats (no services)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+from gpuledger.errors import ConfigError
+from sinks import chargeback as cb
+
+
+@pytest.mark.parametrize("period", ["2026-13", "2026-1", "26-11", "2026-11-01", "'; DROP", ""])
+def test_bad_periods(period: str) -> None:
+    with pytest.raises(ConfigError, match="YYYY-MM"):
+        cb.check_period(period)
+
+
+def test_good_period_and_by() -> None:
+    assert cb.check_period("2026-11") == "2026-11"
+    assert [cb.check_by(b) for b in cb.BY_CHOICES] == list(cb.BY_CHOICES)
+    with pytest.raises(ConfigError, match="--by"):
+        cb.check_by("galaxy")
+
+
+def test_csv_and_json_keep_decimals_exact() -> None:
+    rows = [{"line": "vision", "charge": Decimal("24.02"), "utilisation_pct": 81.4, "jobs": 4}]
+    assert cb.to_csv(rows) == "line,charge,utilisation_pct,jobs\nvision,24.02,81.4,4\n"
+    assert json.loads(cb.to_json(rows)) == [{"line": "vision", "charge": "24.02", "utilisation_pct": 81.4, "jobs": 4}]
+
+
+def test_pure_core_imports_no_clients() -> None:
+    code = (
+        "import sys, sinks.ratecard, sinks.rows, sinks.chat, sinks.reclaim;"
+        "bad = [m for m in ('clickhouse_connect', 'confluent_kafka', 'faust') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,92 @@
+"""Chat alerts: routing, templates with evidence and appeal route, dedupe, rate limit, masking."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from gpuledger.settings import ChatRoute, ChatSettings
+from sinks.chat import ChatNotifier, Deduper, RateLimiter, mask_url, render, resolve
+
+SECRET = "https://hooks.slack.com/services/T000/B000/XXXXSECRETXXXX"
+
+
+def chat(**kw: Any) -> ChatSettings:
+    return ChatSettings(
+        users={"alice": ChatRoute(url="json://127.0.0.1:9/alice", channel="@alice")},
+        teams={"vision": ChatRoute(url=SECRET, channel="#vision-gpu")},
+        default=ChatRoute(url="json://127.0.0.1:9/default"),
+        **kw,
+    )
+
+
+def alert(**kw: Any) -> dict[str, Any]:
+    return {
+        "alert_id": "a1", "kind": "IDLE_WARNING", "ts_ms": 1_795_000_000_000, "cluster": "c1", "job_id": "123",
+        "node": "n1", "device_uuids": ["GPU-1", "GPU-2"], "user": "bob", "team": "vision", "project": "p1",
+        "idle_minutes": 45, "cost_so_far": 3.456, "action": "SUSPEND", "action_at_ms": 1_795_000_900_000,
+        "dry_run": False, "message": "2 GPUs idle for 45 min", "appeal_route": None, **kw,
+    }  # fmt: skip
+
+
+def test_routing_prefers_user_then_team_then_default() -> None:
+    c = chat()
+    assert resolve(alert(user="alice"), c).channel == "@alice"  # type: ignore[union-attr]
+    assert resolve(alert(), c).channel == "#vision-gpu"  # type: ignore[union-attr]
+    d = resolve(alert(user="zed", team="other"), c)
+    assert d is not None and d.kind == "default" and d.channel == "#gpu-alerts"
+    assert resolve(alert(user="zed", team="other"), ChatSettings()) is None
+
+
+def test_template_carries_evidence_next_step_and_appeal() -> None:
+    c = chat()
+    title, body = render(alert(), resolve(alert(), c), "ask #platform")  # type: ignore[arg-type]
+    assert "job 123 on c1" in title
+    for needle in ("channel: #vision-gpu", "GPU-1, GPU-2", "idle for 45 min", "$3.46", "next: SUSPEND at",
+                   "2026-11-18", "appeal: ask #platform", "2 GPUs idle for 45 min"):  # fmt: skip
+        assert needle in body, needle
+    _, dry = render(alert(dry_run=True, appeal_route="file RITM"), resolve(alert(), c), "x")  # type: ignore[arg-type]
+    assert "dry-run" in dry and "appeal: file RITM" in dry
+
+
+def test_dedupe_and_rate_limit() -> None:
+    d = Deduper(2)
+    assert d.first_time("a") and not d.first_time("a") and d.first_time("b") and d.first_time("c")
+    assert d.first_time("a")  # forgotten after the window
+    r = RateLimiter(2)
+    assert r.allow("x", 0) and r.allow("x", 1000) and not r.allow("x", 59_000) and r.allow("y", 59_000)
+    assert r.allow("x", 60_001)
+
+
+def test_notifier_sends_once_and_masks_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    sent: list[tuple[str, str, str]] = []
+    now = [0]
+    notifier = ChatNotifier(
+        chat(rate_limit_per_minute=1), clock_ms=lambda: now[0], sender=lambda u, t, b: sent.append((u, t, b)) or True
+    )
+    with caplog.at_level(logging.DEBUG):
+        first = notifier.handle(alert())
+        again = notifier.handle(alert())
+        limited = notifier.handle(alert(alert_id="a2"))
+    assert (first.status, again.status, limited.status) == ("sent", "duplicate", "rate-limited")
+    assert len(sent) == 1 and sent[0][0] == SECRET
+    assert "SECRET" not in caplog.text and "hooks.slack.com" not in caplog.text
+    assert first.destination == mask_url(SECRET) and "SECRET" not in first.destination
+    now[0] = 61_000
+    assert notifier.handle(alert(alert_id="a3")).status == "sent"
+    assert notifier.handle(alert(alert_id="a4", kind="IDLE_RESOLVED")).status == "skipped-kind"
+
+
+def test_dry_run_sends_nothing() -> None:
+    sent: list[Any] = []
+    notifier = ChatNotifier(chat(dry_run=True), clock_ms=lambda: 0, sender=lambda *a: sent.append(a) or True)
+    assert notifier.handle(alert()).status == "dry-run" and not sent
+
+
+def test_settings_mask_chat_urls() -> None:
+    from gpuledger.settings import Settings, SinksSettings
+
+    s = Settings(sinks=SinksSettings(chat=chat()))
+    assert "SECRET" not in str(s.masked())
