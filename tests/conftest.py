@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,7 +103,15 @@ def new_topic(
         fut = admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])[topic]
         fut.result(timeout=30)
         created.append(topic)
-        return topic
+        # Creation returns before every partition has a leader: wait so the test starts on a usable topic.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            md = admin.list_topics(topic, timeout=10).topics.get(topic)
+            ready = md is not None and md.error is None and len(md.partitions) == partitions
+            if ready and all(p.leader >= 0 for p in md.partitions.values()):
+                return topic
+            time.sleep(0.1)
+        raise TimeoutError(f"topic {topic} has no leader for every partition after 30 s")
 
     yield make
     if created:

@@ -7,10 +7,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gpuledger import broker
@@ -90,7 +91,21 @@ def test_up_status_down_leaves_no_process(tmp_path, unique_topic):
         del producer
         group = f"g-{topic}"
         consumer = Consumer({**conf, "group.id": group})
-        consumer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+        deadline = time.monotonic() + 60
+        while True:  # the first commit on a new broker meets the offsets topic still being created
+            try:
+                consumer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+                break
+            except KafkaException as exc:
+                err = exc.args[0]
+                coordinator_busy = err.code() in (
+                    KafkaError.NOT_COORDINATOR,
+                    KafkaError.COORDINATOR_NOT_AVAILABLE,
+                    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                )
+                if not (coordinator_busy or err.retriable()) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         consumer.close()
         del admin
         rc, st = _status(state, env)
