@@ -156,8 +156,9 @@ def test_jobcomp_parse_and_events_join_with_start():
     assert [d["index"] for d in evs[0]["allocations"][0]["devices"]] == [None] * 4
     # start seen with indices (e.g. from the poller): ENDED only, same id as the poller's ENDED
     starts = StartIndex()
-    starts.observe({"event_type": "STARTED", "cluster": "hpc", "job_id": "9", "allocations": [
-        {"node": "gpu1", "devices": [{"index": i, "uuid": None, "mig_instance_id": None, "mig_profile": None} for i in range(4)]}]})
+    devices = [{"index": i, "uuid": None, "mig_instance_id": None, "mig_profile": None} for i in range(4)]
+    starts.observe({"event_type": "STARTED", "cluster": "hpc", "job_id": "9",
+                    "allocations": [{"node": "gpu1", "devices": devices}]})
     (ended,) = jobcomp_events(JOBCOMP_2311, ctx, starts)
     assert ended["event_type"] == "ENDED" and ended["exit_state"] == "COMPLETED"
 

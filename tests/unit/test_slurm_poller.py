@@ -133,9 +133,8 @@ def test_poll_loop_with_job_that_starts_and_ends_between_polls(fake_slurm):
 
     events = {(r["job_id"], r["event_type"]): r for _, _, r in sink.records}
     started9 = events[("9", "STARTED")]
-    assert started9["allocations"] == [
-        {"node": "gpu1", "devices": [{"index": i, "uuid": f"GPU-gpu1-{i}", "mig_instance_id": None, "mig_profile": None} for i in range(4)]}
-    ]
+    devices = [{"index": i, "uuid": f"GPU-gpu1-{i}", "mig_instance_id": None, "mig_profile": None} for i in range(4)]
+    assert started9["allocations"] == [{"node": "gpu1", "devices": devices}]
     assert started9["identity"]["user"] == "dperez" and started9["gang_size"] == 4
     ended9 = events[("9", "ENDED")]
     assert (ended9["exit_state"], ended9["end_ts_ms"], ended9["start_ts_ms"]) == (
