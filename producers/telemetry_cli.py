@@ -130,6 +130,7 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
 
     register_producers(app)
+    register_sources(app)
 
     simulate_app = typer.Typer(
         help="A simulated GPU cluster: job events, telemetry, inventory, expected ledger.", no_args_is_help=True
@@ -271,3 +272,104 @@ def register_producers(app: typer.Typer) -> None:
             f"dcgm: {stats.ok} scrapes, {stats.failed} failed, {stats.records} records, "
             f"{stats.missed_ticks} missed ticks, unknown metrics {dict(scraper.normalizer.unknown_counts)}"
         )
+
+
+def register_sources(app: typer.Typer) -> None:
+    """`gpuledger nvsmi run` and `gpuledger inventory publish|show`."""
+    nvsmi_app = typer.Typer(help="nvidia-smi as a telemetry source (nodes without DCGM).", no_args_is_help=True)
+    app.add_typer(nvsmi_app, name="nvsmi")
+
+    @nvsmi_app.command("run")
+    def nvsmi_run(
+        node: str = typer.Option(..., "--node", help="Node name to publish under."),
+        source: str | None = typer.Option(
+            None, "--file", help="Read captured output from a file (- for stdin) instead of running nvidia-smi."
+        ),
+        fields: str | None = typer.Option(None, "--fields", help="Query fields, for noheader output."),
+        state_dir: Path | None = STATE_DIR_OPTION,
+    ) -> None:
+        """Publish telemetry.device-samples records from `nvidia-smi --query-gpu ... --format=csv -l 1`."""
+        import shutil
+        import subprocess
+
+        from gpuledger.kafka import RecordPublisher
+        from producers.nvsmi import COMMAND, NvsmiReader
+        from schemas.topics import DEVICE_SAMPLES, node_key
+
+        settings = _settings(state_dir)
+        publisher = RecordPublisher(settings.kafka)
+        reader = NvsmiReader(
+            cluster=settings.cluster,
+            node=node,
+            fields=fields.split(",") if fields else None,
+            clock_ms=lambda: time.time() * 1000,
+        )
+        key = node_key(settings.cluster, node)
+        count = 0
+
+        def emit(records: list[dict[str, Any]]) -> None:
+            nonlocal count
+            for rec in records:
+                publisher.publish(DEVICE_SAMPLES, key, rec)
+                count += 1
+
+        if source is not None:
+            stream = sys.stdin if source == "-" else Path(source).open(encoding="utf-8")  # noqa: SIM115
+            with stream:
+                for line in stream:
+                    emit(reader.feed(line))
+        else:
+            if shutil.which(COMMAND[0]) is None:
+                raise ConfigError("nvidia-smi is not on PATH (give --file to read captured output)")
+            with subprocess.Popen(COMMAND, stdout=subprocess.PIPE, text=True) as proc:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    emit(reader.feed(line))
+        emit(reader.flush())
+        publisher.flush()
+        typer.echo(f"nvsmi: {count} records published for {node}")
+
+    inventory_app = typer.Typer(help="Expected devices per node (inventory.devices).", no_args_is_help=True)
+    app.add_typer(inventory_app, name="inventory")
+
+    def _inventory(kind: str, source: str, cluster: str) -> list[Any]:
+        from producers.inventory import inventory_records
+
+        text = _read_source(source, 10.0)
+        return inventory_records(kind, text, cluster, int(time.time() * 1000))
+
+    kind_option = typer.Option(
+        ...,
+        "--from",
+        help="slurm (scontrol show node / sinfo --json / slurmrestd), "
+        "kubernetes (kubectl get nodes -o json) or static (YAML).",
+    )
+
+    @inventory_app.command("show")
+    def inventory_show(
+        source: str = typer.Argument(..., help="File, http(s) URL or - for stdin."),
+        kind: str = kind_option,
+        cluster: str | None = typer.Option(None, "--cluster"),
+        state_dir: Path | None = STATE_DIR_OPTION,
+    ) -> None:
+        """Print the inventory records a source yields, as JSON."""
+        recs = _inventory(kind, source, cluster or _settings(state_dir).cluster)
+        typer.echo(json.dumps([r for _, _, r in recs], indent=2))
+
+    @inventory_app.command("publish")
+    def inventory_publish(
+        source: str = typer.Argument(..., help="File, http(s) URL or - for stdin."),
+        kind: str = kind_option,
+        cluster: str | None = typer.Option(None, "--cluster"),
+        state_dir: Path | None = STATE_DIR_OPTION,
+    ) -> None:
+        """Publish one inventory record per node to the compacted inventory topic."""
+        from gpuledger.kafka import RecordPublisher
+
+        settings = _settings(state_dir)
+        recs = _inventory(kind, source, cluster or settings.cluster)
+        publisher = RecordPublisher(settings.kafka)
+        for topic, key, rec in recs:
+            publisher.publish(topic, key, rec)
+        publisher.flush()
+        typer.echo(f"inventory: {len(recs)} nodes published")
