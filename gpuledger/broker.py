@@ -157,7 +157,7 @@ def ensure_jars(
 
 
 def classpath(libs: Path) -> str:
-    return os.pathsep.join(str(p) for p in sorted(libs.glob("*.jar")))
+    return str(libs / "*")  # the JVM expands it to every jar in the directory
 
 
 # ---------------------------------------------------------------------------------------------
