@@ -95,7 +95,7 @@ class LedgerSink:
         idle_since = time.monotonic()
         try:
             while not should_stop():
-                if self.step():
+                if self.step() or not self._consumer.assignment():  # joining the group is not idling
                     idle_since = time.monotonic()
                 elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                     break

@@ -30,12 +30,14 @@ def consume_records(
     max_idle_s: float | None = None,
 ) -> int:
     codec = AvroCodec.from_settings(settings.kafka)
-    consumer = Consumer({
-        **settings.kafka.client_config(),
-        "group.id": group_id,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-    })
+    consumer = Consumer(
+        {
+            **settings.kafka.client_config(),
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe([settings.kafka.topic(topic.name)])
     handled = 0
     idle_since = time.monotonic()
@@ -43,7 +45,9 @@ def consume_records(
         while not should_stop():
             messages = consumer.consume(num_messages=500, timeout=0.5)
             if not messages:
-                if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                if not consumer.assignment():  # still joining the group: not idle yet
+                    idle_since = time.monotonic()
+                elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                     break
                 continue
             idle_since = time.monotonic()

@@ -82,7 +82,7 @@ def test_live_checkpoint_then_requeue_runs_the_commands(fake_slurm: Path) -> Non
     out = ex.execute(action("CHECKPOINT_THEN_REQUEUE"))
     assert [o.status for o in out] == ["ok", "ok", "ok"] and slept == [90]
     assert fake_slurm.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeue 4242"]
-    assert [(o.step, o.command) for o in rec.outcomes][0] == (1, "scancel --signal=USR1 --full 4242")
+    assert (rec.outcomes[0].step, rec.outcomes[0].command) == (1, "scancel --signal=USR1 --full 4242")
 
 
 def test_a_failed_step_stops_the_action(fake_slurm: Path) -> None:

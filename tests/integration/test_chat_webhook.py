@@ -1,0 +1,70 @@
+"""An alert on Kafka reaches the local webhook receiver through apprise, routed to the team's
+channel, with its evidence and appeal route; a redelivered alert is not posted twice."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from fixtures_clickhouse import wait_for
+
+from gpuledger.kafka import RecordPublisher
+from gpuledger.settings import ChatRoute, ChatSettings, KafkaSettings, Settings, SinksSettings
+from schemas.topics import ALERTS, job_key
+from sinks.chat import ChatNotifier, WebhookReceiver
+from sinks.streams import consume_records
+
+pytestmark = pytest.mark.integration
+
+
+def test_alert_arrives_on_the_local_webhook_routed_with_evidence(kafka_bootstrap: str) -> None:
+    receiver = WebhookReceiver(port=0).start()
+    try:
+        prefix = f"c{uuid.uuid4().hex[:8]}."
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        admin.create_topics([NewTopic(prefix + ALERTS.name, 1, 1)])[prefix + ALERTS.name].result(timeout=30)
+        base = f"json://127.0.0.1:{receiver.port}"
+        chat = ChatSettings(
+            users={"alice": ChatRoute(url=f"{base}/dm/alice", channel="@alice")},
+            teams={"vision": ChatRoute(url=f"{base}/vision-gpu", channel="#vision-gpu")},
+            default=ChatRoute(url=f"{base}/gpu-alerts"),
+        )
+        settings = Settings(
+            kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix),
+            sinks=SinksSettings(chat=chat),
+        )
+        alert: dict[str, Any] = {
+            "alert_id": "idle-c1-88-1", "kind": "IDLE_WARNING", "ts_ms": 1_795_000_000_000, "cluster": "c1",
+            "job_id": "88", "node": "gpu-n07", "device_uuids": ["GPU-aa11", "GPU-bb22"], "user": "bob",
+            "team": "vision", "project": "p-vision", "idle_minutes": 40, "cost_so_far": 2.17,
+            "action": "CHECKPOINT_THEN_REQUEUE", "action_at_ms": 1_795_000_900_000, "dry_run": False,
+            "message": "Job 88 has held 2 GPUs idle for 40 minutes.",
+            "appeal_route": "reply here or open PLAT ticket", "emitted_ts_ms": None,
+        }  # fmt: skip
+        pub = RecordPublisher(settings.kafka)
+        pub.publish(ALERTS, job_key("c1", "88"), alert)
+        pub.publish(ALERTS, job_key("c1", "88"), alert)  # redelivered
+        pub.publish(ALERTS, job_key("c1", "7"), {**alert, "alert_id": "idle-c1-7-1", "user": "alice", "job_id": "7"})
+        pub.flush()
+
+        notifier = ChatNotifier(settings.sinks.chat, clock_ms=lambda: 0)
+        statuses: list[str] = []
+        handled = consume_records(
+            settings, ALERTS, "chat-test", lambda r: statuses.append(notifier.handle(r).status), lambda: False, 3.0
+        )
+        assert handled == 3 and statuses == ["sent", "duplicate", "sent"]
+        assert wait_for(lambda: len(receiver.received) == 2, timeout_s=10)
+    finally:
+        receiver.stop()
+
+    by_path = {item["path"]: item["body"] for item in receiver.received}
+    team_post = by_path["/vision-gpu"]
+    assert "job 88 on c1" in team_post["title"]
+    body = team_post["message"]
+    for needle in ("channel: #vision-gpu", "GPU-aa11, GPU-bb22", "idle for 40 min", "$2.17",
+                   "next: CHECKPOINT_THEN_REQUEUE", "appeal: reply here or open PLAT ticket",
+                   "owner: user bob, team vision, project p-vision"):  # fmt: skip
+        assert needle in body, needle
+    assert "channel: @alice" in by_path["/dm/alice"]["message"]
