@@ -48,7 +48,7 @@ class RecordPublisher:
         topic_name: str,
         key: bytes | None,
         value: bytes | None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
         while True:
             try:
