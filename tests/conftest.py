@@ -53,7 +53,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield external
         return
     if _docker_engine_available():
-        from testcontainers.kafka import KafkaContainer
+        from testcontainers.community.kafka import KafkaContainer
 
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
