@@ -78,6 +78,12 @@ def start_server(path: Path, password: str) -> tuple[subprocess.Popen[str], str,
     return proc, match.group(1), int(match.group(2))
 
 
+def cpu_s(pid: int) -> float:
+    """User+system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def median_ms(fn: object, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -98,14 +104,17 @@ def main() -> None:
     proc, host, port = start_server(work, password)
     try:
         results: dict[str, float] = {}
+        cpu: dict[str, tuple[float, float]] = {}
         for compress in ("lz4", False):
-            client = clickhouse_connect.get_client(host=host, port=port, username="gpuledger", password=password,
-                                                   compress=compress)
+            client = clickhouse_connect.get_client(
+                host=host, port=port, username="gpuledger", password=password, compress=compress
+            )
             name = f"http_{compress or 'none'}"
             client.command(DDL.format(name=name))
-            started = time.perf_counter()
+            started, cpu_client, cpu_server = time.perf_counter(), time.process_time(), cpu_s(proc.pid)
             client.insert_df(name, df)
             results[f"insert {name}"] = args.rows / (time.perf_counter() - started)
+            cpu[f"insert {name}"] = (time.process_time() - cpu_client, cpu_s(proc.pid) - cpu_server)
             assert client.command(f"SELECT count() FROM {name}") == args.rows
             client.close()
 
@@ -118,23 +127,34 @@ def main() -> None:
 
         conn = chdb.connect(str(work / "direct"))
         conn.query(DDL.format(name="direct"))
-        started = time.perf_counter()
+        started, cpu_self = time.perf_counter(), time.process_time()
         conn.query("INSERT INTO direct SELECT * FROM Python(df)")
         results["insert chdb in-process"] = args.rows / (time.perf_counter() - started)
+        cpu["insert chdb in-process"] = (time.process_time() - cpu_self, 0.0)
         direct_select1 = median_ms(lambda: conn.query("SELECT 1", "Native"), args.repeat)
-        direct_group = median_ms(lambda: conn.query(GROUP_BY.format(name="direct"), "Native"), max(5, args.repeat // 10))
+        direct_group = median_ms(
+            lambda: conn.query(GROUP_BY.format(name="direct"), "Native"), max(5, args.repeat // 10)
+        )
         conn.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
 
-    print(f"rows: {args.rows:,} x 10 columns; cpus: {os.cpu_count()}")
+    print(f"rows: {args.rows:,} x 10 columns; cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}")
     for label, rate in results.items():
-        print(f"{label:<28} {rate / 1e6:6.2f} M rows/s")
-    print(f"{'SELECT 1':<28} http {http_select1:6.2f} ms  in-process {direct_select1:6.2f} ms  "
-          f"added {http_select1 - direct_select1:5.2f} ms")
-    print(f"{'GROUP BY team (1M rows)':<28} http {http_group:6.2f} ms  in-process {direct_group:6.2f} ms  "
-          f"added {http_group - direct_group:5.2f} ms")
+        client_cpu, server_cpu = cpu[label]
+        print(
+            f"{label:<28} {rate / 1e6:6.2f} M rows/s wall   CPU s: client {client_cpu:5.2f} "
+            f"server {server_cpu:5.2f}  ({args.rows / (client_cpu + server_cpu) / 1e6:5.2f} M rows per CPU s)"
+        )
+    print(
+        f"{'SELECT 1':<28} http {http_select1:6.2f} ms  in-process {direct_select1:6.2f} ms  "
+        f"added {http_select1 - direct_select1:5.2f} ms"
+    )
+    print(
+        f"{'GROUP BY team (1M rows)':<28} http {http_group:6.2f} ms  in-process {direct_group:6.2f} ms  "
+        f"added {http_group - direct_group:5.2f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -113,6 +114,7 @@ _STATUS_BY_CODE = {
     48: 501,  # NOT_IMPLEMENTED
 }
 _NEVER = (429, 503, 504)  # clients retry these; a query error must not invite a retry
+_SECRET_PARAM = re.compile(r"((?:password|X-ClickHouse-Key)=)[^&\s'\"]*", re.IGNORECASE)
 
 
 def http_status(code: int) -> int:
@@ -480,7 +482,8 @@ class _Handler(BaseHTTPRequestHandler):
             super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http: " + format, *args)
+        # The request line can carry `?password=`: scrub it before anything reaches a log.
+        log.debug("http: %s", _SECRET_PARAM.sub(r"\1***", format % args))
 
     def do_GET(self) -> None:
         self._serve("GET")
@@ -681,7 +684,11 @@ class _Handler(BaseHTTPRequestHandler):
                         _write_all(fd, b"\xff" * 4096)  # poison: no format parses this
                 finally:
                     os.close(fd)
+            received = time.perf_counter()
             engine_thread.join()
+            log.debug(
+                "insert %s: body in, engine done %.1f ms later", query_id, (time.perf_counter() - received) * 1e3
+            )
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(fifo)

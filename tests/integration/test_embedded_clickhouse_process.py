@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -142,6 +143,12 @@ def test_body_limit_and_secret_free_logs(tmp_path: Path) -> None:
         with pytest.raises(DatabaseError):
             server.client(password="not-" + server.password)
         client.close()
+        # credentials in the URL work, and stay out of the log even in a malformed request line
+        url_auth = f"{server.url}/?user={server.user}&password={server.password}&query=SELECT+5"
+        assert subprocess.run(["curl", "-sS", url_auth], capture_output=True, text=True, timeout=30).stdout == "5\n"
+        with socket.create_connection((server.host, server.port), timeout=10) as raw:
+            raw.sendall(f"GET /?password={server.analyst_password} HTTP/1.1 junk\r\n\r\n".encode())
+            assert b"400" in raw.recv(4096)
     finally:
         assert stop_server(server) == 0
     log = server.log()
