@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
+from functools import lru_cache
 from typing import Any
 
 from gpuledger.errors import ParseError
@@ -147,6 +148,7 @@ class SlurmNode:
 # Small grammars: hostlists, index ranges, gres strings
 
 
+@lru_cache(maxsize=8192)
 def expand_hostlist(expr: str | None) -> tuple[str, ...]:
     """`gpu[1-2],cn[01-03,07]-ib` -> ('gpu1', 'gpu2', 'cn01-ib', ...). Empty/`(null)`/`None assigned` -> ()."""
     if not expr:
@@ -228,6 +230,7 @@ class GresItem:
     indices: tuple[int, ...]
 
 
+@lru_cache(maxsize=8192)
 def parse_gres(text: str | None) -> tuple[GresItem, ...]:
     """Parse a gres string: `gpu:h100:4(IDX:0-3)`, `gpu(IDX:0,2-3,5)`, `gg:g0(CNT:1),gpu:1(IDX:3)`, `gpu:4`."""
     if not text:
