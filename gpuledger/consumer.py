@@ -3,8 +3,9 @@
 Any consumer (processors, sinks, tools) uses one of two entry points:
 
 - `decode_or_dead_letter(msg, codec, publisher)` for a consumer loop it owns (faust agents build a
-  `SourceRecord` from the event's message): returns the decoded record dict, or None after
-  publishing the record to the dead-letter topic;
+  `SourceRecord` from the event's message; `publisher` is a `RecordPublisher` or anything with its
+  `publish_raw`): returns the decoded record dict, or None after producing the record to the
+  dead-letter topic (`dead_letter_message` builds that message without producing it);
 - `ContractConsumer`, a confluent-kafka consumer that does the above for a batch and commits
   offsets only after the dead letters are delivered.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpuledger.errors import ContractError, ServiceError
 from gpuledger.kafka import RecordPublisher
@@ -95,18 +96,43 @@ def expected_subject(topic_name: str, prefix: str = "") -> str | None:
     return topic.subject if topic is not None else None
 
 
-def dead_letter(
+MAX_HEADER_MESSAGE = 1000
+MAX_ENVELOPE_MESSAGE = 4000
+
+Headers = list[tuple[str, str | bytes | None]]
+
+
+class DeadLetterSink(Protocol):
+    """Where dead letters are produced: a `RecordPublisher`, or a faust/aiokafka adapter with this method."""
+
+    def publish_raw(
+        self, topic_name: str, key: bytes | None, value: bytes | None, headers: Headers | None = None
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterMessage:
+    """The message to produce for one dead letter."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: Headers
+
+
+def dead_letter_message(
     source: SourceRecord,
     error: ContractError,
-    publisher: RecordPublisher,
+    codec: AvroCodec,
     *,
     subject: str | None = None,
-    clock: Clock = wall_clock_ms,
-) -> None:
-    """Publish `source` to `<source.topic>.dlq` with the reason (envelope and headers)."""
+    now_ms: int,
+) -> DeadLetterMessage:
+    """The DeadLetter envelope and headers for `source` (pure: produce it however the caller produces)."""
     fingerprint = getattr(error, "fingerprint", None)
     if fingerprint is None and source.value is not None:
         fingerprint = AvroCodec.writer_fingerprint(source.value)
+    message = str(error)
     envelope = {
         "source_topic": source.topic,
         "source_partition": source.partition,
@@ -114,59 +140,78 @@ def dead_letter(
         "key": source.key,
         "value": source.value,
         "error_class": type(error).__name__,
-        "error_message": str(error),
+        "error_message": message[:MAX_ENVELOPE_MESSAGE],
         "schema_fingerprint": fingerprint,
-        "ts_ms": clock(),
+        "ts_ms": now_ms,
         "source_subject": subject,
         "source_timestamp_ms": source.timestamp_ms,
     }
-    headers: list[tuple[str, str | bytes | None]] = [
+    headers: Headers = [
         (HEADER_ERROR_CLASS, type(error).__name__.encode()),
-        (HEADER_ERROR_MESSAGE, str(error).encode()),
+        (HEADER_ERROR_MESSAGE, message[:MAX_HEADER_MESSAGE].encode()),
         (HEADER_SOURCE_TOPIC, source.topic.encode()),
         (HEADER_SOURCE_PARTITION, str(source.partition).encode()),
         (HEADER_SOURCE_OFFSET, str(source.offset).encode()),
         (HEADER_SCHEMA_FINGERPRINT, (fingerprint or "").encode()),
     ]
-    value = publisher.codec.encode(DEADLETTER_SUBJECT, envelope)
-    publisher.publish_raw(source.topic + DLQ_SUFFIX, source.key, value, headers)
+    value = codec.encode(DEADLETTER_SUBJECT, envelope)
+    return DeadLetterMessage(source.topic + DLQ_SUFFIX, source.key, value, headers)
+
+
+def dead_letter(
+    source: SourceRecord,
+    error: ContractError,
+    codec: AvroCodec,
+    sink: DeadLetterSink,
+    *,
+    subject: str | None = None,
+    clock: Clock = wall_clock_ms,
+) -> None:
+    """Produce `source` to `<source.topic>.dlq` with the reason (envelope and headers)."""
+    out = dead_letter_message(source, error, codec, subject=subject, now_ms=clock())
+    sink.publish_raw(out.topic, out.key, out.value, out.headers)
 
 
 def decode_or_dead_letter(
     msg: Any,
     codec: AvroCodec,
-    publisher: RecordPublisher,
+    publisher: DeadLetterSink,
     *,
     subject: str | None = None,
+    topic_prefix: str | None = None,
     validate: bool = True,
     clock: Clock = wall_clock_ms,
 ) -> dict[str, Any] | None:
     """The decoded (and, with `validate`, model-checked) record of `msg`, or None once it is dead-lettered.
 
-    `msg` is a confluent-kafka `Message` or a `SourceRecord`. `subject` defaults to the subject the
-    topic carries per the catalogue (prefix taken from the publisher's settings); a record of
+    `msg` is a confluent-kafka `Message` or a `SourceRecord`; `publisher` a `RecordPublisher` (or any
+    `DeadLetterSink`). `subject` defaults to the subject the topic carries per the catalogue, with
+    `topic_prefix` (default: the publisher's settings) stripped from the topic name; a record of
     another subject is a dead letter. Raises `ServiceError` only for infrastructure failures.
     """
-    decoded = _decode_or_dead_letter(SourceRecord.of(msg), codec, publisher, subject, validate, clock)
+    if topic_prefix is None:
+        topic_prefix = str(getattr(getattr(publisher, "kafka", None), "topic_prefix", ""))
+    decoded = _decode_or_dead_letter(SourceRecord.of(msg), codec, publisher, subject, topic_prefix, validate, clock)
     return decoded.record if decoded is not None else None
 
 
 def _decode_or_dead_letter(
     source: SourceRecord,
     codec: AvroCodec,
-    publisher: RecordPublisher,
+    sink: DeadLetterSink,
     subject: str | None,
+    topic_prefix: str,
     validate: bool,
     clock: Clock,
 ) -> Decoded | None:
     if subject is None:
-        subject = expected_subject(source.topic, publisher.kafka.topic_prefix)
+        subject = expected_subject(source.topic, topic_prefix)
     try:
         decoded = codec.decode(source.value or b"", expected_subject=subject)
         if validate:
             validate_record(decoded.subject, decoded.record)
     except ContractError as exc:
-        dead_letter(source, exc, publisher, subject=subject, clock=clock)
+        dead_letter(source, exc, codec, sink, subject=subject, clock=clock)
         return None
     return decoded
 
@@ -225,7 +270,9 @@ class ContractConsumer:
                     raise ServiceError(f"Kafka consumer failed: {err.str()}")
                 continue  # end of partition, transient client errors: librdkafka retries on its own
             source = SourceRecord.of(msg)
-            decoded = _decode_or_dead_letter(source, self.codec, self.publisher, None, self._validate, self._clock)
+            decoded = _decode_or_dead_letter(
+                source, self.codec, self.publisher, None, self._kafka.topic_prefix, self._validate, self._clock
+            )
             if decoded is None:
                 self.dead_lettered += 1
                 continue

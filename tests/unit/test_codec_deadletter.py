@@ -122,3 +122,29 @@ def test_dead_letters_use_the_registry_framing_when_configured():
     assert decode_or_dead_letter(_msg(b"bad"), codec, publisher) is None
     assert publisher.sent[0][2][:1] == b"\x00"
     assert codec.decode(publisher.sent[0][2]).subject == "deadletter"
+
+
+def test_dead_letter_message_is_pure_and_truncates_long_reasons():
+    from gpuledger.consumer import HEADER_ERROR_MESSAGE, MAX_HEADER_MESSAGE, dead_letter_message
+    from schemas.codec import InvalidRecord
+
+    error = InvalidRecord("x" * 10_000, "crc64:00")
+    out = dead_letter_message(_msg(b"v"), error, CODEC, subject="telemetry.device-samples", now_ms=7)
+    assert out.topic == "p.telemetry.device-samples.v1.dlq" and out.key == b"c1/n1"
+    assert len(dict(out.headers)[HEADER_ERROR_MESSAGE]) == MAX_HEADER_MESSAGE
+    envelope = CODEC.decode(out.value).record
+    assert envelope["schema_fingerprint"] == "crc64:00" and envelope["ts_ms"] == 7
+
+
+def test_prefix_can_be_given_without_settings():
+    class Sink:
+        def __init__(self) -> None:
+            self.topics: list[str] = []
+
+        def publish_raw(self, topic_name: str, key: Any, value: Any, headers: Any = None) -> None:
+            self.topics.append(topic_name)
+
+    sink = Sink()
+    data = CODEC.encode("alerts", {"alert_id": "a", "kind": "IDLE_WARNING", "ts_ms": 1, "cluster": "c", "message": "m"})
+    assert decode_or_dead_letter(_msg(data), CODEC, sink, topic_prefix="p.") is None  # wrong subject
+    assert sink.topics == ["p.telemetry.device-samples.v1.dlq"]
