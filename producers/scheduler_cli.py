@@ -195,14 +195,15 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     ) -> None:
         """Print the normalized job events a captured Slurm output yields (nothing is published)."""
         from producers.slurm import parse_capture
-        from producers.slurm_events import lifecycle_events
+        from producers.slurm_events import het_gang_sizes, lifecycle_events
 
         settings = _settings(state_dir)
         ctx = _context(settings, _sched(settings), cluster=cluster)
         capture = parse_capture(file.read_text(encoding="utf-8"), _tz(tz))
+        het = het_gang_sizes(capture.jobs)
         events = [
             ev for job in capture.jobs if (job.gpu_count or job.gpus or not gpu_only)
-            for ev in lifecycle_events(job, ctx)
+            for ev in lifecycle_events(job, ctx, het.get(job.het_job_id or ""))
         ]
         if as_json:
             for ev in events:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from producers.jobevents import EventContext, HeldDevices, job_event
@@ -40,8 +41,23 @@ def slurm_attribution(job: SlurmJob, ctx: EventContext) -> Attribution:
     return ctx.attributor.resolve_slurm(job.user, job.wckey, job.comment, job.account, teams)
 
 
+def het_gang_sizes(jobs: Iterable[SlurmJob]) -> dict[str, int]:
+    """Devices of each heterogeneous job, over all its components (a het job is one gang)."""
+    out: dict[str, int] = {}
+    for j in jobs:
+        if j.het_job_id:
+            out[j.het_job_id] = out.get(j.het_job_id, 0) + (j.gpu_count or sum(g.count for g in j.gpus))
+    return out
+
+
 def slurm_event(
-    job: SlurmJob, event_type: str, ts_ms: int, ctx: EventContext, *, id_extra: tuple[str, ...] = ()
+    job: SlurmJob,
+    event_type: str,
+    ts_ms: int,
+    ctx: EventContext,
+    *,
+    id_extra: tuple[str, ...] = (),
+    gang_size: int | None = None,
 ) -> dict[str, Any]:
     comment = parse_comment_pairs(job.comment)
     exit_state = job.state if event_type == "ENDED" else None
@@ -57,7 +73,7 @@ def slurm_event(
         attribution=slurm_attribution(job, ctx),
         held=held_devices(job),
         id_extra=id_extra,
-        gang_size=job.gpu_count or sum(g.count for g in job.gpus),
+        gang_size=gang_size or job.gpu_count or sum(g.count for g in job.gpus),
         array_job_id=job.array_job_id,
         array_task_id=job.array_task_id,
         het_job_id=job.het_job_id,
@@ -79,19 +95,23 @@ def slurm_event(
     )
 
 
-def lifecycle_events(job: SlurmJob, ctx: EventContext) -> list[dict[str, Any]]:
+def lifecycle_events(job: SlurmJob, ctx: EventContext, gang_size: int | None = None) -> list[dict[str, Any]]:
     """Every event one record alone implies (for `inspect` and first sight): SUBMITTED/STARTED/ENDED..."""
+
+    def ev(etype: str, ts: int) -> dict[str, Any]:
+        return slurm_event(job, etype, ts, ctx, gang_size=gang_size)
+
     out: list[dict[str, Any]] = []
     if job.state == "PENDING" or (job.submit_ms is not None and job.start_ms is None and not job.terminal):
         if job.submit_ms is not None:
-            out.append(slurm_event(job, "SUBMITTED", job.submit_ms, ctx))
+            out.append(ev("SUBMITTED", job.submit_ms))
         return out
     if job.start_ms is not None:
-        out.append(slurm_event(job, "STARTED", job.start_ms, ctx))
+        out.append(ev("STARTED", job.start_ms))
     if job.state == "SUSPENDED":
-        out.append(slurm_event(job, "SUSPENDED", job.suspend_ms or job.start_ms or 0, ctx))
+        out.append(ev("SUSPENDED", job.suspend_ms or job.start_ms or 0))
     if job.state == "REQUEUED" and job.end_ms is not None:
-        out.append(slurm_event(job, "REQUEUED", job.end_ms, ctx))
+        out.append(ev("REQUEUED", job.end_ms))
     if job.terminal and job.end_ms is not None:
-        out.append(slurm_event(job, "ENDED", job.end_ms, ctx))
+        out.append(ev("ENDED", job.end_ms))
     return out

@@ -22,7 +22,7 @@ from typing import Any
 from gpuledger.errors import ParseError, ServiceError
 from producers.jobevents import EventContext, EventSink
 from producers.slurm import SlurmJob, parse_capture
-from producers.slurm_events import slurm_event
+from producers.slurm_events import het_gang_sizes, slurm_event
 from schemas.topics import JOB_EVENTS, job_key
 
 Runner = Callable[[Sequence[str]], str]
@@ -129,7 +129,7 @@ def step(
         for etype, ts in kinds:
             if etype in ("STARTED", "ENDED") and tracked is not None and etype in tracked.emitted:
                 continue
-            events.append(slurm_event(job, etype, ts, ctx))
+            events.append(slurm_event(job, etype, ts, ctx, gang_size=het_sizes.get(job.het_job_id or "")))
             if tracked is not None:
                 if etype == "REQUEUED":
                     tracked.emitted.clear()  # a requeued job starts and ends again
@@ -139,6 +139,7 @@ def step(
                 state.closed[job.job_id] = ts
 
     listed = [j for j in listing if _is_gpu(j) or not cfg.gpu_jobs_only]
+    het_sizes = het_gang_sizes(listed)
     seen_ids = set()
     for job in listed:
         seen_ids.add(job.job_id)

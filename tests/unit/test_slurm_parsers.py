@@ -213,3 +213,18 @@ def test_garbage_is_a_parse_error():
         parse_capture("hello")
     with pytest.raises(ParseError):
         parse_capture('{"jobs": [{"foo": 1}]}')
+
+
+def test_het_job_is_one_gang_over_its_components():
+    from producers.slurm_poller import PollState, step
+
+    parts = []
+    for offset, gpus in ((0, 8), (1, 4)):
+        rec = _ctld_variant("v0.0.44")
+        rec.update(job_id=100 + offset, het_job_id={"set": True, "infinite": False, "number": 100},
+                   het_job_offset={"set": True, "infinite": False, "number": offset},
+                   gres_detail=[f"gpu:h100:{gpus}(IDX:0-{gpus - 1})"], job_state=["RUNNING"])
+        parts.append(parse_ctld_job(rec))
+    events = step(PollState(), parts, [], 1762529700000, EventContext("hpc"))
+    assert [(e["job_id"], e["gang_id"], e["gang_size"], e["het_job_offset"]) for e in events] == [
+        ("100+0", "100", 12, 0), ("100+1", "100", 12, 1)]
