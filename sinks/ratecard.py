@@ -49,6 +49,21 @@ def charge_for_seconds(rate_seconds: list[tuple[int, int]]) -> Decimal:
     return (Decimal(numerator) / Decimal(3_600_000_000)).quantize(CENT, rounding=ROUND_HALF_UP)
 
 
+CENT_UNITS = 36_000_000  # one cent in (seconds x micro-dollars per hour)
+
+
+def allocate_cents(numerators: dict[str, int]) -> dict[str, Decimal]:
+    """Charges of report lines from their exact numerators (sum of seconds x micro-dollars/h), so
+    they add up to the grand total rounded half-up: each line rounded down, the leftover cents one
+    each to the largest remainders (ties by line name). The analyst view `v_chargeback` does the same."""
+    total_cents = (sum(numerators.values()) + CENT_UNITS // 2) // CENT_UNITS
+    floors = {line: num // CENT_UNITS for line, num in numerators.items()}
+    leftover = total_cents - sum(floors.values())
+    order = sorted(numerators, key=lambda line: (-(numerators[line] % CENT_UNITS), line))
+    bonus = set(order[:leftover])
+    return {line: (Decimal(floors[line] + (1 if line in bonus else 0)) / 100).quantize(CENT) for line in numerators}
+
+
 def gpu_hours(seconds: int) -> Decimal:
     return (Decimal(seconds) / SECONDS_PER_HOUR).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP)
 

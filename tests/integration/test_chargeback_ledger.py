@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 from gpuledger.settings import ClickHouseSettings
 from schemas import topics
 from sinks import chargeback as cb
-from sinks.db import connect, migrate
-from sinks.ratecard import RATE_CARD_COLUMNS, charge_for_seconds, load_card, rate_card_rows
+from sinks.db import connect, load_migrations, migrate
+from sinks.ratecard import RATE_CARD_COLUMNS, allocate_cents, charge_for_seconds, load_card, rate_card_rows
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
 
@@ -208,6 +208,11 @@ def test_worked_ledger_exact_to_the_cent_in_cli_and_views(ledger_settings: Click
         assert rate is not None and rate.micro_per_gpu_hour == micro, (job_id, day)
     vision_pairs = [(int(a), int(m)) for j, _d, _g, _t, _p, a, m in priced if JOBS[j][1] == "vision"]
     assert charge_for_seconds(vision_pairs) == Decimal("24.02")
+    # The cent allocation, recomputed in Python from the exact numerators, matches the view per user.
+    numerators: dict[str, int] = {}
+    for j, _d, _g, _t, _p, a, m in priced:
+        numerators[JOBS[j][0]] = numerators.get(JOBS[j][0], 0) + int(a) * int(m)
+    assert {k: str(v) for k, v in allocate_cents(numerators).items()} == EXPECTED["user"]
 
     # October holds j6's first ten minutes only.
     october = cb.chargeback(analyst, "2026-10", "project")
@@ -267,7 +272,7 @@ def test_migrations_are_recorded_and_idempotent(ledger_settings: ClickHouseSetti
     again = migrate(client, ledger_settings)
     assert [r.status for r in again if r.name != "analyst_role"] == ["already-applied"] * (len(again) - 1)
     versions = client.query("SELECT version, status FROM schema_migrations FINAL ORDER BY version").result_rows
-    assert [v for v, _ in versions] == [1, 2, 3, 4, 5]
+    assert [v for v, _ in versions] == [m.version for m in load_migrations()]
     ttl = client.command("SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
                          "AND name = 'raw_samples'")  # fmt: skip
     assert "toIntervalDay(14)" in str(ttl)

@@ -11,9 +11,11 @@ import pytest
 
 from gpuledger.errors import ConfigError
 from sinks.ratecard import (
+    CENT_UNITS,
     CLOUD_ON_DEMAND,
     CLOUD_SPOT,
     ONPREM,
+    allocate_cents,
     charge_for_seconds,
     gpu_hours,
     load_card,
@@ -112,3 +114,15 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
     bad.write_text("card_version = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_card(bad)
+
+
+def test_cent_allocation_adds_up_to_the_rounded_total() -> None:
+    # Three lines of exactly 1/3 cent... x 100: each exact 33.333 cents, total 100 cents.
+    third = CENT_UNITS * 100 // 3
+    got = allocate_cents({"a": third, "b": third, "c": third + 1})
+    assert sum(got.values()) == Decimal("1.00") and got["c"] == Decimal("0.34")
+    # Half-up per line would give 0.01 + 0.01 + 0.01 = 0.03 for a total of exactly 0.015 -> 0.02.
+    half = CENT_UNITS // 2
+    got = allocate_cents({"x": half, "y": half // 2, "z": half // 2})
+    assert sum(got.values()) == Decimal("0.01") and got["x"] == Decimal("0.01")
+    assert allocate_cents({}) == {}
