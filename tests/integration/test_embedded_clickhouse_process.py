@@ -302,3 +302,47 @@ def test_stream_outlives_every_other_reference_to_its_handle(tmp_path: Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("chunks ")
+
+
+def test_sessions_are_bounded(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "data", "--max-sessions", "2")
+    try:
+        clients = [server.client(session_id=f"bounded-{i}") for i in range(3)]
+        clients[0].command("CREATE TEMPORARY TABLE mine (a UInt8)")
+        clients[1].command("CREATE TEMPORARY TABLE mine (a UInt8)")
+        clients[2].command("SELECT 1")  # a third session evicts the least recently used idle one
+        assert clients[1].command("EXISTS TEMPORARY TABLE mine") == 1
+        assert clients[0].command("EXISTS TEMPORARY TABLE mine") == 0
+        # every session busy: a new one is refused with an error, never a retry status
+        slow = [threading.Thread(target=c.command, args=("SELECT sleep(2)",)) for c in clients[:2]]
+        for thread in slow:
+            thread.start()
+        time.sleep(0.5)
+        result = subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-D",
+                "-",
+                "-u",
+                f"{server.user}:{server.password}",
+                "--data-binary",
+                "SELECT 1",
+                f"{server.url}/?session_id=bounded-new",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        for thread in slow:
+            thread.join()
+        assert "X-ClickHouse-Exception-Code: 202" in result.stdout
+        assert result.stdout.strip().endswith("500")
+        for client in clients:
+            client.close()
+    finally:
+        assert stop_server(server) == 0
