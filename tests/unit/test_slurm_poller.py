@@ -219,3 +219,30 @@ def test_suspend_resume_requeue_transitions():
     for i, (cur, expected) in enumerate(seq):
         evs = step(state, [cur], [], 1762529700000 + i * 100_000, ctx)
         assert [e["event_type"] for e in evs] == [expected]
+
+
+def test_poll_command_once_dry_run_with_registry(fake_slurm, tmp_path, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from producers import scheduler_cli
+
+    (fake_slurm / "step").write_text("0")
+    (fake_slurm / "squeue-0.out").write_text(RUNNING.read_text())
+    (fake_slurm / "sacct-0.out").write_text(_sacct_doc())
+    reg = tmp_path / "projects.yaml"
+    reg.write_text("projects:\n  - id: acoustic\n    cost_centre: CC-42\n")
+    directory = tmp_path / "directory.yaml"
+    directory.write_text("users:\n  dperez:\n    teams: [sound]\n    groups: [hpc]\n")
+    monkeypatch.setenv("GPULEDGER_EXTRA", json.dumps({"scheduler": {
+        "registry": str(reg), "directory": str(directory), "project_from": ["wckey", "account"]}}))
+    monkeypatch.setenv("GPULEDGER_CLUSTER", "hpc")
+    monkeypatch.chdir(tmp_path)
+    app, inspect_app = typer.Typer(), typer.Typer()
+    scheduler_cli.register(app, inspect_app)
+    res = CliRunner().invoke(app, ["slurm", "poll", "--once", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    (ev,) = [json.loads(line) for line in res.output.splitlines()]
+    assert (ev["job_id"], ev["cluster"], ev["project"], ev["project_source"], ev["project_validation"]) == (
+        "9", "hpc", "acoustic", "EXPLICIT", "VALID")
+    assert ev["identity"]["teams"] == ["sound"] and ev["identity"]["cost_centre"] == "CC-42"
