@@ -99,7 +99,6 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
 
     def supervisor(state_dir: Path | None) -> Supervisor:
         settings = _settings(state_dir)
-        _check_broker_address(settings)
         return Supervisor(
             settings,
             command_exists=_command_exists(app),
@@ -113,6 +112,7 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     ) -> None:
         """Start the local stack in the background (broker, ClickHouse, topics, pipeline)."""
         sup = supervisor(state_dir)
+        _check_broker_address(sup.settings)
         wanted = {n.strip() for n in only.split(",") if n.strip()} if only else None
         with console.status("starting the local stack…"):
             results = sup.up(wanted)
