@@ -150,7 +150,7 @@ class DcgmScraper:
             delay = min(self.backoff_max_s, self.interval_s * (2 ** min(state.failures, 16)))
             state.retry_at = self.clock() + delay
             if state.failures == 1 or str(exc) != state.last_error:
-                log.warning("dcgm %s: %s (retry in %.0fs)", target.url, exc or type(exc).__name__, delay)
+                log.warning("dcgm %s: %s (retry in %.0fs)", target.url, str(exc) or type(exc).__name__, delay)
             state.last_error = str(exc)
             return None
         if state.failures:
