@@ -218,3 +218,27 @@ def test_write_ledger_json_and_csv(tmp_path: Any) -> None:
     assert {r["job_id"] for r in rows} == set(j["jobs"])
     for r in rows:
         assert int(r["allocated_s"]) == sum(int(r[k]) for k in ("active_s", "starved_s", "idle_s", "dark_s"))
+
+
+def test_realtime_run_paces_records_to_the_clock() -> None:
+    from producers.simulator import run
+
+    now = [1000.0]
+    published: list[tuple[float, int]] = []
+
+    class Pub:
+        def publish(self, topic: Any, key: bytes, record: dict[str, Any]) -> None:
+            published.append((now[0], record["ts_ms"]))
+
+        def flush(self, timeout_s: float = 30.0) -> None:
+            pass
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    cfg = SimConfig(seed=1, nodes=1, duration_s=90)
+    stats = run(cfg, Pub(), realtime=True, clock=lambda: now[0], sleep=sleep)
+    assert sum(stats.records.values()) == len(published) == len(list(simulate(cfg)))
+    for wall, ts_ms in published:
+        assert wall >= 1000.0 + (ts_ms - cfg.start_ms) / 1000 - 1e-9
+    assert now[0] == pytest.approx(1000.0 + 90, abs=1.0)
