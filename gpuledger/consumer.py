@@ -74,9 +74,14 @@ class SourceRecord:
 
     @classmethod
     def of(cls, msg: Any) -> SourceRecord:
-        """From a confluent-kafka `Message` (a `SourceRecord` is returned as is)."""
+        """From a confluent-kafka `Message`, or an aiokafka `ConsumerRecord` / faust `ConsumerMessage`
+        (attributes instead of methods; faust's timestamp is float seconds). A `SourceRecord` is returned as is."""
         if isinstance(msg, SourceRecord):
             return msg
+        if not callable(msg.topic):
+            ts = msg.timestamp
+            ts_ms = None if ts is None else round(ts * 1000) if isinstance(ts, float) else int(ts)
+            return cls(msg.topic, msg.partition, msg.offset, msg.key, msg.value, ts_ms)
         kind, ts = msg.timestamp()
         return cls(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), ts if kind else None)
 

@@ -148,3 +148,12 @@ def test_prefix_can_be_given_without_settings():
     data = CODEC.encode("alerts", {"alert_id": "a", "kind": "IDLE_WARNING", "ts_ms": 1, "cluster": "c", "message": "m"})
     assert decode_or_dead_letter(_msg(data), CODEC, sink, topic_prefix="p.") is None  # wrong subject
     assert sink.topics == ["p.telemetry.device-samples.v1.dlq"]
+
+
+def test_source_record_from_aiokafka_and_faust_messages():
+    from types import SimpleNamespace
+
+    aiokafka = SimpleNamespace(topic="t", partition=1, offset=9, key=b"k", value=b"v", timestamp=1_700_000_000_123)
+    faust = SimpleNamespace(topic="t", partition=1, offset=9, key=b"k", value=b"v", timestamp=1_700_000_000.123)
+    assert SourceRecord.of(aiokafka) == SourceRecord("t", 1, 9, b"k", b"v", 1_700_000_000_123)
+    assert SourceRecord.of(faust).timestamp_ms == 1_700_000_000_123
