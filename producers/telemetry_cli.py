@@ -184,7 +184,12 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         from producers.simulator import run, write_ledger
 
         cfg, settings = _config(seed, nodes, duration, start, realtime, cluster, state_dir)
-        path = write_ledger(cfg, ledger or settings.state_dir / "simulator" / "expected-ledger.json")
+        path = ledger or settings.state_dir / "simulator" / "expected-ledger.json"
+        # The ledger of a long run takes a while: write it beside the publishing, not before it.
+        import threading
+
+        writer = threading.Thread(target=write_ledger, args=(cfg, path), name="expected-ledger", daemon=True)
+        writer.start()
         err = Console(stderr=True)
         err.print(
             f"simulator: {cfg.nodes} nodes, {cfg.duration_s} s from "
@@ -199,6 +204,7 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
                 err.print(f"  t={t}s {sum(s.records.values())} records", highlight=False) if not realtime else None
             ),
         )
+        writer.join()
         err.print(f"simulator: published {stats.records} in {stats.wall_s:.1f}s")
 
     @simulate_app.command("ledger")
@@ -218,10 +224,23 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         typer.echo(str(write_ledger(cfg, out)))
 
 
-def _targets_from(targets_file: Path | None, target: list[str], settings: Settings) -> list[Any]:
+def _targets_from(
+    targets_file: Path | None,
+    target: list[str],
+    settings: Settings,
+    inventory: str | None = None,
+    inventory_kind: str = "static",
+    url_template: str = "http://{node}:9400/metrics",
+) -> list[Any]:
     from producers.scraper import Target, parse_targets
 
     out = []
+    if inventory is not None:
+        from producers.inventory import inventory_records
+
+        recs = inventory_records(inventory_kind, _read_source(inventory, 10.0), settings.cluster, 0)
+        nodes = [r["node"] for _, _, r in recs if r["devices"]]
+        out.extend(parse_targets(json.dumps([{"url_template": url_template, "nodes": nodes}]), origin=inventory))
     if targets_file is not None:
         out.extend(parse_targets(targets_file.read_text(encoding="utf-8"), origin=str(targets_file)))
     for spec in target:
@@ -245,6 +264,13 @@ def register_producers(app: typer.Typer) -> None:
             None, "--targets", help="YAML: URLs, {url, node, exporter_version} maps, or {url_template, nodes}."
         ),
         target: list[str] = typer.Option([], "--target", help="URL[=node]; repeatable."),
+        inventory: str | None = typer.Option(
+            None, "--inventory", help="Discover targets: the GPU nodes of an inventory source (file, URL or -)."
+        ),
+        inventory_kind: str = typer.Option("static", "--inventory-from", help="slurm, kubernetes or static."),
+        url_template: str = typer.Option(
+            "http://{node}:9400/metrics", "--url-template", help="Exporter URL of an inventory node."
+        ),
         interval_s: float = typer.Option(1.0, "--interval", help="Seconds between scrapes of a target."),
         timeout_s: float = typer.Option(0.8, "--timeout", help="Per-scrape timeout, seconds."),
         duration_s: float | None = typer.Option(None, "--duration", help="Stop after this many seconds."),
@@ -259,7 +285,7 @@ def register_producers(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         settings = _settings(state_dir)
-        targets = _targets_from(targets_file, target, settings)
+        targets = _targets_from(targets_file, target, settings, inventory, inventory_kind, url_template)
         if not targets:
             raise ConfigError("no dcgm targets: give --targets FILE, --target URL, or extra.dcgm.targets in settings")
         publisher = RecordPublisher(settings.kafka)
