@@ -50,3 +50,48 @@ def test_simulation_lands_on_the_broker_as_generated(kafka_bootstrap: str) -> No
         assert {(k, r["ts_ms"], r.get("event_type")) for k, r in got[name]} == key_of, name
     mappings = {r["mapping_version"] for _, r in got[DEVICE_SAMPLES.name]}
     assert mappings == {"dcgm-v2", "dcgm-v4"}
+
+
+def test_cli_simulate_run_fast_writes_ledger(kafka_bootstrap: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ledger = tmp_path / "ledger.json"
+    env = {
+        **os.environ,
+        "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "GPULEDGER_KAFKA__TOPIC_PREFIX": f"test.{uuid.uuid4().hex[:8]}.",
+        "GPULEDGER_CONFIG": str(tmp_path / "none.toml"),
+    }
+    exe = Path(sys.executable).with_name("gpuledger")
+    res = subprocess.run(
+        [
+            str(exe),
+            "simulate",
+            "run",
+            "--fast",
+            "--nodes",
+            "1",
+            "--duration",
+            "120",
+            "--seed",
+            "4",
+            "--ledger",
+            str(ledger),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "published" in res.stderr
+    data = json.loads(ledger.read_text())
+    assert data["classifier_version"] == "c1" and data["config"]["nodes"] == 1
+    for job in data["jobs"].values():
+        assert job["allocated_s"] == job["active_s"] + job["starved_s"] + job["idle_s"] + job["dark_s"]
