@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -23,6 +24,7 @@ from chdb import _chdb
 
 from gpuledger.errors import ServiceError
 from sinks.embedded import native, sqltext
+from sinks.embedded.lockfile import chdb_status_pid
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +332,13 @@ class Engine:
         try:
             return _chdb.connect(str(self.path))  # type: ignore[attr-defined]
         except RuntimeError as exc:
-            raise ServiceError(f"chDB could not open {self.path}: {exc}") from exc
+            owner = chdb_status_pid(self.path)
+            if owner is not None and owner != os.getpid():
+                raise ServiceError(
+                    f"ClickHouse data path {self.path} is in use by process {owner} (it holds chDB's lock on "
+                    f"{self.path / 'status'}); stop that process or choose another --path"
+                ) from None
+            raise ServiceError(f"chDB could not open {self.path}: {exc}") from None
 
     def open_handle(self, readonly: int = 0) -> Handle:
         return Handle(self._connect(), readonly)

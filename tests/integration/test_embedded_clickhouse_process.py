@@ -346,3 +346,34 @@ def test_sessions_are_bounded(tmp_path: Path) -> None:
             client.close()
     finally:
         assert stop_server(server) == 0
+
+
+def test_path_held_by_another_chdb_process_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import chdb, sys, time; c = chdb.connect({str(path)!r}); c.query('SELECT 1'); "
+            "print('open', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        result = subprocess.run(
+            [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(path), "--port", "0"],
+            cwd=REPO,
+            env=server_env(GPULEDGER_STATE_DIR=str(tmp_path / "state")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert str(path) in result.stderr and f"process {holder.pid}" in result.stderr
+    finally:
+        holder.kill()
+        holder.wait(10)
+        assert holder.stdout is not None
+        holder.stdout.close()
