@@ -22,6 +22,9 @@ Library API (pure Python, no Kafka):
 - `expected_ledger(config, thresholds=None) -> dict[str, Ledger]`: per job allocated / active /
   starved / idle / dark seconds, `sm_weighted_s`, idle and dark job-minutes, per-device breakdown,
   computed from the ground truth per docs/classification.md (classifier c1), not by the processors.
+- `expected_device_minutes(config, thresholds=None) -> list[DeviceMinute]`: the same, per job,
+  device (node, uuid) and event-time minute (`minute_start_ms`), with `sample_count`: what the
+  usage.device-minutes rows of allocated devices must say.
 - `plan(config) -> SimPlan`: the cluster (nodes, devices, UUIDs), people, jobs, exporter outages
   and silent devices, for tests that need to know the ground truth.
 - `write_ledger(config, path)` (JSON or CSV), `unallocated_seconds(config)`.
@@ -39,18 +42,28 @@ emitting what the exporter release would print and passing it through the real D
 and record builder (`producers.dcgm`).
 """
 
-from producers.simulator.ledger import Ledger, Thresholds, expected_ledger, unallocated_seconds, write_ledger
+from producers.simulator.ledger import (
+    DeviceMinute,
+    Ledger,
+    Thresholds,
+    expected_device_minutes,
+    expected_ledger,
+    unallocated_seconds,
+    write_ledger,
+)
 from producers.simulator.model import DEFAULT_START_MS, SimConfig, SimJob, SimPlan, plan
 from producers.simulator.run import run
 from producers.simulator.stream import simulate
 
 __all__ = [
     "DEFAULT_START_MS",
+    "DeviceMinute",
     "Ledger",
     "SimConfig",
     "SimJob",
     "SimPlan",
     "Thresholds",
+    "expected_device_minutes",
     "expected_ledger",
     "plan",
     "run",

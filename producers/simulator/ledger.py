@@ -67,6 +67,23 @@ def _classify(mean: float, fb_max: float, th: Thresholds) -> str:
     return "idle"
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceMinute:
+    """Expected seconds of one job on one device in one event-time minute [minute_start_ms, +60 s)."""
+
+    job_id: str
+    node: str
+    uuid: str
+    minute_start_ms: int
+    allocated_s: int
+    active_s: int
+    starved_s: int
+    idle_s: int
+    dark_s: int
+    sm_weighted_s: float
+    sample_count: int
+
+
 def _close_minute(
     m: int | None,
     sampled: list[tuple[float, int]],
@@ -75,6 +92,8 @@ def _close_minute(
     job_minutes: dict[int, list[bool]],
     led: Ledger,
     th: Thresholds,
+    rows: list[DeviceMinute] | None = None,
+    device: tuple[str, str] = ("", ""),
 ) -> None:
     """Account one device's allocated seconds of one minute (classifier c1)."""
     if m is None:
@@ -82,16 +101,42 @@ def _close_minute(
     counts["allocated_s"] += len(sampled) + dark
     counts["dark_s"] += dark
     flags = job_minutes.setdefault(m, [False, False])
+    by_class = {"active": 0, "starved": 0, "idle": 0}
+    weighted = 0.0
     if sampled:
         mean = sum(a for a, _ in sampled) / len(sampled)
         cls = _classify(mean, max(f for _, f in sampled), th)
         counts[f"{cls}_s"] += len(sampled)
-        led.sm_weighted_s += sum(a for a, _ in sampled)
+        by_class[cls] = len(sampled)
+        weighted = sum(a for a, _ in sampled)
+        led.sm_weighted_s += weighted
         flags[0] = True
         flags[1] = flags[1] or cls != "idle"
+    if rows is not None:
+        rows.append(
+            DeviceMinute(
+                job_id=led.job_id,
+                node=device[0],
+                uuid=device[1],
+                minute_start_ms=m * 60_000,
+                allocated_s=len(sampled) + dark,
+                active_s=by_class["active"],
+                starved_s=by_class["starved"],
+                idle_s=by_class["idle"],
+                dark_s=dark,
+                sm_weighted_s=round(weighted, 6),
+                sample_count=len(sampled),
+            )
+        )
 
 
-def _job_ledger(p: SimPlan, job: SimJob, schedules: dict[tuple[str, int], DeviceSchedule], th: Thresholds) -> Ledger:
+def _job_ledger(
+    p: SimPlan,
+    job: SimJob,
+    schedules: dict[tuple[str, int], DeviceSchedule],
+    th: Thresholds,
+    rows: list[DeviceMinute] | None = None,
+) -> Ledger:
     cfg = p.config
     base_s = cfg.start_ms // 1000
     led = Ledger(
@@ -121,7 +166,7 @@ def _job_ledger(p: SimPlan, job: SimJob, schedules: dict[tuple[str, int], Device
         for t in range(job.start_s, job.end_s):
             m = (base_s + t) // 60
             if m != minute:
-                _close_minute(minute, sampled, dark, counts, job_minutes, led, th)
+                _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, (key[0], dev.uuid))
                 minute, sampled, dark = m, [], 0
             if silent or t >= cfg.duration_s or p.outage_at(key[0], t):
                 dark += 1
@@ -130,7 +175,7 @@ def _job_ledger(p: SimPlan, job: SimJob, schedules: dict[tuple[str, int], Device
             assert held is not None and held[0] is job
             tr = truth(dev, job, pos, t, base_s)
             sampled.append((tr.activity_pct / 100, tr.fb_used_mib))
-        _close_minute(minute, sampled, dark, counts, job_minutes, led, th)
+        _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, (key[0], dev.uuid))
         led.devices[f"{key[0]}/{dev.uuid}"] = counts
         for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s"):
             setattr(led, k, getattr(led, k) + counts[k])
@@ -150,6 +195,17 @@ def expected_ledger(config: SimConfig, thresholds: Thresholds | None = None) -> 
     th = thresholds or Thresholds()
     schedules = device_schedules(p)
     return {job.job_id: _job_ledger(p, job, schedules, th) for job in p.jobs}
+
+
+def expected_device_minutes(config: SimConfig, thresholds: Thresholds | None = None) -> list[DeviceMinute]:
+    """Every (job, device, minute) the ledger is made of: what usage.device-minutes rows must say."""
+    p = plan(config)
+    th = thresholds or Thresholds()
+    schedules = device_schedules(p)
+    rows: list[DeviceMinute] = []
+    for job in p.jobs:
+        _job_ledger(p, job, schedules, th, rows)
+    return rows
 
 
 def unallocated_seconds(config: SimConfig) -> int:

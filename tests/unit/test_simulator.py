@@ -243,3 +243,21 @@ def test_realtime_run_paces_records_to_the_clock() -> None:
         assert wall >= 1000.0 + (ts_ms - cfg.start_ms) / 1000 - 1e-9
     last_ts = max(ts for _, ts in published)
     assert now[0] == pytest.approx(1000.0 + (last_ts - cfg.start_ms) / 1000, abs=0.01)
+
+
+def test_device_minutes_sum_to_the_ledger() -> None:
+    from producers.simulator import expected_device_minutes
+
+    cfg = SimConfig(seed=8, nodes=2, duration_s=900)
+    rows = expected_device_minutes(cfg)
+    ledger = expected_ledger(cfg)
+    sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        assert r.minute_start_ms % 60_000 == 0 and 0 < r.allocated_s <= 60
+        assert r.allocated_s == r.active_s + r.starved_s + r.idle_s + r.dark_s
+        assert r.sample_count == r.allocated_s - r.dark_s
+        assert sum(1 for c in (r.active_s, r.starved_s, r.idle_s) if c) <= 1  # one class per device-minute
+        for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s"):
+            sums[r.job_id][k] += getattr(r, k)
+    for job_id, led in ledger.items():
+        assert {k: getattr(led, k) for k in sums[job_id]} == dict(sums[job_id])
