@@ -569,6 +569,10 @@ class _Handler(BaseHTTPRequestHandler):
             parsed = self._parse_text(params.get("query"), body)
         if not parsed.sql.strip() and parsed.insert is None:
             raise QueryFailed.make(62, "SYNTAX_ERROR", "Empty query")
+        if user.readonly and (outside := sqltext.reaches_outside(parsed.sql)):
+            raise QueryFailed.make(
+                497, "ACCESS_DENIED", f"{user.name}: Not enough privileges to use table function {outside}"
+            )
 
         settings = {
             k: v for k, v in params.items() if k not in TRANSPORT_PARAMS and not k.startswith("param_")

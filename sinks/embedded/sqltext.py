@@ -79,6 +79,30 @@ def statement_has_temporary_table(sql: str) -> bool:
     return _CREATE_TEMPORARY.match(strip_leading(sql[:4096])) is not None
 
 
+# Table functions that reach outside the warehouse (files, network, processes, this process's memory).
+_EXTERNAL_SOURCES = (
+    "file|fileCluster|url|urlCluster|s3|s3Cluster|gcs|oss|cosn|azureBlobStorage|azureBlobStorageCluster|hdfs|"
+    "hdfsCluster|remote|remoteSecure|cluster|clusterAllReplicas|mysql|postgresql|sqlite|mongodb|redis|odbc|jdbc|"
+    "executable|python|iceberg|icebergS3|icebergAzure|icebergHDFS|icebergLocal|deltaLake|deltaLakeLocal|hudi|"
+    "arrowFlight|ytsaurus"
+)
+_EXTERNAL_CALL = re.compile(
+    rf"(?<![A-Za-z0-9_$])[`\"]?({_EXTERNAL_SOURCES})[`\"]?(?:\s|/\*.*?\*/|--[^\n]*\n|#[^\n]*\n)*\(",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def reaches_outside(sql: str) -> str | None:
+    """The first table function in `sql` that reads files, the network or processes, if any.
+
+    Purely textual and deliberately broad (a match inside a string literal counts too): it guards
+    read-only users, for whom a false alarm costs a rephrased query and a miss could read the
+    server's files (its password file included).
+    """
+    match = _EXTERNAL_CALL.search(sql)
+    return match.group(1) if match else None
+
+
 @dataclass(frozen=True)
 class InsertWithData:
     """An `INSERT INTO target [SETTINGS ...] FORMAT fmt` head and the offset where its data starts."""

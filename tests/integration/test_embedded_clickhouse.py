@@ -489,6 +489,9 @@ def test_users_and_readonly(
         with pytest.raises(DatabaseError) as err:
             analyst.insert("r", [[3]], column_names=["a"])
         assert err.value.code == 164
+        with pytest.raises(DatabaseError) as err:  # no reading the server's files
+            analyst.query("SELECT * FROM file('/etc/hostname', 'LineAsString')")
+        assert err.value.code == 497
     finally:
         analyst.close()
     status, headers, _ = curl(

@@ -65,3 +65,27 @@ def test_split_insert_leaves_statements_without_body_data(sql: str) -> None:
 def test_temporary_table_detection() -> None:
     assert sqltext.statement_has_temporary_table("CREATE TEMPORARY TABLE x (a UInt8)")
     assert not sqltext.statement_has_temporary_table("CREATE TABLE temporary_things (a UInt8) ENGINE = Memory")
+
+
+@pytest.mark.parametrize(
+    ("sql", "found"),
+    [
+        ("SELECT * FROM file('/etc/passwd', LineAsString)", "file"),
+        ("SELECT * FROM `file` /* hidden */ ('x')", "file"),
+        ("SELECT * FROM URL\n-- note\n('http://example')", "URL"),
+        ("SELECT * FROM remote('h', system.one)", "remote"),
+        ("SELECT * FROM Python(df)", "Python"),
+        ("SELECT file_id, profile(1) FROM t WHERE url_path = 'x'", None),
+        ("SELECT format('{}', 1), count() FROM numbers(10)", None),
+    ],
+)
+def test_reaches_outside(sql: str, found: str | None) -> None:
+    assert sqltext.reaches_outside(sql) == found
+
+
+def test_reaches_outside_is_linear_on_hostile_input() -> None:
+    import time
+
+    started = time.perf_counter()
+    assert sqltext.reaches_outside("SELECT file" + " " * 50_000 + "x") is None
+    assert time.perf_counter() - started < 1.0
