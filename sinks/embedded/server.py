@@ -589,7 +589,7 @@ class _Handler(BaseHTTPRequestHandler):
                 user.name,
                 user.readonly,
                 session_id,
-                float(timeout) if timeout else None,
+                _float(timeout, "session_timeout") if timeout else None,
                 params.get("session_check") == "1",
             )
         try:
@@ -881,6 +881,13 @@ def _text(data: bytes) -> str:
         return data.decode()
     except UnicodeDecodeError as exc:
         raise QueryFailed.make(36, "BAD_ARGUMENTS", f"The query is not valid UTF-8: {exc}") from None
+
+
+def _float(value: str, name: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise QueryFailed.make(36, "BAD_ARGUMENTS", f"{name} must be a number, not {value!r}") from None
 
 
 def _int(value: str, name: str) -> int:

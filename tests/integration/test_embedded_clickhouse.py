@@ -544,3 +544,30 @@ def test_authentication(clickhouse_server: ClickHouseServer) -> None:
     with pytest.raises(DatabaseError) as err:
         clickhouse_server.client(password="nope")
     assert err.value.code == 516
+
+
+def test_client_that_hangs_up_mid_stream_frees_its_session(clickhouse_server: ClickHouseServer) -> None:
+    import base64
+    import socket
+
+    session = "hangup-" + uuid.uuid4().hex
+    auth = base64.b64encode(f"{clickhouse_server.user}:{clickhouse_server.password}".encode()).decode()
+    sql = b"SELECT number, toString(number) FROM numbers(50000000) SETTINGS max_block_size = 10000 FORMAT TSV"
+    request = (
+        f"POST /?session_id={session} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\n"
+        f"Content-Length: {len(sql)}\r\n\r\n"
+    ).encode() + sql
+    with socket.create_connection((clickhouse_server.host, clickhouse_server.port), timeout=30) as raw:
+        raw.sendall(request)
+        received = 0
+        while received < 256 * 1024:
+            received += len(raw.recv(65536))
+    started = time.monotonic()
+    while True:  # the server notices the hang-up, cancels the stream and releases the session
+        status, headers, body = curl(clickhouse_server, path=f"?session_id={session}", data=b"SELECT 42")
+        if headers.get("x-clickhouse-exception-code") != "373":
+            break
+        assert time.monotonic() - started < 20, "the session stayed locked after the client left"
+        time.sleep(0.1)
+    assert (status, body) == (200, b"42\n")
+
