@@ -103,7 +103,8 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         console = Console()
         table = Table(title=f"{node}: {len(norm.devices)} devices, mapping {norm.mapping_version}")
         for col in ("idx", "uuid", "MIG", "model", "gen", "activity", "util %", "fb used MiB", "power W", "owner"):
-            table.add_column(col)
+            # UUIDs are what a user matches against: fold them, never cut them.
+            table.add_column(col, overflow="fold" if col in ("uuid", "owner") else "ellipsis")
         for d in norm.devices:
             act = d["sm_active_ratio"]
             if act is None:
