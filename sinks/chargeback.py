@@ -1,7 +1,8 @@
 """Chargeback, explain, finance journal and alert listings, read from the analyst views.
 
-The CLI reads the same views analysts query (`v_chargeback`, `v_chargeback_jobs`,
-`v_finance_journal`), so the two cannot disagree; this module only selects, totals and formats.
+The CLI reads the views analysts query (`v_chargeback_month(period, by)`, the one-month form of
+`v_chargeback`; `v_chargeback_jobs`), so the two cannot disagree; this module only selects,
+totals and formats.
 Values are bound parameters; the only identifiers come from fixed tables in this module.
 """
 
@@ -72,7 +73,7 @@ def chargeback(client: Any, period: str, by: str) -> ChargebackReport:
     cols = ", ".join(LINE_COLUMNS)
     result = client.query(
         f"SELECT {cols}, allocated_seconds, active_seconds, starved_seconds, dark_seconds "
-        "FROM v_chargeback WHERE period = {period:String} AND by = {by:String} ORDER BY line",
+        "FROM v_chargeback_month(period = {period:String}, by = {by:String}) ORDER BY line",
         parameters={"period": period, "by": by},
     )
     lines = []
@@ -130,8 +131,8 @@ def journal(client: Any, period: str, *, account: str = "GPU-CHARGEBACK") -> lis
     """Finance journal lines: one debit per cost centre for the period."""
     period = check_period(period)
     result = client.query(
-        "SELECT cost_centre, jobs, allocated_gpu_h, charge FROM v_finance_journal "
-        "WHERE period = {period:String} ORDER BY cost_centre",
+        "SELECT line, jobs, allocated_gpu_h, charge FROM v_chargeback_month(period = {period:String}, "
+        "by = 'cost-centre') ORDER BY line",
         parameters={"period": period},
     )
     return [
@@ -204,8 +205,10 @@ def render_table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...
 
     table = Table(title=title)
     for col in columns:
-        numeric = bool(rows) and isinstance(rows[0].get(col), int | float | Decimal) and not isinstance(
-            rows[0].get(col), bool
+        numeric = (
+            bool(rows)
+            and isinstance(rows[0].get(col), int | float | Decimal)
+            and not isinstance(rows[0].get(col), bool)
         )
         table.add_column(col, justify="right" if numeric else "left")
     for i, row in enumerate(rows):
