@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from gpuledger.errors import ConfigError, ServiceError
+from gpuledger.errors import ConfigError, GpuledgerError, ServiceError
 from gpuledger.settings import Settings
 
 
@@ -148,9 +148,16 @@ def sql(
     state_dir: Path | None = typer.Option(None, "--state-dir", help="State directory."),
 ) -> None:
     """Run SQL through the ClickHouse server (the embedded one by default)."""
-    if fmt not in ("table", "csv", "json"):
-        raise ConfigError(f"--format must be table, csv or json, not {fmt!r}")
-    run_sql(query, fmt, _parse_params(param), _settings(state_dir), database, sys.stdout)
+    from rich.console import Console
+
+    try:
+        if fmt not in ("table", "csv", "json"):
+            raise ConfigError(f"--format must be table, csv or json, not {fmt!r}")
+        run_sql(query, fmt, _parse_params(param), _settings(state_dir), database, sys.stdout)
+    except GpuledgerError as exc:
+        # One line whatever the terminal width: ClickHouse messages are long and rich would wrap them.
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
