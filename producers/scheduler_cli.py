@@ -246,14 +246,24 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         ctx = _context(settings, sched, with_inventory=not dry_run)
         sink: Any = _PrintSink() if dry_run else _publisher(settings)
         commands = SlurmCommands(tuple(sched.squeue), tuple(sched.scontrol), tuple(sched.sacct))
-        poller = SlurmPoller(ctx, sink, commands=commands, tz=_tz(sched.slurm_timezone))
+        state_path = None if dry_run else settings.state_dir / "slurm-poller.json"
+        poller = SlurmPoller(ctx, sink, commands=commands, tz=_tz(sched.slurm_timezone), state_path=state_path)
         if once:
             poller.poll_once()
             if not dry_run:
                 sink.flush()
+                poller.save_state()
             return
+        refreshed = [time.monotonic()]
+
+        def refresh_gpu_map() -> None:  # the inventory changes as nodes come and go
+            if dry_run or not sched.device_map_from_inventory or time.monotonic() - refreshed[0] < 600:
+                return
+            refreshed[0] = time.monotonic()
+            _load_inventory(settings, ctx.devices)
+
         poller.run(interval_s or sched.poll_interval_s, _Stop(),
-                   on_error=lambda exc: typer.echo(f"poll failed: {exc}", err=True))
+                   on_error=lambda exc: typer.echo(f"poll failed: {exc}", err=True), every_cycle=refresh_gpu_map)
 
     @slurm_app.command("spool-drain")
     def slurm_spool_drain(

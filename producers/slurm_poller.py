@@ -12,11 +12,13 @@ The adapter `SlurmPoller` runs the commands (injected runner and clock) and publ
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, tzinfo
+from pathlib import Path
 from typing import Any
 
 from gpuledger.errors import ParseError, ServiceError
@@ -241,6 +243,8 @@ class SlurmPoller:
         clock: Callable[[], int] = lambda: int(time.time() * 1000),
         config: PollConfig | None = None,
         tz: tzinfo = UTC,
+        state_path: Path | None = None,
+        max_catch_up_s: int = 7 * 24 * 3600,
     ) -> None:
         self.ctx = ctx
         self.sink = sink
@@ -250,11 +254,31 @@ class SlurmPoller:
         self.config = config or PollConfig()
         self.tz = tz
         self.state = PollState()
+        self.state_path = state_path
+        self.max_catch_up_s = max_catch_up_s
+        # When the last run's poll time is known, the first sacct window reaches back to it, so jobs that
+        # started and ended while the poller was down are still recorded (same event ids: no duplicates).
+        self.resume_from_ms: int | None = None
+        if state_path is not None and state_path.exists():
+            try:
+                self.resume_from_ms = int(json.loads(state_path.read_text(encoding="utf-8"))["last_poll_ms"])
+            except (ValueError, KeyError, TypeError, OSError):
+                self.resume_from_ms = None
+
+    def save_state(self) -> None:
+        """Record the last poll time (after its events were flushed)."""
+        if self.state_path is None or self.state.last_poll_ms is None:
+            return
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"last_poll_ms": self.state.last_poll_ms}), encoding="utf-8")
+        tmp.replace(self.state_path)
 
     def _accounting_argv(self, now_ms: int) -> list[str]:
         since_s = self.commands.accounting_overlap_s
-        if self.state.last_poll_ms is not None:
-            since_s += max(0, (now_ms - self.state.last_poll_ms) // 1000)
+        last = self.state.last_poll_ms if self.state.last_poll_ms is not None else self.resume_from_ms
+        if last is not None:
+            since_s += min(self.max_catch_up_s, max(0, (now_ms - last) // 1000))
         else:
             since_s += 3600
         return [*self.commands.accounting, "-S", f"now-{since_s}seconds", "-E", "now"]
@@ -293,14 +317,19 @@ class SlurmPoller:
         interval_s: float,
         stop: Callable[[], bool] = lambda: False,
         on_error: Callable[[Exception], None] | None = None,
+        every_cycle: Callable[[], None] | None = None,
     ) -> None:
+        """Poll every `interval_s` until `stop()`; `every_cycle` runs first each time (e.g. refresh the GPU map)."""
         while not stop():
             started = time.monotonic()
             try:
+                if every_cycle is not None:
+                    every_cycle()
                 self.poll_once()
                 flush = getattr(self.sink, "flush", None)
                 if callable(flush):
                     flush()
+                self.save_state()
             except (ServiceError, ParseError) as exc:
                 if on_error is None:
                     raise

@@ -246,3 +246,23 @@ def test_poll_command_once_dry_run_with_registry(fake_slurm, tmp_path, monkeypat
     assert (ev["job_id"], ev["cluster"], ev["project"], ev["project_source"], ev["project_validation"]) == (
         "9", "hpc", "acoustic", "EXPLICIT", "VALID")
     assert ev["identity"]["teams"] == ["sound"] and ev["identity"]["cost_centre"] == "CC-42"
+
+
+def test_restart_reaches_back_to_the_last_poll(fake_slurm, tmp_path):
+    """A job that ran entirely while the poller was down is recorded after restart, from sacct."""
+    state = tmp_path / "state" / "slurm-poller.json"
+    (fake_slurm / "step").write_text("0")
+    empty_listing = json.loads(RUNNING.read_text())
+    empty_listing["jobs"] = []
+    (fake_slurm / "squeue-0.out").write_text(json.dumps(empty_listing))
+    (fake_slurm / "sacct-0.out").write_text(_sacct_doc())
+    first = SlurmPoller(_ctx(), ListSink(), clock=lambda: 1762520000000, state_path=state)
+    first.run(0, stop=iter([False, True]).__next__)
+    assert json.loads(state.read_text()) == {"last_poll_ms": 1762520000000}
+    # two hours later: job 12 ran and ended in between
+    (fake_slurm / "sacct-0.out").write_text(_sacct_doc(_db_job(12, "COMPLETED", 1762522000, 1762523000, 4)))
+    second = SlurmPoller(_ctx(), ListSink(), clock=lambda: 1762527200000, state_path=state)
+    events = second.poll_once()
+    assert [(e["job_id"], e["event_type"]) for e in events] == [("12", "STARTED"), ("12", "ENDED")]
+    sacct_call = (fake_slurm / "calls.log").read_text().splitlines()[-1]
+    assert "-S now-7500seconds" in sacct_call  # 7,200 s since the last poll + 300 s overlap
