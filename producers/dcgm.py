@@ -229,8 +229,18 @@ class Normalizer:
         mapping_version: str | None = None,
         mapping: MetricMapping | None = None,
     ) -> NormalizedScrape:
-        mapping = mapping or self.mapping_for(samples, exporter_version, mapping_version)
+        fallback: str | None = None
+        if mapping is None:
+            try:
+                mapping = self.mapping_for(samples, exporter_version, mapping_version)
+            except ParseError as exc:
+                if mapping_version:
+                    raise
+                mapping = self.mapping_for(samples)
+                fallback = f"{exc}: mapping {mapping.version} chosen from the scrape's contents"
         result = NormalizedScrape(mapping.version, [])
+        if fallback:
+            result.warnings.append(fallback)
         rules = mapping.rules
         devices: dict[tuple[str, int | None], dict[str, Any]] = {}
         priority: dict[tuple[str, int | None, str], int] = {}

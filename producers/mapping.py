@@ -98,11 +98,14 @@ def parse_mapping_csv(
 
 
 def parse_version(text: str) -> tuple[int, ...]:
-    """`4.7.1` -> (4, 7, 1); a dcgm-exporter tag `4.4.2-4.7.1` -> the exporter part (4, 7, 1)."""
-    text = text.strip().lstrip("v")
-    part = text.rsplit("-", 1)[-1] if "-" in text else text
+    """`4.7.1` -> (4, 7, 1). A dcgm-exporter tag names DCGM then the exporter: `4.4.2-4.7.1` and the image
+    tag `3.3.5-3.4.0-ubuntu22.04` read as the exporter part, (4, 7, 1) and (3, 4, 0)."""
+    tokens = [t.lstrip("v") for t in text.strip().split("-")]
+    numeric = [t for t in tokens if t[:1].isdigit()]
+    if not numeric:
+        raise ParseError(f"not an exporter version: {text!r}")
     numbers: list[int] = []
-    for piece in part.split("."):
+    for piece in numeric[-1].split("."):
         digits = ""
         for ch in piece:
             if not ch.isdigit():
@@ -111,12 +114,6 @@ def parse_version(text: str) -> tuple[int, ...]:
         if not digits:
             break
         numbers.append(int(digits))
-    if not numbers:
-        # e.g. `pre-2.1-c9a29aa`: the first dotted number in the tag.
-        for token in text.split("-"):
-            if token[:1].isdigit():
-                return parse_version(token)
-        raise ParseError(f"not an exporter version: {text!r}")
     return tuple(numbers)
 
 

@@ -283,3 +283,16 @@ def test_mapping_parser_reports_the_bad_line() -> None:
 def test_nothing_to_parse_is_an_error() -> None:
     with pytest.raises(ParseError):
         normalize_text("hello world\n")
+
+
+def test_exporter_versions_and_tags() -> None:
+    assert parse_version("4.4.2-4.7.1") == (4, 7, 1)
+    assert parse_version("3.3.5-3.4.0-ubuntu22.04") == (3, 4, 0)
+    assert parse_version("pre-2.1-c9a29aa") == (2, 1)
+    assert parse_version("v3.5.0") == (3, 5, 0)
+    with pytest.raises(ParseError):
+        parse_version("latest")
+    # An unreadable configured version is not fatal: the mapping is chosen from the scrape.
+    lab = {"UUID": "GPU-1", "gpu": "0", "Hostname": "h"}
+    n = Normalizer().normalize([RawSample("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", lab, 2.0)], exporter_version="latest")
+    assert n.mapping_version == "dcgm-v2" and n.devices[0]["pcie_tx_bytes_per_s"] == 2048.0 and n.warnings
