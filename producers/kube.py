@@ -179,6 +179,7 @@ class _PodState:
     started_ms: int | None = None
     uuids_known: bool = False
     ended: bool = False
+    last: Mapping[str, Any] | None = None  # last object seen, to close the pod if it vanishes
 
 
 @dataclass
@@ -313,6 +314,7 @@ class KubeTracker:
         if not req.devices:
             return []
         st = self.pods.setdefault(key, _PodState())
+        st.last = pod
         if st.ended:
             if watch_type == "DELETED":
                 self.pods.pop(key, None)
@@ -343,6 +345,15 @@ class KubeTracker:
             st.ended = True
             if watch_type == "DELETED":
                 self.pods.pop(key, None)
+        return out
+
+    def on_pod_relist(self, present: set[str], now_ms: int) -> list[dict[str, Any]]:
+        """After a watch gap (410 Gone, reconnect) and a fresh list: pods we track that are gone were
+        deleted during the gap; close them now (their DELETED event was never seen)."""
+        out: list[dict[str, Any]] = []
+        for key, st in list(self.pods.items()):
+            if key not in present and not st.ended and st.last is not None:
+                out.extend(self.on_pod("DELETED", st.last, now_ms))
         return out
 
     @staticmethod
@@ -621,19 +632,38 @@ class KubeWatcher:
                     if ev["type"] == "BOOKMARK":
                         rv = _meta(obj).get("resourceVersion") or rv
                         continue
-                    if ev["type"] == "ERROR":
-                        rv = None  # 410 Gone: relist from now
+                    if ev["type"] == "ERROR":  # 410 Gone: the watch window was lost; list again
+                        rv = self._relist(target)
                         continue
                     rv = _meta(obj).get("resourceVersion") or rv
                     self._queue.put((target.name, ev["type"], obj))
             except ApiException as exc:
                 self.errors.append(f"{target.name}: {exc.status} {exc.reason}")
-                rv = None
                 self._stop.wait(1.0)
+                rv = self._relist(target)
+
+    def _relist(self, target: WatchTarget) -> str | None:
+        """List again after a gap: current objects as ADDED, then a RELIST marker naming them."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            listed = self._list(target)
+        except ApiException as exc:
+            self.errors.append(f"{target.name}: relist {exc.status} {exc.reason}")
+            return None
+        if listed is None:
+            return None
+        items, rv = listed
+        for obj in items:
+            self._queue.put((target.name, "ADDED", obj))
+        self._queue.put((target.name, "RELIST", {"keys": [_key(o) for o in items]}))
+        return rv
 
     def apply(self, target: str, watch_type: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         now = self.clock()
-        if target == "pods":
+        if watch_type == "RELIST":
+            events = self.tracker.on_pod_relist(set(obj["keys"]), now) if target == "pods" else []
+        elif target == "pods":
             events = self.tracker.on_pod(watch_type, obj, now)
         elif target == "workloads":
             events = self.tracker.on_workload(watch_type, obj, now)

@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 
 from producers.jobevents import EventContext
-from producers.kube import DcgmPodLabels, KubeTracker, KubeWatcher, gpu_request
+from producers.kube import WATCH_TARGETS, DcgmPodLabels, KubeTracker, KubeWatcher, gpu_request
 from producers.projects import Attributor, ProjectRule, registry_from_data
 from schemas.codec import AvroCodec
 
@@ -132,8 +132,9 @@ class FakeApiServer:
                         self.wfile.write(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
                         self.wfile.flush()
                     return
+                items = outer.lists[name]() if callable(outer.lists[name]) else outer.lists[name]
                 self.wfile.write(json.dumps({"kind": "List", "metadata": {"resourceVersion": "100"},
-                                             "items": outer.lists[name]}).encode())
+                                             "items": items}).encode())
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -217,6 +218,23 @@ def test_missing_crds_are_reported_not_fatal():
     assert sorted(watcher.errors) == ["podgroups: not served (404)", "workloads: not served (404)"]
     assert [r["event_type"] for _, r in sink.records] == ["SUBMITTED", "STARTED", "ENDED"]
     assert sink.records[1][1]["gang_id"] is None and sink.records[1][1]["scheduler"] == "KUEUE"
+
+
+def test_pod_deleted_during_a_watch_gap_is_closed_after_relist():
+    running = _pod_lifecycle()[1][1]
+    calls = iter([[running], []])
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+    with FakeApiServer({"pods": lambda: next(calls)}, {"pods": [("ERROR", gone)]}) as host:
+        cfg = client.Configuration()
+        cfg.host = host
+        sink = ListSink()
+        watcher = KubeWatcher(client.ApiClient(cfg), KubeTracker(_ctx()), sink, clock=lambda: 1715955000000,
+                              targets=[t for t in WATCH_TARGETS if t.name == "pods"], timeout_seconds=5)
+        watcher.run(rounds=1)
+    assert [(r["event_type"], r["ts_ms"]) for _, r in sink.records] == [
+        ("SUBMITTED", 1715954574000), ("STARTED", 1715954805000), ("ENDED", 1715955000000)]
+    assert sink.records[-1][1]["exit_state"] == "CANCELLED"
+    assert any("410" in e for e in watcher.errors)
 
 
 def test_captured_pod_stopped_by_kueue_never_started():
