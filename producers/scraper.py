@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from gpuledger.errors import ConfigError, ParseError
+from gpuledger.errors import ConfigError, GpuledgerError, ParseError
 from producers.dcgm import ExpositionParser, Normalizer, scrape_record
 from schemas.topics import DEVICE_SAMPLES, Topic, node_key
 
@@ -143,7 +143,8 @@ class DcgmScraper:
             resp = await client.get(target.url, timeout=self.timeout_s)
             resp.raise_for_status()
             record = self.handle(target, resp.text, ts_ms)
-        except (httpx.HTTPError, ParseError) as exc:
+        except (httpx.HTTPError, GpuledgerError, ValueError, UnicodeDecodeError) as exc:
+            # One target's failure (network, a scrape that does not parse or map) never stops the others.
             state.failures += 1
             state.failed += 1
             self.stats.failed += 1
