@@ -114,6 +114,11 @@ _STATUS_BY_CODE = {
     48: 501,  # NOT_IMPLEMENTED
 }
 _NEVER = (429, 503, 504)  # clients retry these; a query error must not invite a retry
+# Formats streamed into the engine through a pipe (see `_Handler._insert`).
+PIPED_FORMATS = frozenset({"Native", "RowBinary", "RowBinaryWithNames", "RowBinaryWithNamesAndTypes"})
+# Ends a Native/RowBinary stream with an error wherever it is cut: 0xFF bytes make an unterminated,
+# oversized varint (a column count, a string length) and run past the end of any fixed-width value.
+POISON = b"\xff" * 65536
 _SECRET_PARAM = re.compile(r"((?:password|X-ClickHouse-Key)=)[^&\s'\"]*", re.IGNORECASE)
 
 
@@ -650,13 +655,42 @@ class _Handler(BaseHTTPRequestHandler):
     # -- inserts -------------------------------------------------------------------------------
 
     def _insert(self, lease: Lease, parsed: Parsed, binds: dict[str, str], query_id: str, tz: str) -> None:
-        """Feed the body to `INSERT ... FROM INFILE` through a named pipe, so receiving overlaps ingesting.
+        """Run `INSERT ... FROM INFILE` on the body, so the engine reports constraint and view failures.
 
-        The engine reads the pipe like a spooled file (and so reports constraint and view failures).
-        If the body fails (too large, cut off, undecodable) the pipe gets bytes no format parses, so the
-        statement fails instead of committing a truncated insert; if the engine fails first, the rest
-        of the body is dropped and the engine's error is the answer.
+        Binary row/block formats stream through a named pipe, so receiving overlaps ingesting: if the
+        body fails (too large, cut off, undecodable) the pipe gets bytes that cannot parse as a block,
+        so the statement fails rather than committing a truncated insert; if the engine fails first,
+        the rest of the body is dropped and the engine's error is the answer. Text formats (where any
+        bytes may parse as a row) and seekable formats (Parquet, ORC) are spooled to a file first.
         """
+        app = self.server.app
+        assert parsed.insert is not None and app.spool_dir is not None
+        started = time.perf_counter()
+        if parsed.insert.fmt in PIPED_FORMATS:
+            outcome = self._insert_piped(lease, parsed, binds, query_id)
+        else:
+            outcome = self._insert_spooled(lease, parsed, binds)
+        log.debug("insert %s (%s) took %.1f ms", query_id, parsed.insert.fmt, (time.perf_counter() - started) * 1e3)
+        headers = self._common_headers(query_id, tz)
+        headers["X-ClickHouse-Summary"] = json.dumps(outcome.summary())
+        headers["Content-Type"] = "text/plain; charset=UTF-8"
+        self._send(200, headers, b"")
+
+    def _insert_spooled(self, lease: Lease, parsed: Parsed, binds: dict[str, str]) -> Outcome:
+        app = self.server.app
+        assert parsed.insert is not None and app.spool_dir is not None
+        fd, spool = tempfile.mkstemp(prefix="insert-", suffix=".data", dir=app.spool_dir)
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as out:
+                _write_all(out.fileno(), parsed.data_head)
+                for chunk in parsed.data_rest or ():
+                    _write_all(out.fileno(), chunk)
+            return lease.handle.execute(parsed.insert.from_infile(spool), "TabSeparated", binds)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(spool)
+
+    def _insert_piped(self, lease: Lease, parsed: Parsed, binds: dict[str, str], query_id: str) -> Outcome:
         app = self.server.app
         assert parsed.insert is not None and app.spool_dir is not None
         fifo = app.spool_dir / f"insert-{uuid.uuid4().hex}.pipe"
@@ -685,14 +719,10 @@ class _Handler(BaseHTTPRequestHandler):
                 except BaseException as exc:
                     body_error = exc
                     with contextlib.suppress(OSError):
-                        _write_all(fd, b"\xff" * 4096)  # poison: no format parses this
+                        _write_all(fd, POISON)
                 finally:
                     os.close(fd)
-            received = time.perf_counter()
             engine_thread.join()
-            log.debug(
-                "insert %s: body in, engine done %.1f ms later", query_id, (time.perf_counter() - received) * 1e3
-            )
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(fifo)
@@ -701,10 +731,7 @@ class _Handler(BaseHTTPRequestHandler):
         if "error" in result:
             raise result["error"]
         outcome: Outcome = result["outcome"]
-        headers = self._common_headers(query_id, tz)
-        headers["X-ClickHouse-Summary"] = json.dumps(outcome.summary())
-        headers["Content-Type"] = "text/plain; charset=UTF-8"
-        self._send(200, headers, b"")
+        return outcome
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -853,6 +880,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _open_pipe_writer(fifo: Path, reader: threading.Thread) -> int | None:
     """Open the write end once the engine has opened the read end; None if the engine gave up first."""
+    delay = 0.0002
     while True:
         try:
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
@@ -861,7 +889,8 @@ def _open_pipe_writer(fifo: Path, reader: threading.Thread) -> int | None:
                 raise
             if not reader.is_alive():
                 return None
-            time.sleep(0.0005)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
             continue
         os.set_blocking(fd, True)
         with contextlib.suppress(OSError):

@@ -571,3 +571,21 @@ def test_client_that_hangs_up_mid_stream_frees_its_session(clickhouse_server: Cl
         time.sleep(0.1)
     assert (status, body) == (200, b"42\n")
 
+
+@pytest.mark.parametrize(("fmt", "select_fmt"), [("Native", "Native"), ("CSV", "CSV")])
+def test_a_body_that_fails_midway_stores_nothing(
+    clickhouse_server: ClickHouseServer, clickhouse_database: str, fmt: str, select_fmt: str
+) -> None:
+    db = clickhouse_database
+    assert (
+        curl(clickhouse_server, path=q(db, "CREATE TABLE cut (a UInt64) ENGINE = MergeTree ORDER BY a"), data=b"")[0]
+        == 200
+    )
+    _, _, data = curl(
+        clickhouse_server,
+        path=q(db, f"SELECT number AS a FROM numbers(100000) SETTINGS max_block_size = 10000 FORMAT {select_fmt}"),
+    )
+    body = lz4.frame.compress(f"INSERT INTO cut FORMAT {fmt}\n".encode() + data)[:-10]  # the frame is cut short
+    status, headers, _ = curl(clickhouse_server, "-H", "Content-Encoding: lz4", path=f"?database={db}", data=body)
+    assert status == 400 and headers["x-clickhouse-exception-code"] == "354"
+    assert curl(clickhouse_server, path=q(db, "SELECT count() FROM cut"))[2] == b"0\n"
