@@ -192,6 +192,7 @@ class _GangState:
     ended: bool = False
     devices: int = 0
     queue: str | None = None
+    evicted: str | None = None  # exit state for the gang's pods while it is evicted (PREEMPTED, REQUEUED)
 
 
 class KubeTracker:
@@ -208,6 +209,7 @@ class KubeTracker:
         self.pods: dict[str, _PodState] = {}
         self.gangs: dict[str, _GangState] = {}
         self.workload_by_owner_uid: dict[str, str] = {}  # owner (job/pod) uid -> gang id
+        self.gang_pods: dict[str, dict[str, int]] = {}  # gang id -> running pod -> devices
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -301,7 +303,11 @@ class KubeTracker:
             interactive=labels.get("gpuledger.io/interactive") == "true",
             checkpointable=labels.get("gpuledger.io/checkpointable") == "true",
             gang_id=gang,
-            gang_size=max(gang_state.devices if gang_state else 0, req.devices),
+            gang_size=max(
+                gang_state.devices if gang_state else 0,
+                sum(self.gang_pods.get(gang or "", {}).values()),
+                req.devices,
+            ),
             requested_devices=req.devices,
             submit_ts_ms=parse_time(m.get("creationTimestamp")),
             **fields,
@@ -329,9 +335,12 @@ class KubeTracker:
             out.append(self._pod_event(pod, "SUBMITTED", created, req, []))
         running = phase == "Running" or (phase in ("Succeeded", "Failed") and status.get("startTime"))
         held, known = self._held(pod, req)
+        gang = self.gang_of(pod)
         if running and spec.get("nodeName") and st.started_ms is None:
             st.started_ms = parse_time(status.get("startTime")) or now_ms
             st.uuids_known = known
+            if gang is not None:
+                self.gang_pods.setdefault(gang, {})[key] = req.devices
             out.append(self._pod_event(pod, "STARTED", st.started_ms, req, held, start_ts_ms=st.started_ms))
         elif st.started_ms is not None and known and not st.uuids_known and phase == "Running":
             st.uuids_known = True
@@ -340,9 +349,14 @@ class KubeTracker:
         if finished:
             end = self._pod_end(pod, now_ms)
             exit_state, exit_code = self._pod_exit(pod, watch_type)
+            gang_state = self.gangs.get(gang) if gang else None
+            if gang_state is not None and gang_state.evicted and exit_state in ("CANCELLED", "FAILED", "UNKNOWN"):
+                exit_state = gang_state.evicted  # Kueue evicted the gang: its pods were deleted for it
             out.append(self._pod_event(pod, "ENDED", end, req, [], start_ts_ms=st.started_ms, end_ts_ms=end,
                                        exit_state=exit_state, exit_code=exit_code))
             st.ended = True
+            if gang is not None:
+                self.gang_pods.get(gang, {}).pop(key, None)
             if watch_type == "DELETED":
                 self.pods.pop(key, None)
         return out
@@ -464,11 +478,14 @@ class KubeTracker:
             ts = parse_time(evicted.get("lastTransitionTime")) or now_ms
             reason = evicted.get("reason")
             if reason == "Preempted":
+                gs.evicted = "PREEMPTED"
                 emit("PREEMPTED", ts)
             elif reason in ("InactiveWorkload", "Deactivated") or spec.get("active") is False:
                 gs.inactive = True
+                gs.evicted = "SUSPENDED"
                 emit("SUSPENDED", ts)
             else:
+                gs.evicted = "REQUEUED"
                 emit("REQUEUED", ts)
         if spec.get("active") is False and not gs.inactive:
             gs.inactive = True
@@ -478,6 +495,7 @@ class KubeTracker:
             emit("REQUEUED", parse_time(requeued.get("lastTransitionTime")) or now_ms)
         admitted = new("Admitted")
         if admitted is not None:
+            gs.evicted = None
             ts = parse_time(admitted.get("lastTransitionTime")) or now_ms
             if gs.inactive and spec.get("active", True) is not False:
                 gs.inactive = False

@@ -297,3 +297,30 @@ def test_jobset_and_volcano_gangs_from_pod_metadata():
     assert tracker.gang_of(pod) == "jobset:kueue-dws/trainer"
     pod["metadata"].setdefault("annotations", {})["scheduling.k8s.io/group-name"] = "pg"
     assert tracker.gang_of(pod) == "volcano:kueue-dws/pg"
+
+
+def test_pods_of_a_preempted_workload_end_as_preempted():
+    tracker = KubeTracker(EventContext("gke"))
+    queued, stream = _workload_lifecycle()
+    tracker.on_workload("ADDED", queued, 0)
+    tracker.on_workload("MODIFIED", stream[0][1], 0)  # admitted
+    pending, running, _, _ = (obj for _, obj in _pod_lifecycle())
+    tracker.on_pod("ADDED", pending, 0)
+    (started,) = tracker.on_pod("MODIFIED", running, 0)
+    assert started["gang_id"] == WL_GANG and started["gang_size"] == 1
+    (pre,) = tracker.on_workload("MODIFIED", stream[1][1], 0)  # evicted: Preempted
+    assert pre["event_type"] == "PREEMPTED"
+    (ended,) = tracker.on_pod("DELETED", running, 1715954860000)
+    assert (ended["event_type"], ended["exit_state"]) == ("ENDED", "PREEMPTED")
+
+
+def test_jobset_gang_size_sums_its_running_pods():
+    tracker = KubeTracker(EventContext("c"))
+    sizes = []
+    for i in range(3):
+        pod = copy.deepcopy(_pod_lifecycle()[1][1])
+        pod["metadata"].update(name=f"trainer-{i}", uid=f"u{i}")
+        pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = "trainer"
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "4"
+        sizes.append(tracker.on_pod("ADDED", pod, 0)[-1]["gang_size"])
+    assert sizes == [4, 8, 12]
