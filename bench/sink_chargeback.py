@@ -52,8 +52,14 @@ ANALYST = "bench-analyst"
 
 def start_server(path: Path) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
-    env.update({"GPULEDGER_CONFIG": str(path / "none.toml"), "GPULEDGER_CLICKHOUSE__PASSWORD": PASSWORD,
-                "GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD": ANALYST, "GPULEDGER_STATE_DIR": str(path / "state")})  # fmt: skip
+    env.update(
+        {
+            "GPULEDGER_CONFIG": str(path / "none.toml"),
+            "GPULEDGER_CLICKHOUSE__PASSWORD": PASSWORD,
+            "GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD": ANALYST,
+            "GPULEDGER_STATE_DIR": str(path / "state"),
+        }
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(path / "data"),
          "--host", "127.0.0.1", "--port", "0"],
@@ -99,7 +105,9 @@ def bench_decode(n: int) -> float:
     t0 = time.perf_counter()
     for i, value in enumerate(encoded):
         record = decode_or_dead_letter(
-            SourceRecord("usage.device-minutes.v1", 0, i, None, value), codec, NoPublisher(),  # type: ignore[arg-type]
+            SourceRecord("usage.device-minutes.v1", 0, i, None, value),
+            codec,
+            NoPublisher(),  # type: ignore[arg-type]
             subject="usage.device-minutes",
         )
         DEVICE_MINUTES.rows(record)  # type: ignore[arg-type]

@@ -200,7 +200,7 @@ class LedgerSink:
             where = f"{item.table}: " if item.table else ""
             error = RowRejected(f"{where}{item.error_class}: {item.reason}")
             source = SourceRecord(o.topic, o.partition, o.offset, o.key, o.value, o.timestamp_ms)
-            dead_letter(source, error, self._publisher, subject=topic.subject, clock=self._clock_ms)
+            dead_letter(source, error, self._codec, self._publisher, subject=topic.subject, clock=self._clock_ms)
             self.stats.dead_lettered += 1
             log.warning("dead-lettered %s[%d]@%d: %s", o.topic, o.partition, o.offset, str(error)[:200])
 
