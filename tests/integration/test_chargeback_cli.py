@@ -1,0 +1,152 @@
+"""The sinks' commands end to end through the `gpuledger` entry point: db migrate, ratecard
+load/show, alerts, reclaim exec (dry-run and live with fake Slurm tools), chat receiver."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_chargeback_ledger import cli_env
+
+from gpuledger.settings import ClickHouseSettings
+from schemas import topics
+from sinks.chat import apprise_send
+from sinks.db import connect
+from sinks.rows import SINKS
+from sinks.writer import LedgerWriter, Origin, Pending
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def job_event(event_type: str, ts: int, **kw: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "event_id": f"e-{event_type}-{ts}", "event_type": event_type, "ts_ms": ts, "scheduler": "SLURM",
+        "cluster": "c1", "job_id": "4242", "array_job_id": None, "array_task_id": None, "het_job_id": None,
+        "het_job_offset": None, "job_name": "train", "user": "alice", "account": "vision", "project": "p-vision",
+        "project_source": "EXPLICIT", "project_validation": "VALID", "identity": None, "partition": "gpu",
+        "qos": None, "preemptible": False, "interactive": False, "checkpointable": True, "gang_size": 2,
+        "gang_id": None,
+        "allocations": [{"node": "n1", "devices": [{"index": 0, "uuid": "GPU-a", "mig_instance_id": None,
+                                                    "mig_profile": None}]}],
+        "requested_devices": 2, "pricing_tier": "on-prem", "submit_ts_ms": None, "start_ts_ms": ts,
+        "end_ts_ms": None, "exit_state": None, "exit_code": None,
+    }  # fmt: skip
+    record.update(kw)
+    return record
+
+
+IDENTITY = {
+    "user": "alice", "teams": ["vision", "infra"], "groups": ["gpu-users"], "cost_centre": "CC-100",
+    "snapshot_ts_ms": 1_000, "projects": ["p-vision"], "primary_team": "vision",
+}  # fmt: skip
+
+
+def gpuledger(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from gpuledger.cli import main; main()", *args],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=180,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def env(clickhouse_server: Any, clickhouse_database: str) -> dict[str, str]:
+    ch = ClickHouseSettings(
+        url=clickhouse_server.url, database=clickhouse_database, password=clickhouse_server.password,
+        analyst_password=clickhouse_server.analyst_password,
+    )  # fmt: skip
+    return {**os.environ, **cli_env(ch)}
+
+
+def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path: Path) -> None:
+    out = gpuledger(env, "db", "migrate")
+    assert out.returncode == 0, out.stderr
+    assert "001_ledger_tables: applied" in out.stdout and "004_analyst_role: skipped" in out.stdout
+    assert "already-applied" in gpuledger(env, "db", "migrate").stdout
+
+    loaded = gpuledger(env, "ratecard", "load")
+    assert loaded.returncode == 0 and "rates loaded" in loaded.stdout, loaded.stderr
+    shown = gpuledger(env, "ratecard", "show")
+    assert "1.631018" in shown.stdout and "capex/h" in shown.stdout and "cloud-spot" in shown.stdout
+
+    ch = ClickHouseSettings(url=env["GPULEDGER_CLICKHOUSE__URL"], database=env["GPULEDGER_CLICKHOUSE__DATABASE"],
+                            password=env["GPULEDGER_CLICKHOUSE__PASSWORD"])  # fmt: skip
+    client = connect(ch)
+    events, identities = SINKS[topics.JOB_EVENTS.name]
+    (alerts,) = SINKS[topics.ALERTS.name]
+    alert = {"alert_id": "a-9", "kind": "IDLE_WARNING", "ts_ms": 5_000, "cluster": "c1", "job_id": "4242",
+             "node": "n1", "device_uuids": ["GPU-a"], "user": "alice", "team": "vision", "project": "p-vision",
+             "idle_minutes": 31, "cost_so_far": 1.2, "action": "SUSPEND", "action_at_ms": 9_000, "dry_run": True,
+             "message": "idle", "appeal_route": None, "emitted_ts_ms": None}  # fmt: skip
+    pending = []
+    for i, rec in enumerate([job_event("STARTED", 1_000, identity=IDENTITY), job_event("ENDED", 2_000)]):
+        pending += [Pending(spec, row, Origin("e", 0, i)) for spec in (events, identities) for row in spec.rows(rec)]
+    pending += [Pending(alerts, row, Origin("a", 0, 0)) for row in alerts.rows(alert)]
+    assert not LedgerWriter(client).write(pending).rejected
+    state = client.query("SELECT state, team, start_ts_ms FROM v_jobs_current WHERE job_id = '4242'").result_rows
+    assert state == [("ENDED", "vision", 1_000)]
+    assert client.query("SELECT count() FROM identity_snapshots FINAL").result_rows[0][0] == 1
+
+    listed = gpuledger(env, "alerts", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert [a["job_id"] for a in json.loads(listed.stdout)] == ["4242"]
+    assert gpuledger(env, "alerts", "--limit", "0").stderr.count("\n") == 1
+
+    # Reclaim: dry-run by default, every step recorded.
+    dry = gpuledger(env, "reclaim", "exec", "--scheduler", "slurm", "--job", "4242", "--action",
+                    "checkpoint_then_cancel", "--cluster", "c1")  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert "1. scancel --signal=USR1 --full 4242: planned" in dry.stdout
+    bad = gpuledger(env, "reclaim", "exec", "--scheduler", "slurm", "--job", "42;reboot", "--action", "cancel")
+    assert bad.returncode == 2 and "not a Slurm job id" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+    # Live, with fake Slurm tools on PATH.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("scontrol", "scancel"):
+        script = bindir / tool
+        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n')
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    live_env = {**env, "PATH": f"{bindir}{os.pathsep}{env['PATH']}", "GPULEDGER_SINKS__RECLAIM_CHECKPOINT_GRACE_S": "0"}
+    live = gpuledger(live_env, "reclaim", "exec", "--scheduler", "SLURM", "--job", "4242", "--action",
+                     "CHECKPOINT_THEN_REQUEUE", "--execute")  # fmt: skip
+    assert live.returncode == 0, live.stderr
+    assert calls.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeue 4242"]
+    outcomes = client.query("SELECT dry_run, status, count() FROM action_outcomes FINAL GROUP BY dry_run, status "
+                            "ORDER BY dry_run").result_rows  # fmt: skip
+    assert outcomes == [(False, "ok", 3), (True, "planned", 3)]
+    client.close()
+
+
+def test_chat_receiver_command_stores_what_it_gets(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "received.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from gpuledger.cli import main; main()", "chat", "receiver", "--port", str(port),
+         "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and "webhook receiver on http://127.0.0.1:" in proc.stdout.readline()
+        assert apprise_send(f"json://127.0.0.1:{port}/team-vision", "hello", "channel: #vision\nevidence: GPU-a")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not out.exists():
+            time.sleep(0.05)
+        got = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/received", timeout=5).read())
+        assert got[0]["path"] == "/team-vision" and "GPU-a" in got[0]["body"]["message"]
+        assert json.loads(out.read_text().splitlines()[0])["body"]["title"] == "hello"
+    finally:
+        proc.terminate()
+        proc.wait(30)
