@@ -184,7 +184,10 @@ class Body:
         self._limit = limit
         self._chunked = "chunked" in (headers.get("Transfer-Encoding") or "").lower()
         length = headers.get("Content-Length")
-        self._remaining = int(length) if length and not self._chunked else 0
+        try:
+            self._remaining = int(length) if length and not self._chunked else 0
+        except ValueError:
+            raise QueryFailed.make(36, "BAD_ARGUMENTS", f"Content-Length {length!r} is not a number") from None
         self._encoding = headers.get("Content-Encoding")
         self.raw_bytes = 0
         self.decoded_bytes = 0
@@ -205,18 +208,23 @@ class Body:
                 line = self._rfile.readline(1024)
                 if not line:
                     raise QueryFailed.make(33, "CANNOT_READ_ALL_DATA", "The chunked request body ended early")
-                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                try:
+                    size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                except ValueError:
+                    raise QueryFailed.make(33, "CANNOT_READ_ALL_DATA", "Malformed chunk size in the body") from None
                 if size == 0:
                     while self._rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                         pass
                     self.finished = True
                     return
-                data = self._rfile.read(size)
+                self._count_raw(size)  # before reading: a declared size alone can exceed the limit
+                while size > 0:  # a large chunk arrives in pieces, never allocated whole
+                    data = self._rfile.read(min(size, 1 << 20))
+                    if not data:
+                        raise QueryFailed.make(33, "CANNOT_READ_ALL_DATA", "The chunked request body ended early")
+                    size -= len(data)
+                    yield data
                 self._rfile.readline(16)
-                if len(data) < size:
-                    raise QueryFailed.make(33, "CANNOT_READ_ALL_DATA", "The chunked request body ended early")
-                self._count_raw(len(data))
-                yield data
         else:
             while self._remaining > 0:
                 data = self._rfile.read(min(self._remaining, 1 << 20))
