@@ -52,6 +52,14 @@ class PollConfig:
     closed_retention_ms: int = 24 * 3600_000
 
 
+def track_key(job: SlurmJob) -> str:
+    """The key a job is tracked under: its printed id, except for a pending array's meta record, whose
+    printed id (`9_[3-9]`) shrinks as tasks start; it is tracked once per array."""
+    if job.array_job_id and job.array_task_id is None:
+        return f"{job.array_job_id}_[]"
+    return job.job_id
+
+
 def _is_gpu(job: SlurmJob) -> bool:
     return bool(job.gpu_count or job.gpus)
 
@@ -138,16 +146,16 @@ def step(
                 else:
                     tracked.emitted.add(etype)
             if etype == "ENDED":
-                state.closed[job.job_id] = ts
+                state.closed[track_key(job)] = ts
 
     listed = [j for j in listing if _is_gpu(j) or not cfg.gpu_jobs_only]
     het_sizes = het_gang_sizes(listed)
     seen_ids = set()
     for job in listed:
-        seen_ids.add(job.job_id)
-        tracked = state.jobs.get(job.job_id) or state.vanished.pop(job.job_id, None)
+        seen_ids.add(track_key(job))
+        tracked = state.jobs.get(track_key(job)) or state.vanished.pop(track_key(job), None)
         if tracked is None:
-            if job.job_id in state.closed and job.terminal:
+            if track_key(job) in state.closed and job.terminal:
                 continue
             tracked = Tracked(job, now_ms)
             emit(job, _transitions(None, job, now_ms), tracked)
@@ -156,10 +164,10 @@ def step(
         tracked.job = job
         tracked.last_seen_ms = now_ms
         if job.terminal:
-            state.jobs.pop(job.job_id, None)
-            state.closed.setdefault(job.job_id, job.end_ms or now_ms)
+            state.jobs.pop(track_key(job), None)
+            state.closed.setdefault(track_key(job), job.end_ms or now_ms)
         else:
-            state.jobs[job.job_id] = tracked
+            state.jobs[track_key(job)] = tracked
 
     # Jobs that left the listing while active: their end comes from accounting.
     for job_id in [k for k in state.jobs if k not in seen_ids]:
@@ -170,9 +178,9 @@ def step(
     for acct in accounting:
         if cfg.gpu_jobs_only and not _is_gpu(acct):
             continue
-        if acct.job_id in seen_ids:
+        if track_key(acct) in seen_ids:
             continue
-        vanished = state.vanished.get(acct.job_id)
+        vanished = state.vanished.get(track_key(acct))
         if vanished is not None:
             if acct.terminal or acct.state == "REQUEUED":
                 # keep the device detail the listing had; take the real times and final state from sacct
@@ -183,9 +191,9 @@ def step(
                     emit(merged, [("REQUEUED", acct.end_ms or now_ms)], vanished)
                 else:
                     emit(merged, [("ENDED", acct.end_ms or now_ms)], vanished)
-                del state.vanished[acct.job_id]
+                del state.vanished[track_key(acct)]
             continue
-        if acct.job_id in state.closed or acct.job_id in state.jobs:
+        if track_key(acct) in state.closed or track_key(acct) in state.jobs:
             continue
         if acct.start_ms is None:
             continue
@@ -193,7 +201,7 @@ def step(
         tracked = Tracked(acct, now_ms)
         emit(acct, _transitions(None, acct, now_ms), tracked)
         if acct.active:
-            state.jobs[acct.job_id] = tracked
+            state.jobs[track_key(acct)] = tracked
 
     for job_id in [k for k, t in state.vanished.items() if now_ms - t.last_seen_ms >= cfg.lost_after_ms]:
         tracked = state.vanished.pop(job_id)

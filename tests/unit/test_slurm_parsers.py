@@ -228,3 +228,17 @@ def test_het_job_is_one_gang_over_its_components():
     events = step(PollState(), parts, [], 1762529700000, EventContext("hpc"))
     assert [(e["job_id"], e["gang_id"], e["gang_size"], e["het_job_offset"]) for e in events] == [
         ("100+0", "100", 12, 0), ("100+1", "100", 12, 1)]
+
+
+def test_pending_array_meta_record_is_submitted_once():
+    from producers.slurm_poller import PollState, step
+
+    state = PollState()
+    seen = []
+    for k, rng in enumerate(("1-9", "3-9", "5-9")):
+        rec = _ctld_variant("v0.0.44")
+        rec.update(job_state=["PENDING"], array_task_string=rng,
+                   array_job_id={"set": True, "infinite": False, "number": 9})
+        seen += [(e["job_id"], e["event_type"]) for e in step(state, [parse_ctld_job(rec)], [], 1000 + k,
+                                                               EventContext("c"))]
+    assert seen == [("9_[1-9]", "SUBMITTED")]
