@@ -46,6 +46,11 @@ class SchedulerSettings(BaseModel):
     squeue: list[str] = Field(default_factory=lambda: ["squeue", "--json"])
     scontrol: list[str] = Field(default_factory=lambda: ["scontrol", "show", "job", "-d"])
     sacct: list[str] = Field(default_factory=lambda: ["sacct", "--json", "-X", "--allusers"])
+    # slurmrestd instead of the commands: base URL, data_parser version, JWT user and token (file)
+    slurmrestd_url: str | None = None
+    slurmrestd_version: str = "v0.0.41"
+    slurmrestd_user: str | None = None
+    slurmrestd_token_file: Path | None = None
     spool_dir: Path = Path("/var/spool/gpuledger")
     jobcomp_topic: str = "slurm-jobcomp"
     kubeconfig: Path | None = None
@@ -239,15 +244,25 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         state_dir: Path | None = STATE_DIR_OPTION,
     ) -> None:
         """Poll squeue (+ scontrol for GPU indices, + sacct to reconcile) and publish job events."""
-        from producers.slurm_poller import SlurmCommands, SlurmPoller
+        from producers.slurm_poller import SlurmCommands, SlurmPoller, SlurmRestRunner
 
         settings = _settings(state_dir)
         sched = _sched(settings)
         ctx = _context(settings, sched, with_inventory=not dry_run)
         sink: Any = _PrintSink() if dry_run else _publisher(settings)
-        commands = SlurmCommands(tuple(sched.squeue), tuple(sched.scontrol), tuple(sched.sacct))
+        runner = SlurmRestRunner()
+        if sched.slurmrestd_url:
+            base, ver = sched.slurmrestd_url.rstrip("/"), sched.slurmrestd_version
+            commands = SlurmCommands((f"{base}/slurm/{ver}/jobs",), (), (f"{base}/slurmdb/{ver}/jobs",))
+            token = None
+            if sched.slurmrestd_token_file is not None:
+                token = sched.slurmrestd_token_file.read_text(encoding="utf-8").strip()
+            runner = SlurmRestRunner(sched.slurmrestd_user, token)
+        else:
+            commands = SlurmCommands(tuple(sched.squeue), tuple(sched.scontrol), tuple(sched.sacct))
         state_path = None if dry_run else settings.state_dir / "slurm-poller.json"
-        poller = SlurmPoller(ctx, sink, commands=commands, tz=_tz(sched.slurm_timezone), state_path=state_path)
+        poller = SlurmPoller(ctx, sink, commands=commands, runner=runner, tz=_tz(sched.slurm_timezone),
+                             state_path=state_path)
         if once:
             poller.poll_once()
             if not dry_run:

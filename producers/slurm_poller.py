@@ -230,6 +230,50 @@ def run_command(argv: Sequence[str], timeout_s: float = 60.0) -> str:
     return proc.stdout
 
 
+class SlurmRestRunner:
+    """Runs "commands" that are slurmrestd URLs: `[url]` for job lists, `[url, "-S", "now-<N>seconds", ...]`
+    for accounting (sent as `start_time`). Other commands go to the fallback (subprocess) runner.
+
+    Auth is slurmrestd's JWT: `X-SLURM-USER-NAME` / `X-SLURM-USER-TOKEN` headers.
+    """
+
+    def __init__(
+        self,
+        user: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float = 60.0,
+        clock: Callable[[], int] = lambda: int(time.time() * 1000),
+        fallback: Runner = run_command,
+    ) -> None:
+        self.headers = {}
+        if user:
+            self.headers["X-SLURM-USER-NAME"] = user
+        if token:
+            self.headers["X-SLURM-USER-TOKEN"] = token
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.fallback = fallback
+
+    def __call__(self, argv: Sequence[str]) -> str:
+        import httpx
+
+        if not argv or not argv[0].startswith(("http://", "https://")):
+            return self.fallback(argv)
+        params: dict[str, str] = {}
+        if "-S" in argv:
+            spec = argv[list(argv).index("-S") + 1]
+            if spec.startswith("now-") and spec.endswith("seconds"):
+                params["start_time"] = str(self.clock() // 1000 - int(spec[4:-7]))
+        try:
+            resp = httpx.get(argv[0], params=params, headers=self.headers, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServiceError(f"slurmrestd {argv[0]}: {exc}") from exc
+        if resp.status_code != 200:
+            raise ServiceError(f"slurmrestd {argv[0]}: HTTP {resp.status_code} {resp.text[:200]}")
+        return resp.text
+
+
 @dataclass(frozen=True)
 class SlurmCommands:
     listing: tuple[str, ...] = ("squeue", "--json")

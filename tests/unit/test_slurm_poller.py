@@ -266,3 +266,47 @@ def test_restart_reaches_back_to_the_last_poll(fake_slurm, tmp_path):
     assert [(e["job_id"], e["event_type"]) for e in events] == [("12", "STARTED"), ("12", "ENDED")]
     sacct_call = (fake_slurm / "calls.log").read_text().splitlines()[-1]
     assert "-S now-7500seconds" in sacct_call  # 7,200 s since the last poll + 300 s overlap
+
+
+def test_poll_through_slurmrestd(tmp_path):
+    """The same cycle against a loopback slurmrestd serving the captured 24.05 responses."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    from producers.slurm_poller import SlurmRestRunner
+
+    seen = []
+    bodies = {
+        "/slurm/v0.0.41/jobs": RUNNING.read_text(),
+        "/slurmdb/v0.0.41/jobs": _sacct_doc(_db_job(10, "COMPLETED", 1762529600, 1762529640, 2)),
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            url = urlparse(self.path)
+            seen.append((url.path, parse_qs(url.query), self.headers.get("X-SLURM-USER-TOKEN")))
+            body = bodies.get(url.path)
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write((body or "{}").encode())
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        commands = SlurmCommands((f"{base}/slurm/v0.0.41/jobs",), (), (f"{base}/slurmdb/v0.0.41/jobs",))
+        clock = lambda: 1762529700000  # noqa: E731
+        runner = SlurmRestRunner("gpuledger", "jwt-token", clock=clock)
+        events = SlurmPoller(_ctx(), ListSink(), commands=commands, runner=runner, clock=clock).poll_once()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert sorted((e["job_id"], e["event_type"]) for e in events) == [
+        ("10", "ENDED"), ("10", "STARTED"), ("9", "STARTED")]
+    assert [p for p, _, _ in seen] == ["/slurm/v0.0.41/jobs", "/slurmdb/v0.0.41/jobs"]
+    assert seen[1][1] == {"start_time": [str(1762529700 - 3900)]} and seen[0][2] == "jwt-token"
