@@ -134,18 +134,37 @@ def registry_from_csv(text: str, where: str = "registry.csv") -> Registry:
     return registry_from_data({"projects": projects}, where)
 
 
-def load_registry(path: Path) -> Registry:
+def registry_from_text(text: str, where: str, csv_format: bool = False) -> Registry:
+    if csv_format:
+        return registry_from_csv(text, where)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ParseError(f"{where}: {exc}") from exc
+    return registry_from_data(data, where)
+
+
+def load_registry(source: Path | str) -> Registry:
+    """A registry file (YAML/JSON, or CSV by suffix), or an http(s) URL serving one (CSV when the URL ends
+    in .csv or the server says text/csv)."""
+    text_source = str(source)
+    if text_source.startswith(("http://", "https://")):
+        import httpx
+
+        try:
+            resp = httpx.get(text_source, timeout=10.0, follow_redirects=True)
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise ConfigError(f"cannot fetch project registry {text_source}: {exc}") from exc
+        is_csv = text_source.lower().split("?", 1)[0].endswith(".csv") or "csv" in resp.headers.get(
+            "content-type", "")
+        return registry_from_text(resp.text, text_source, is_csv)
+    path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read project registry {path}: {exc}") from exc
-    if path.suffix.lower() == ".csv":
-        return registry_from_csv(text, str(path))
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ParseError(f"{path}: {exc}") from exc
-    return registry_from_data(data, str(path))
+    return registry_from_text(text, str(path), path.suffix.lower() == ".csv")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ console = Console()
 class SchedulerSettings(BaseModel):
     """The `extra.scheduler` settings section."""
 
-    registry: Path | None = None  # project registry (YAML or CSV)
+    registry: str | None = None  # project registry: a YAML/CSV file, or an http(s) URL serving one
     directory: Path | None = None  # identity directory file (YAML/JSON)
     device_map: Path | None = None  # node GPU map file {cluster: {node: {index: uuid}}}
     device_map_from_inventory: bool = True  # also read the inventory topic at start
@@ -388,7 +388,8 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     @policy_app.command("render")
     def policy_render(
         out: Path = typer.Option(Path("."), "--out", help="Directory to write job_submit.lua and the policy into."),
-        registry: Path | None = typer.Option(None, "--registry", help="Project registry (default: settings)."),
+        registry: str | None = typer.Option(None, "--registry", help="Project registry file or URL (default: "
+                                            "settings)."),
         directory: Path | None = typer.Option(None, "--directory", help="Identity directory (expands teams)."),
         mode: str | None = typer.Option(None, "--mode", help="strict (reject) or grace (warn). Default: settings."),
         state_dir: Path | None = STATE_DIR_OPTION,

@@ -129,3 +129,30 @@ def test_attribution_correct_dry_run_is_a_valid_audited_record(tmp_path, monkeyp
     res = runner.invoke(_cli_app(), ["attribution", "correct", "1", "--project", "nope", "--reason", "x",
                                      "--dry-run"])
     assert res.exit_code != 0 and "not in the registry" in str(res.exception)
+
+
+def test_registry_from_an_http_source():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body, ctype = (CSV_REGISTRY, "text/csv") if self.path.startswith("/export") else (YAML_REGISTRY,
+                                                                                              "application/yaml")
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        assert load_registry(f"{base}/projects.yaml").default_for("carol") == "open-science"
+        assert load_registry(f"{base}/export?format=csv").active_ids() == ["atlas", "vision"]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
