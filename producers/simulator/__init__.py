@@ -13,7 +13,12 @@ Library API (pure Python, no Kafka):
 
 - `SimConfig(seed, nodes, gpus_per_node=8, duration_s, start_ms, cluster="sim", exporter_version,
   upgrade_to, upgrade_at_s, dead_exporter_nodes, dead_exporter_at_s, dead_exporter_for_s,
-  silent_devices, training_gangs, hpc_job_label)`: frozen; the same config gives the same records.
+  silent_devices, training_gangs, hpc_job_label, mig_nodes)`: frozen; the same config gives the
+  same records. `mig_nodes=k` turns the last k nodes into A100s in MIG mode: jobs hold single
+  slices (allocations carry `mig_instance_id`/`mig_profile`), slices report profiling ratios and
+  framebuffer under `GPU_I_ID`/`GPU_I_PROFILE`, the physical GPU reports board metrics only (no
+  activity), and Ledger.devices keys are `node/uuid/GPU_I_ID`. Devices are keyed (node, slot)
+  in the plan: the GPU index for whole GPUs, the slice's position on the node for MIG.
 - `simulate(config, *, start_s=0, end_s=None) -> Iterator[tuple[Topic, bytes, dict]]`: inventory
   records first (one per node, `INVENTORY`, key `cluster/node`), then per second: ENDED events,
   STARTED events (`JOB_EVENTS`, key `cluster/job_id`), one `DEVICE_SAMPLES` record per node whose

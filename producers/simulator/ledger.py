@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producers.simulator.model import SimConfig, SimJob, SimPlan, plan
+from producers.simulator.model import SimConfig, SimDevice, SimJob, SimPlan, plan
 from producers.simulator.telemetry import DeviceSchedule, device_schedules, truth
 
 CLASSIFIER_VERSION = "c1"
@@ -74,6 +74,7 @@ class DeviceMinute:
     job_id: str
     node: str
     uuid: str
+    mig_instance_id: int | None
     minute_start_ms: int
     allocated_s: int
     active_s: int
@@ -82,6 +83,12 @@ class DeviceMinute:
     dark_s: int
     sm_weighted_s: float
     sample_count: int
+
+
+def _device_name(dev: SimDevice) -> str:
+    """`node/uuid`, and `/GPU_I_ID` for a MIG slice: the key of Ledger.devices."""
+    base = f"{dev.node}/{dev.uuid}"
+    return base if dev.mig_instance_id is None else f"{base}/{dev.mig_instance_id}"
 
 
 def _close_minute(
@@ -93,7 +100,7 @@ def _close_minute(
     led: Ledger,
     th: Thresholds,
     rows: list[DeviceMinute] | None = None,
-    device: tuple[str, str] = ("", ""),
+    device: SimDevice | None = None,
 ) -> None:
     """Account one device's allocated seconds of one minute (classifier c1)."""
     if m is None:
@@ -112,12 +119,13 @@ def _close_minute(
         led.sm_weighted_s += weighted
         flags[0] = True
         flags[1] = flags[1] or cls != "idle"
-    if rows is not None:
+    if rows is not None and device is not None:
         rows.append(
             DeviceMinute(
                 job_id=led.job_id,
-                node=device[0],
-                uuid=device[1],
+                node=device.node,
+                uuid=device.uuid,
+                mig_instance_id=device.mig_instance_id,
                 minute_start_ms=m * 60_000,
                 allocated_s=len(sampled) + dark,
                 active_s=by_class["active"],
@@ -166,7 +174,7 @@ def _job_ledger(
         for t in range(job.start_s, job.end_s):
             m = (base_s + t) // 60
             if m != minute:
-                _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, (key[0], dev.uuid))
+                _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, dev)
                 minute, sampled, dark = m, [], 0
             if silent or t >= cfg.duration_s or p.outage_at(key[0], t):
                 dark += 1
@@ -175,8 +183,8 @@ def _job_ledger(
             assert held is not None and held[0] is job
             tr = truth(dev, job, pos, t, base_s)
             sampled.append((tr.activity_pct / 100, tr.fb_used_mib))
-        _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, (key[0], dev.uuid))
-        led.devices[f"{key[0]}/{dev.uuid}"] = counts
+        _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, dev)
+        led.devices[_device_name(dev)] = counts
         for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s"):
             setattr(led, k, getattr(led, k) + counts[k])
     led.sm_weighted_s = round(led.sm_weighted_s, 6)
@@ -255,7 +263,7 @@ def ledger_json(config: SimConfig, ledger: dict[str, Ledger]) -> dict[str, Any]:
         "config": asdict(config),
         "totals": totals,
         "outages": [asdict(o) for o in p.outages],
-        "silent_devices": [f"{n}/{p.devices[(n, i)].uuid}" for n, i in sorted(p.silent)],
+        "silent_devices": [_device_name(p.devices[k]) for k in sorted(p.silent)],
         "jobs": {job_id: asdict(led) for job_id, led in ledger.items()},
     }
 

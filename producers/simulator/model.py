@@ -57,6 +57,8 @@ class SimConfig:
     silent_devices: int = 1
     training_gangs: int | None = None  # default: one gang per 4 nodes
     hpc_job_label: bool = True  # exporters label allocated devices with the job id (hpc_job)
+    # The last `mig_nodes` nodes are A100s in MIG mode: jobs hold single MIG slices (uuid + GPU_I_ID).
+    mig_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -65,6 +67,8 @@ class SimConfig:
             raise ConfigError("simulator: duration must be at least 60 s")
         if self.start_ms % 1000:
             raise ConfigError("simulator: start must be a whole second")
+        if not 0 <= self.mig_nodes <= self.nodes:
+            raise ConfigError("simulator: mig_nodes must be between 0 and nodes")
 
     @property
     def upgrade_second(self) -> int | None:
@@ -83,6 +87,13 @@ class SimDevice:
     memory_mib: int
     power_max_w: int
     pci_bus_id: str
+    slot: int = -1  # position among the node's devices (== index for whole GPUs); devices are keyed (node, slot)
+    mig_instance_id: int | None = None
+    mig_profile: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.node, self.slot if self.slot >= 0 else self.index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +126,7 @@ class SimJob:
     project_source: str  # EXPLICIT or DEFAULT
     start_s: int
     end_s: int
-    devices: tuple[tuple[str, int], ...]  # (node, index)
+    devices: tuple[tuple[str, int], ...]  # (node, slot): the device index, or the MIG slice's position
     interactive: bool
     preemptible: bool
     checkpointable: bool
@@ -178,8 +189,46 @@ def _build_nodes(cfg: SimConfig, rng: random.Random) -> tuple[SimNode, ...]:
             )
             for g in range(cfg.gpus_per_node)
         )
+        if i >= cfg.nodes - cfg.mig_nodes:
+            model, devices = _mig_devices(cfg, name, devices)
         nodes.append(SimNode(name, i, model, generation_of(model), tier, devices))
     return tuple(nodes)
+
+
+MIG_MODEL = ("NVIDIA A100-SXM4-80GB", 81920, 400)
+# Ways to partition an A100 80GB: (profile, framebuffer MiB) per instance.
+MIG_LAYOUTS: tuple[tuple[tuple[str, int], ...], ...] = (
+    (("3g.40gb", 40192), ("3g.40gb", 40192)),
+    (("2g.20gb", 19968), ("2g.20gb", 19968), ("2g.20gb", 19968)),
+    (("4g.40gb", 40192), ("2g.20gb", 19968), ("1g.10gb", 9728)),
+    tuple(("1g.10gb", 9728) for _ in range(7)),
+)
+
+
+def _mig_devices(cfg: SimConfig, node: str, whole: tuple[SimDevice, ...]) -> tuple[str, tuple[SimDevice, ...]]:
+    """The MIG slices of a node's GPUs (each keeps its parent's UUID and index; GPU_I_ID from 1)."""
+    rng = random.Random(f"{cfg.seed}/mig/{node}")  # noqa: S311 (a reproducible simulation)
+    model, mem, power = MIG_MODEL
+    out: list[SimDevice] = []
+    for parent in whole:
+        layout = rng.choice(MIG_LAYOUTS)
+        for gi, (profile, fb) in enumerate(layout, 1):
+            out.append(
+                SimDevice(
+                    node,
+                    parent.index,
+                    parent.uuid,
+                    model,
+                    generation_of(model),
+                    fb,
+                    power * fb // mem,
+                    parent.pci_bus_id,
+                    slot=len(out),
+                    mig_instance_id=gi,
+                    mig_profile=profile,
+                )
+            )
+    return model, tuple(out)
 
 
 def _build_people() -> tuple[Person, ...]:
@@ -259,6 +308,8 @@ def build_plan(cfg: SimConfig) -> SimPlan:
     blocked: dict[str, tuple[int, int]] = {}
     free_nodes = [n.name for n in nodes]
     rng.shuffle(free_nodes)
+    mig = {n.name for n in nodes if n.devices and n.devices[0].mig_instance_id is not None}
+    free_nodes = [n for n in free_nodes if n not in mig]  # gangs run on whole GPUs
     for _ in range(n_gangs):
         size = min(len(free_nodes), rng.choice((2, 2, 3, 4)))
         if size < 1 or (size == 1 and cfg.nodes > 1):
@@ -274,7 +325,8 @@ def build_plan(cfg: SimConfig) -> SimPlan:
 
     # 2. Everything else on per-node GPU groups, one job after another.
     for node in nodes:
-        for group in _groups(cfg.gpus_per_node, rng):
+        groups = [[d.slot] for d in node.devices] if node.name in mig else _groups(cfg.gpus_per_node, rng)
+        for group in groups:
             t = rng.randint(0, 120)
             while t < D - 60:
                 b = blocked.get(node.name)
@@ -312,7 +364,7 @@ def build_plan(cfg: SimConfig) -> SimPlan:
     candidates = [j for j in jobs if j.kind == "batch" and not any(o.node == j.devices[0][0] for o in outages)]
     for j in candidates[: cfg.silent_devices]:
         silent.add(j.devices[0])
-    devices = {(d.node, d.index): d for n in nodes for d in n.devices}
+    devices = {d.key: d for n in nodes for d in n.devices}
     return SimPlan(cfg, nodes, people, tuple(jobs), tuple(outages), frozenset(silent), devices)
 
 

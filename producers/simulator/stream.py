@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from producers.dcgm import Normalizer, RawSample, scrape_record
 from producers.mapping import load_mappings
 from producers.records import inventory_device, node_inventory_record
-from producers.simulator.model import SimConfig, SimJob, SimPlan, plan
+from producers.simulator.model import MIG_MODEL, SimConfig, SimDevice, SimJob, SimPlan, plan
 from producers.simulator.telemetry import (
     ExporterProfile,
     device_labels,
     device_schedules,
     exporter_profile,
     exporter_samples,
+    mig_instance_samples,
+    mig_parent_samples,
     truth,
 )
 from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic, job_key, node_key
@@ -28,7 +31,15 @@ def inventory_records(p: SimPlan, ts_ms: int) -> list[Record]:
     out: list[Record] = []
     for node in p.nodes:
         devices = [
-            inventory_device(index=d.index, model=d.model, generation=d.generation, uuid=d.uuid) for d in node.devices
+            inventory_device(
+                index=d.index,
+                model=d.model,
+                generation=d.generation,
+                uuid=d.uuid,
+                mig_profile=d.mig_profile,
+                mig_instance_id=d.mig_instance_id,
+            )
+            for d in node.devices
         ]
         rec = node_inventory_record(cluster=cfg.cluster, node=node.name, ts_ms=ts_ms, source=SOURCE, devices=devices)
         out.append((INVENTORY, node_key(cfg.cluster, node.name), rec))
@@ -37,10 +48,15 @@ def inventory_records(p: SimPlan, ts_ms: int) -> list[Record]:
 
 def _allocations(p: SimPlan, job: SimJob) -> list[dict[str, Any]]:
     per_node: dict[str, list[dict[str, Any]]] = {}
-    for node, index in job.devices:
-        dev = p.devices[(node, index)]
+    for node, slot in job.devices:
+        dev = p.devices[(node, slot)]
         per_node.setdefault(node, []).append(
-            {"index": index, "uuid": dev.uuid, "mig_instance_id": None, "mig_profile": None}
+            {
+                "index": dev.index,
+                "uuid": dev.uuid,
+                "mig_instance_id": dev.mig_instance_id,
+                "mig_profile": dev.mig_profile,
+            }
         )
     return [{"node": n, "devices": devs} for n, devs in per_node.items()]
 
@@ -108,11 +124,13 @@ class _NodeScraper:
         self._labels: dict[tuple[str, int, str, str | None], dict[str, str]] = {}
         self.base_s = p.config.start_ms // 1000
 
-    def labels(self, key: tuple[str, int], profile: ExporterProfile, job_id: str | None) -> dict[str, str]:
+    def labels(
+        self, key: tuple[str, int], profile: ExporterProfile, job_id: str | None, dev: SimDevice | None = None
+    ) -> dict[str, str]:
         lk = (key[0], key[1], profile.version, job_id)
         labels = self._labels.get(lk)
         if labels is None:
-            labels = device_labels(self.plan.devices[key], profile, job_id)
+            labels = device_labels(dev or self.plan.devices[key], profile, job_id)
             self._labels[lk] = labels
         return labels
 
@@ -120,13 +138,35 @@ class _NodeScraper:
         p = self.plan
         samples: list[RawSample] = []
         node = p.node(node_name)
+        parents_done: set[int] = set()
         for dev in node.devices:
-            key = (dev.node, dev.index)
+            key = dev.key
+            if dev.mig_instance_id is not None and dev.index not in parents_done:
+                parents_done.add(dev.index)
+                parent = replace(
+                    dev,
+                    slot=-1,
+                    mig_instance_id=None,
+                    mig_profile=None,
+                    memory_mib=MIG_MODEL[1],
+                    power_max_w=MIG_MODEL[2],
+                )
+                samples.extend(
+                    mig_parent_samples(
+                        self.labels((dev.node, -1 - dev.index), profile, None, parent),
+                        truth(parent, None, 0, t, self.base_s),
+                    )
+                )
             if key in p.silent:
                 continue
             held = self.schedules[key].at(t)
             job, pos = held if held is not None else (None, 0)
             job_id = job.job_id if job is not None and p.config.hpc_job_label else None
+            if dev.mig_instance_id is not None:
+                samples.extend(
+                    mig_instance_samples(self.labels(key, profile, job_id), truth(dev, job, pos, t, self.base_s))
+                )
+                continue
             samples.extend(
                 exporter_samples(profile, self.labels(key, profile, job_id), truth(dev, job, pos, t, self.base_s))
             )

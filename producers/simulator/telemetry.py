@@ -155,9 +155,33 @@ def device_labels(dev: SimDevice, profile: ExporterProfile, job_id: str | None) 
         profile.hostname_label: dev.node,
         "DCGM_FI_DRIVER_VERSION": DRIVER_VERSION,
     }
+    if dev.mig_instance_id is not None:
+        labels["GPU_I_PROFILE"] = dev.mig_profile or ""
+        labels["GPU_I_ID"] = str(dev.mig_instance_id)
     if job_id is not None:
         labels["hpc_job"] = job_id
     return labels
+
+
+def mig_instance_samples(labels: dict[str, str], tr: Truth) -> list[RawSample]:
+    """What a MIG slice reports: profiling ratios and its framebuffer (GPU_UTIL is not supported in MIG
+    mode, so MIG nodes run the DCP counter set whatever the release)."""
+    return [
+        RawSample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, tr.activity_pct / 100),
+        RawSample("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", labels, tr.tensor_pct / 100),
+        RawSample("DCGM_FI_PROF_DRAM_ACTIVE", labels, tr.dram_pct / 100),
+        RawSample("DCGM_FI_DEV_FB_USED", labels, float(tr.fb_used_mib)),
+        RawSample("DCGM_FI_DEV_FB_FREE", labels, float(tr.fb_total_mib - tr.fb_used_mib)),
+    ]
+
+
+def mig_parent_samples(labels: dict[str, str], tr: Truth) -> list[RawSample]:
+    """What the physical GPU of a MIG node reports on its own series: board metrics, no activity."""
+    return [
+        RawSample("DCGM_FI_DEV_GPU_TEMP", labels, float(tr.temperature_c)),
+        RawSample("DCGM_FI_DEV_POWER_USAGE", labels, tr.power_w),
+        RawSample("DCGM_FI_DEV_XID_ERRORS", labels, 0.0),
+    ]
 
 
 def exporter_samples(profile: ExporterProfile, labels: dict[str, str], tr: Truth) -> list[RawSample]:

@@ -16,11 +16,18 @@ from schemas.codec import AvroCodec
 from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS
 
 SMALL = SimConfig(seed=3, nodes=4, duration_s=40 * 60, upgrade_at_s=20 * 60)
+SMALL_MIG = SimConfig(seed=4, nodes=3, duration_s=30 * 60, mig_nodes=1)
 
 
 @pytest.fixture(scope="module")
 def records() -> list[tuple[Any, bytes, dict[str, Any]]]:
     return list(simulate(SMALL))
+
+
+@pytest.fixture(scope="module", params=["whole", "mig"])
+def run_records(request: pytest.FixtureRequest) -> tuple[SimConfig, list[tuple[Any, bytes, dict[str, Any]]]]:
+    cfg = SMALL if request.param == "whole" else SMALL_MIG
+    return cfg, list(simulate(cfg))
 
 
 def _digest(cfg: SimConfig, codec: AvroCodec) -> str:
@@ -52,21 +59,27 @@ def test_records_are_in_event_time_order_and_encode(records: list[tuple[Any, byt
     assert topics == {DEVICE_SAMPLES.name, JOB_EVENTS.name, INVENTORY.name}
 
 
-def test_job_events_and_samples_agree(records: list[tuple[Any, bytes, dict[str, Any]]]) -> None:
-    p = plan(SMALL)
-    inventory = {r["node"]: {d["uuid"] for d in r["devices"]} for t, _, r in records if t is INVENTORY}
-    assert len(inventory) == SMALL.nodes and all(len(v) == 8 for v in inventory.values())
-    held: dict[tuple[str, str], str] = {}  # (node, uuid) -> job id
+def test_job_events_and_samples_agree(
+    run_records: tuple[SimConfig, list[tuple[Any, bytes, dict[str, Any]]]],
+) -> None:
+    cfg, records = run_records
+    p = plan(cfg)
+    inventory = {
+        r["node"]: {(d["uuid"], d["mig_instance_id"]) for d in r["devices"]} for t, _, r in records if t is INVENTORY
+    }
+    assert len(inventory) == cfg.nodes
+    assert all(len({u for u, _ in v}) == 8 for v in inventory.values())
+    held: dict[tuple[str, str, int | None], str] = {}  # (node, uuid, MIG instance) -> job id
     started: set[str] = set()
     ended: set[str] = set()
-    seen_devices: dict[tuple[str, str], int] = defaultdict(int)
+    seen_devices: dict[tuple[str, str, int | None], int] = defaultdict(int)
     for topic, key, rec in records:
         if topic is JOB_EVENTS:
             assert key == f"sim/{rec['job_id']}".encode()
-            devs = [(a["node"], d["uuid"]) for a in rec["allocations"] for d in a["devices"]]
+            devs = [(a["node"], d["uuid"], d["mig_instance_id"]) for a in rec["allocations"] for d in a["devices"]]
             assert rec["gang_size"] == len(devs)
-            for node, uuid in devs:
-                assert uuid in inventory[node]
+            for node, uuid, mig in devs:
+                assert (uuid, mig) in inventory[node]
             if rec["event_type"] == "STARTED":
                 assert rec["identity"]["user"] == rec["user"] and rec["project"]
                 for dev in devs:
@@ -81,20 +94,40 @@ def test_job_events_and_samples_agree(records: list[tuple[Any, bytes, dict[str, 
             assert key == f"sim/{rec['node']}".encode()
             for d in rec["devices"]:
                 # The exporter's hpc_job label names the job the scheduler says holds the device.
-                assert d["hpc_job"] == held.get((rec["node"], d["uuid"]))
-                seen_devices[(rec["node"], d["uuid"])] += 1
+                dev = (rec["node"], d["uuid"], d["mig_instance_id"])
+                assert d["hpc_job"] == held.get(dev)
+                seen_devices[dev] += 1
     assert started == ended == {j.job_id for j in p.jobs}
     assert not held
-    for node, index in p.silent:
-        assert (node, p.devices[(node, index)].uuid) not in seen_devices
+    for key in p.silent:
+        silent = p.devices[key]
+        assert (silent.node, silent.uuid, silent.mig_instance_id) not in seen_devices
     kinds = {j.kind for j in p.jobs}
-    assert {"training", "batch", "notebook", "starved", "poker"} <= kinds
+    assert {"batch", "notebook", "starved", "poker"} <= kinds
     assert any(len(j.nodes) > 1 for j in p.jobs), "a multi-node gang"
+    if cfg.mig_nodes:
+        mig_node = p.nodes[-1].name
+        slices = {(u, m) for u, m in inventory[mig_node] if m is not None}
+        assert len(slices) > 8 and all(m is not None for _, m in inventory[mig_node])
+        assert {(mig_node, u, m) for u, m in slices} <= set(seen_devices) | {
+            (p.devices[k].node, p.devices[k].uuid, p.devices[k].mig_instance_id) for k in p.silent
+        }
+        assert any(m is not None for n, _, m in held_ever(records) if n == mig_node)
+
+
+def held_ever(records: list[tuple[Any, bytes, dict[str, Any]]]) -> set[tuple[str, str, int | None]]:
+    return {
+        (a["node"], d["uuid"], d["mig_instance_id"])
+        for t, _, r in records
+        if t is JOB_EVENTS
+        for a in r["allocations"]
+        for d in a["devices"]
+    }
 
 
 def _ledger_from_records(records: list[tuple[Any, bytes, dict[str, Any]]]) -> dict[str, dict[str, int]]:
     """A consumer-side reading of docs/classification.md over the emitted records (no ground truth)."""
-    intervals: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    intervals: dict[tuple[str, str, int | None], list[tuple[int, int, str]]] = defaultdict(list)
     starts: dict[str, dict[str, Any]] = {}
     for topic, _, rec in records:
         if topic is JOB_EVENTS and rec["event_type"] == "STARTED":
@@ -103,8 +136,9 @@ def _ledger_from_records(records: list[tuple[Any, bytes, dict[str, Any]]]) -> di
             s = starts[rec["job_id"]]
             for a in s["allocations"]:
                 for d in a["devices"]:
-                    intervals[(a["node"], d["uuid"])].append((s["ts_ms"], rec["ts_ms"], rec["job_id"]))
-    samples: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
+                    dev = (a["node"], d["uuid"], d["mig_instance_id"])
+                    intervals[dev].append((s["ts_ms"], rec["ts_ms"], rec["job_id"]))
+    samples: dict[tuple[str, str, int | None], dict[int, tuple[float, float]]] = defaultdict(dict)
     for topic, _, rec in records:
         if topic is DEVICE_SAMPLES:
             for d in rec["devices"]:
@@ -114,7 +148,8 @@ def _ledger_from_records(records: list[tuple[Any, bytes, dict[str, Any]]]) -> di
                 if act is None and d["gpu_util_pct"] is not None:
                     act = d["gpu_util_pct"] / 100
                 if act is not None:
-                    samples[(rec["node"], d["uuid"])][rec["ts_ms"] // 1000] = (act, d["fb_used_mib"] or 0.0)
+                    dev = (rec["node"], d["uuid"], d["mig_instance_id"])
+                    samples[dev][rec["ts_ms"] // 1000] = (act, d["fb_used_mib"] or 0.0)
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for dev, ivs in intervals.items():
         for start_ms, end_ms, job in ivs:
@@ -134,8 +169,11 @@ def _ledger_from_records(records: list[tuple[Any, bytes, dict[str, Any]]]) -> di
     return out
 
 
-def test_expected_ledger_matches_the_records(records: list[tuple[Any, bytes, dict[str, Any]]]) -> None:
-    expected = expected_ledger(SMALL)
+def test_expected_ledger_matches_the_records(
+    run_records: tuple[SimConfig, list[tuple[Any, bytes, dict[str, Any]]]],
+) -> None:
+    cfg, records = run_records
+    expected = expected_ledger(cfg)
     observed = _ledger_from_records(records)
     assert set(expected) == set(observed)
     for job_id, led in expected.items():
