@@ -351,6 +351,8 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     def kube_watch(
         kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="Default: in-cluster, else ~/.kube/config."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print events as JSON instead of publishing."),
+        once: bool = typer.Option(False, "--once", help="List, follow each watch once (up to --timeout), exit."),
+        timeout_s: int = typer.Option(300, "--timeout", help="Seconds per watch request."),
         state_dir: Path | None = STATE_DIR_OPTION,
     ) -> None:
         """Watch GPU pods, Kueue Workloads and Volcano PodGroups; publish job events."""
@@ -381,9 +383,11 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
                 typer.echo(f"dcgm-exporter {url}: {exc}", err=True)
         sink: Any = _PrintSink() if dry_run else _FlushingSink(_publisher(settings))
         watcher = KubeWatcher(client.ApiClient(), KubeTracker(ctx, labels, project_label=sched.kube_label), sink,
-                              clock=lambda: int(time.time() * 1000))
+                              clock=lambda: int(time.time() * 1000), timeout_seconds=timeout_s)
         signal.signal(signal.SIGTERM, lambda *_: watcher.stop())
-        watcher.run()
+        watcher.run(rounds=1 if once else None)
+        for err in watcher.errors:
+            typer.echo(f"watch: {err}", err=True)
 
     @policy_app.command("render")
     def policy_render(

@@ -324,3 +324,33 @@ def test_jobset_gang_size_sums_its_running_pods():
         pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "4"
         sizes.append(tracker.on_pod("ADDED", pod, 0)[-1]["gang_size"])
     assert sizes == [4, 8, 12]
+
+
+def test_kube_watch_command_once_dry_run(tmp_path, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from producers import scheduler_cli
+
+    queued, wl_stream = _workload_lifecycle()
+    with FakeApiServer({"pods": [], "workloads": [queued]}, {"pods": _pod_lifecycle(), "workloads": wl_stream[:1]}
+                       ) as host:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": host}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+        }))
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("GPULEDGER_CLUSTER", "gke")
+        app, inspect_app = typer.Typer(), typer.Typer()
+        scheduler_cli.register(app, inspect_app)
+        res = CliRunner().invoke(app, ["kube", "watch", "--kubeconfig", str(kubeconfig), "--dry-run", "--once",
+                                       "--timeout", "5"])
+    assert res.exit_code == 0, res.output
+    events = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert sorted({(e["job_id"], e["event_type"]) for e in events}) == [
+        ("kueue-dws/dws-pod", "ENDED"), ("kueue-dws/dws-pod", "STARTED"), ("kueue-dws/dws-pod", "SUBMITTED"),
+        ("kueue-dws/pod-dws-pod-4e884", "SUBMITTED"), ("kueue-dws/pod-dws-pod-4e884", "UPDATED")]
+    assert {e["cluster"] for e in events} == {"gke"}
