@@ -478,8 +478,20 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the process that started it dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class LocalBroker:
-    """A broker owned by this Python process: `with LocalBroker(cfg) as b: b.bootstrap`."""
+    """A broker owned by this Python process: `with LocalBroker(cfg) as b: b.bootstrap`.
+
+    It is stopped with the process that started it (on Linux), even when that one is killed.
+    """
 
     def __init__(self, cfg: BrokerConfig, *, progress: Progress = _quiet, log_path: Path | None = None):
         self.cfg = cfg
@@ -505,7 +517,12 @@ class LocalBroker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # a killed test run leaves no broker behind
         )
         proc = self._proc
         try:
