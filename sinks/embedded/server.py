@@ -673,12 +673,15 @@ class _Handler(BaseHTTPRequestHandler):
         """
         app = self.server.app
         assert parsed.insert is not None and app.spool_dir is not None
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         if parsed.insert.fmt in PIPED_FORMATS:
             outcome = self._insert_piped(lease, parsed, binds, query_id)
         else:
             outcome = self._insert_spooled(lease, parsed, binds)
-        log.debug("insert %s (%s) took %.1f ms", query_id, parsed.insert.fmt, (time.perf_counter() - started) * 1e3)
+        log.debug(
+            "insert %s (%s) took %.1f ms, %.1f ms CPU in the request thread", query_id, parsed.insert.fmt,
+            (time.perf_counter() - started) * 1e3, (time.thread_time() - cpu) * 1e3,
+        )
         headers = self._common_headers(query_id, tz)
         headers["X-ClickHouse-Summary"] = json.dumps(outcome.summary())
         headers["Content-Type"] = "text/plain; charset=UTF-8"
