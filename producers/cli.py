@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from producers import scheduler_cli, telemetry_cli
+from producers.scheduler_cli import register as register_scheduler
+from producers.telemetry_cli import register as register_telemetry
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     """Add this component's commands to the `gpuledger` command."""
-    telemetry_cli.register(app, inspect_app)
-    scheduler_cli.register(app, inspect_app)
+    register_telemetry(app, inspect_app)
+    register_scheduler(app, inspect_app)
