@@ -79,6 +79,8 @@ def _print_status(st: StackStatus) -> None:
     reach = "[green]reachable[/] " if st.broker_reachable else "[red]unreachable[/] "
     kafka.add_row("broker", reach + st.broker_detail)
     kafka.add_row("topics", ", ".join(st.topics) or "(none)")
+    if st.missing_topics:
+        kafka.add_row("[red]missing topics[/]", ", ".join(st.missing_topics) + "  (gpuledger topics apply)")
     if st.consumer_lag:
         for g in st.consumer_lag:
             kafka.add_row(f"lag {g.group}", f"{g.lag} over {g.partitions} partition(s)")

@@ -68,6 +68,7 @@ class StackStatus:
     broker_reachable: bool = False
     broker_detail: str = ""
     topics: list[str] = field(default_factory=list)
+    missing_topics: list[str] = field(default_factory=list)  # in the topic catalogue, not on the broker
     consumer_lag: list[GroupLag] = field(default_factory=list)
     clickhouse_reachable: bool = False
     clickhouse_detail: str = ""
@@ -75,7 +76,7 @@ class StackStatus:
 
     @property
     def healthy(self) -> bool:
-        return all(c.healthy for c in self.components)
+        return all(c.healthy for c in self.components) and not self.missing_topics
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -347,6 +348,7 @@ def _probe_kafka(settings: Settings, result: StackStatus) -> None:
     result.broker_reachable = bool(md.brokers)
     result.broker_detail = f"{settings.kafka.bootstrap_servers}: {len(md.brokers)} broker(s)"
     result.topics = sorted(t for t in md.topics if not t.startswith("__"))
+    result.missing_topics = sorted(set(expected_topics(settings)) - set(md.topics))
     try:
         groups = admin.list_consumer_groups(request_timeout=5).result().valid
         for g in sorted(groups, key=lambda g: g.group_id):
@@ -366,6 +368,15 @@ def _probe_kafka(settings: Settings, result: StackStatus) -> None:
             result.consumer_lag.append(GroupLag(g.group_id, lag, len(committed)))
     except KafkaException as exc:
         result.broker_detail += f"; consumer lag unknown: {exc.args[0]}"
+
+
+def expected_topics(settings: Settings) -> list[str]:
+    """The topic catalogue's names with the configured prefix (empty while no catalogue exists)."""
+    try:
+        from schemas.topics import all_topics
+    except ImportError:
+        return []
+    return [settings.kafka.topic(topic.name) for topic in all_topics()]
 
 
 def _probe_clickhouse(settings: Settings, result: StackStatus) -> None:

@@ -16,6 +16,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from gpuledger import broker
 from gpuledger.components import COMPONENTS
+from gpuledger.settings import Settings
+from gpuledger.supervisor import expected_topics
 
 pytestmark = pytest.mark.integration
 
@@ -110,6 +112,10 @@ def test_up_status_down_leaves_no_process(tmp_path, unique_topic):
         del admin
         rc, st = _status(state, env)
         assert topic in st["topics"]
+        # Only the broker runs: the catalogue's topics are reported missing (and status is not healthy).
+        assert set(st["missing_topics"]) == set(expected_topics(Settings())) - set(st["topics"])
+        if st["missing_topics"]:
+            assert rc == 1 and st["healthy"] is False
         lag = {g["group"]: g["lag"] for g in st["consumer_lag"]}
         assert lag[group] == 3
 
@@ -126,6 +132,8 @@ def test_up_status_down_leaves_no_process(tmp_path, unique_topic):
             assert full.returncode == 2 and full.stderr.startswith("error:"), full.stdout + full.stderr
         rc, st = _status(state, env)
         assert _component(st, "broker")["pid"] == b["pid"]
+        if _component(st, "topics")["state"] == "done":
+            assert st["missing_topics"] == []
         pids.update(c["pid"] for c in st["components"] if c["pid"])
     finally:
         down = _run(["down", "--state-dir", str(state)], env)
