@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 _CODE = re.compile(r"Code:\s*(\d+)\.")
 _NAME = re.compile(r"\(([A-Z][A-Z0-9_]+)\)\s*(?:\(version [^)]*\))?\s*\.?\s*$")
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TRAILING_FORMAT = re.compile(r"\s*\bFORMAT\s+[A-Za-z0-9_]+\s*;?\s*$", re.IGNORECASE)
+_TRAILING_FORMAT = re.compile(
+    r"\s*\bFORMAT\s+[A-Za-z0-9_]+(?:\s+SETTINGS\s+[^;]*?)?\s*;?\s*$", re.IGNORECASE | re.DOTALL
+)
 
 
 class QueryFailed(ServiceError):

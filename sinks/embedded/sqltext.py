@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 _COMMENT_OR_SPACE = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|#[^\n]*(?:\n|$)|/\*.*?\*/)+", re.DOTALL)
 _WORD = re.compile(r"[A-Za-z_]+")
-_TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z0-9_]+)\s*;?\s*$", re.IGNORECASE)
+_TRAILING_FORMAT = re.compile(
+    r"\bFORMAT\s+([A-Za-z0-9_]+)(?:\s+SETTINGS\s+[^;]*?)?\s*;?\s*$", re.IGNORECASE | re.DOTALL
+)
 _INSERT_FORMAT = re.compile(
     r"^\s*INSERT\s+INTO\s+(?P<target>.*?)"
     r"(?P<settings>\s+SETTINGS\s+.*?)?"

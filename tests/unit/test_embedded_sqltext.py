@@ -28,6 +28,7 @@ def test_trailing_format() -> None:
     assert sqltext.trailing_format("SELECT 1\n FORMAT JSONEachRow ;  ") == "JSONEachRow"
     assert sqltext.trailing_format("SELECT 'FORMAT x' AS f") is None
     assert sqltext.trailing_format("SELECT 1") is None
+    assert sqltext.trailing_format("SELECT 1 FORMAT JSON SETTINGS max_threads = 1") == "JSON"
 
 
 def test_split_insert_finds_where_native_data_starts() -> None:
