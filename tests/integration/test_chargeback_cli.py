@@ -91,7 +91,35 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
     for i, rec in enumerate([job_event("STARTED", 1_000, identity=IDENTITY), job_event("ENDED", 2_000)]):
         pending += [Pending(spec, row, Origin("e", 0, i)) for spec in (events, identities) for row in spec.rows(rec)]
     pending += [Pending(alerts, row, Origin("a", 0, 0)) for row in alerts.rows(alert)]
-    assert not LedgerWriter(client).write(pending).rejected
+    (coverage,) = SINKS[topics.COVERAGE_MINUTES.name]
+    (raw,) = SINKS[topics.DEVICE_SAMPLES.name]
+    for i, (reporting, unexpected) in enumerate(((8, 0), (6, 1))):
+        cov = {"cluster": "c1", "node": "n1", "minute_start_ms": 1_793_491_200_000 + i * 60_000,
+               "expected_devices": 8, "reporting_devices": reporting, "expected_device_s": 480,
+               "reporting_device_s": reporting * 60, "unexpected_devices": unexpected}  # fmt: skip
+        pending += [Pending(coverage, row, Origin("cov", 0, i)) for row in coverage.rows(cov)]
+    now_ms = int(time.time() * 1000)
+    scrape = {"cluster": "c1", "node": "n1", "ts_ms": now_ms, "source": "dcgm-exporter",
+              "exporter_version": "3.3.9", "mapping_version": "m1",
+              "devices": [{"uuid": "GPU-a", "index": 0, "mig_instance_id": None, "mig_profile": None, "model": "H100",
+                           "pci_bus_id": None, "sm_active_ratio": 0.5, "sm_occupancy_ratio": None,
+                           "gr_engine_active_ratio": None, "tensor_active_ratio": None, "dram_active_ratio": None,
+                           "gpu_util_pct": 80.0, "mem_copy_util_pct": None, "fb_used_mib": 2048.0,
+                           "fb_free_mib": None, "power_w": 350.0, "pcie_tx_bytes_per_s": None,
+                           "pcie_rx_bytes_per_s": None, "temperature_c": 55.0, "xid_last": None, "pod": None,
+                           "namespace": None, "container": None, "hpc_job": "4242"}]}  # fmt: skip
+    old_scrape = {**scrape, "ts_ms": now_ms - 30 * 86_400_000}  # past the 14-day TTL
+    pending += [Pending(raw, row, Origin("raw", 0, 0)) for rec in (scrape, old_scrape) for row in raw.rows(rec)]
+    writer = LedgerWriter(client)
+    assert not writer.write(pending).rejected
+    assert writer.write(pending).skipped_duplicates == 2  # the coverage minutes, replayed
+    assert client.query("SELECT coverage_pct, unexpected_device_minutes FROM v_coverage_daily").result_rows == [
+        (87.5, 1)  # (480 + 360) / 960
+    ]
+    client.command("OPTIMIZE TABLE raw_samples FINAL")  # applies the TTL now instead of at a later merge
+    assert client.query("SELECT ts_ms, hpc_job, sm_active_ratio FROM raw_samples").result_rows == [
+        (now_ms, "4242", 0.5)
+    ]
     state = client.query("SELECT state, team, start_ts_ms FROM v_jobs_current WHERE job_id = '4242'").result_rows
     assert state == [("ENDED", "vision", 1_000)]
     assert client.query("SELECT count() FROM identity_snapshots FINAL").result_rows[0][0] == 1
