@@ -93,6 +93,10 @@ def plan(action: dict[str, Any], *, signal: str = "USR1", grace_s: float = 120.0
 class OutcomeRecorder(Protocol):
     def record(self, outcomes: Sequence[Outcome]) -> None: ...
 
+    def has_run(self, action_id: str) -> bool:
+        """True when a live (not dry-run) execution of this action was started before."""
+        ...
+
 
 class ClickHouseRecorder:
     """Writes outcomes to the `action_outcomes` table (ReplacingMergeTree on action_id, step)."""
@@ -104,6 +108,13 @@ class ClickHouseRecorder:
         if outcomes:
             rows = [[getattr(o, c) for c in OUTCOME_COLUMNS] for o in outcomes]
             self._client.insert("action_outcomes", rows, column_names=list(OUTCOME_COLUMNS))
+
+    def has_run(self, action_id: str) -> bool:
+        result = self._client.query(
+            "SELECT count() FROM action_outcomes WHERE action_id = {id:String} AND NOT dry_run",
+            parameters={"id": action_id},
+        )
+        return int(result.result_rows[0][0]) > 0
 
 
 KueuePatch = Callable[[str, str, dict[str, Any]], None]  # (namespace, name, body)
@@ -146,7 +157,11 @@ class ReclaimExecutor:
 
     def execute(self, action: dict[str, Any]) -> list[Outcome]:
         """Run (or plan) an action. It runs only when neither the executor nor the action is a dry run.
-        A failed step stops the action; the remaining steps are recorded as skipped."""
+
+        At most once: a live run first records a `started` row (step 0) and each step's outcome as
+        soon as it is known, and an action whose live run was started before (a redelivery, a
+        restart) is not run again. A failed step stops the action; later steps are recorded as skipped.
+        """
         dry = self._dry_run or bool(action.get("dry_run", True))
         base: dict[str, Any] = {
             "action_id": str(action.get("action_id", "")),
@@ -156,26 +171,34 @@ class ReclaimExecutor:
             "action": str(action.get("action", "")),
             "dry_run": dry,
         }
+
+        def outcome(step: int, command: str, status: str, detail: str) -> Outcome:
+            return Outcome(step=step, ts_ms=self._clock_ms(), command=command, status=status, detail=detail, **base)
+
         try:
             steps = plan(action, signal=self._signal, grace_s=self._grace_s)
         except ConfigError as exc:
-            outcomes = [Outcome(step=0, ts_ms=self._clock_ms(), command="", status="failed", detail=str(exc), **base)]
+            outcomes = [outcome(0, "", "failed", str(exc))]
             self._recorder.record(outcomes)
             return outcomes
+        if dry:
+            outcomes = [outcome(i, s.describe(), "planned", "dry-run: not executed") for i, s in enumerate(steps, 1)]
+            self._recorder.record(outcomes)
+            return outcomes
+        if self._recorder.has_run(base["action_id"]):
+            return [outcome(0, "", "duplicate", "already executed; not run again")]
+        self._recorder.record([outcome(0, "", "started", f"{len(steps)} step(s)")])
         outcomes = []
         failed = False
         for i, step in enumerate(steps, start=1):
             if failed:
-                status, detail = "skipped", "an earlier step failed"
-            elif dry:
-                status, detail = "planned", "dry-run: not executed"
+                done = outcome(i, step.describe(), "skipped", "an earlier step failed")
             else:
                 status, detail = self._run(step)
                 failed = status == "failed"
-            outcomes.append(
-                Outcome(step=i, ts_ms=self._clock_ms(), command=step.describe(), status=status, detail=detail, **base)
-            )
-        self._recorder.record(outcomes)
+                done = outcome(i, step.describe(), status, detail)
+            self._recorder.record([done])
+            outcomes.append(done)
         return outcomes
 
     def _run(self, step: Step) -> tuple[str, str]:

@@ -151,8 +151,11 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
     assert live.returncode == 0, live.stderr
     assert calls.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeue 4242"]
     outcomes = client.query("SELECT dry_run, status, count() FROM action_outcomes FINAL GROUP BY dry_run, status "
-                            "ORDER BY dry_run").result_rows  # fmt: skip
-    assert outcomes == [(False, "ok", 3), (True, "planned", 3)]
+                            "ORDER BY dry_run, status").result_rows  # fmt: skip
+    assert outcomes == [(False, "ok", 3), (False, "started", 1), (True, "planned", 3)]
+    rerun = gpuledger(live_env, "reclaim", "exec", "--scheduler", "SLURM", "--job", "4242", "--action",
+                      "CHECKPOINT_THEN_REQUEUE", "--execute")  # fmt: skip
+    assert rerun.returncode == 0 and len(calls.read_text().splitlines()) == 4  # a new action id: runs
     client.close()
 
 

@@ -21,6 +21,9 @@ class Recorder:
     def record(self, outcomes: Sequence[Outcome]) -> None:
         self.outcomes.extend(outcomes)
 
+    def has_run(self, action_id: str) -> bool:
+        return any(o.action_id == action_id and not o.dry_run for o in self.outcomes)
+
 
 def action(kind: str, **kw: Any) -> dict[str, Any]:
     return {"action_id": "x1", "cluster": "c1", "job_id": "4242", "scheduler": "SLURM", "action": kind,
@@ -82,7 +85,10 @@ def test_live_checkpoint_then_requeue_runs_the_commands(fake_slurm: Path) -> Non
     out = ex.execute(action("CHECKPOINT_THEN_REQUEUE"))
     assert [o.status for o in out] == ["ok", "ok", "ok"] and slept == [90]
     assert fake_slurm.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeue 4242"]
-    assert (rec.outcomes[0].step, rec.outcomes[0].command) == (1, "scancel --signal=USR1 --full 4242")
+    assert [(o.step, o.status) for o in rec.outcomes] == [(0, "started"), (1, "ok"), (2, "ok"), (3, "ok")]
+    # Redelivered or replayed after a restart: not run again.
+    again = ex.execute(action("CHECKPOINT_THEN_REQUEUE"))
+    assert [o.status for o in again] == ["duplicate"] and len(fake_slurm.read_text().splitlines()) == 2
 
 
 def test_a_failed_step_stops_the_action(fake_slurm: Path) -> None:
