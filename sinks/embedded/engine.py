@@ -325,6 +325,7 @@ class Engine:
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, str], Session] = {}
         self._pools: dict[int, list[Handle]] = {}
+        self._leased: set[int] = set()  # id() of handles lent out right now
         # The root handle keeps the engine up for the life of the server.
         self._root = Handle(self._connect())
         info = self._root.run("SELECT version(), timezone()").bytes().decode().strip().split("\t")
@@ -388,7 +389,7 @@ class Engine:
                 with self._lock:
                     self._sessions.pop(key, None)
                 raise
-        return Lease(session.handle, session, self._release)
+        return self._lend(session.handle, session)
 
     def _make_room(self) -> None:
         if len(self._sessions) < self.max_sessions:
@@ -408,11 +409,18 @@ class Engine:
             handle = pool.pop() if pool else None
         if handle is None:
             handle = self.open_handle(readonly)
-        return Lease(handle, None, self._release)
+        return self._lend(handle, None)
+
+    def _lend(self, handle: Handle, session: Session | None) -> Lease:
+        with self._lock:
+            self._leased.add(id(handle))
+        return Lease(handle, session, self._release)
 
     def _release(self, lease: Lease) -> None:
         handle = lease.handle
         session = lease.session
+        with self._lock:
+            self._leased.discard(id(handle))
         if session is not None:
             with self._lock:
                 session.busy = False
@@ -437,7 +445,7 @@ class Engine:
         """A fresh handle for one request (a per-request `readonly` must not stick to a shared one)."""
         handle = self.open_handle(readonly)
         handle.dirty = True
-        return Lease(handle, None, self._release)
+        return self._lend(handle, None)
 
     def describe_aside(self, handle: Handle, sql: str, params: Mapping[str, str]) -> list[tuple[str, str]] | None:
         """`describe` on another handle, for when `handle` is busy streaming (same database)."""
@@ -467,11 +475,16 @@ class Engine:
             return len(self._sessions)
 
     def close(self) -> None:
+        """Close every idle handle. A handle still lent out (a request that outlived the shutdown
+        grace) is left to the process's exit: closing it under a running query could block."""
         with self._lock:
             handles = [s.handle for s in self._sessions.values() if s.handle is not None]
             handles += [h for pool in self._pools.values() for h in pool]
+            handles = [h for h in handles if id(h) not in self._leased]
+            busy = bool(self._leased)
             self._sessions.clear()
             self._pools.clear()
         for handle in handles:
             handle.close()
-        self._root.close()
+        if not busy:
+            self._root.close()
