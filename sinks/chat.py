@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -155,11 +155,20 @@ def apprise_send(url: str, title: str, body: str) -> bool:
 
 
 class ChatNotifier:
-    def __init__(self, chat: ChatSettings, *, clock_ms: Callable[[], int], sender: Sender = apprise_send) -> None:
+    def __init__(
+        self,
+        chat: ChatSettings,
+        *,
+        clock_ms: Callable[[], int],
+        sender: Sender = apprise_send,
+        already_sent: Iterable[str] = (),
+    ) -> None:
         self._chat = chat
         self._clock_ms = clock_ms
         self._send = sender
         self._dedupe = Deduper(chat.dedupe_window)
+        for alert_id in already_sent:  # remembered across restarts (chat_deliveries)
+            self._dedupe.first_time(alert_id)
         self._limit = RateLimiter(chat.rate_limit_per_minute)
 
     def handle(self, alert: dict[str, Any]) -> Delivery:

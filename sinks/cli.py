@@ -269,11 +269,23 @@ def chat_run(
 
     _logging()
     settings = _settings(state_dir)
-    notifier = ChatNotifier(settings.sinks.chat, clock_ms=_now_ms)
+    client = _client(settings)
+    recent = client.query(
+        "SELECT alert_id FROM chat_deliveries FINAL WHERE status IN ('sent', 'dry-run') "
+        "ORDER BY ts_ms DESC LIMIT {n:UInt32}",
+        parameters={"n": settings.sinks.chat.dedupe_window},
+    ).result_rows
+    notifier = ChatNotifier(settings.sinks.chat, clock_ms=_now_ms, already_sent=[r[0] for r in reversed(recent)])
 
     def handle(record: dict[str, Any]) -> None:
         delivery = notifier.handle(record)
         logging.getLogger("gpuledger.chat").info("%s %s %s", delivery.alert_id, delivery.status, delivery.channel)
+        if delivery.status in ("sent", "dry-run", "failed", "rate-limited", "no-route"):
+            client.insert(
+                "chat_deliveries",
+                [[delivery.alert_id, _now_ms(), delivery.status, delivery.channel, delivery.destination]],
+                column_names=["alert_id", "ts_ms", "status", "channel", "destination"],
+            )
 
     consume_records(settings, ALERTS, f"{settings.sinks.group_id}-chat", handle, _stop_flag(), max_idle_s)
 

@@ -68,3 +68,65 @@ def test_alert_arrives_on_the_local_webhook_routed_with_evidence(kafka_bootstrap
                    "owner: user bob, team vision, project p-vision"):  # fmt: skip
         assert needle in body, needle
     assert "channel: @alice" in by_path["/dm/alice"]["message"]
+
+
+def test_chat_run_command_posts_once_across_restarts(
+    kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str, tmp_path: Any
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpuledger.settings import ClickHouseSettings
+    from sinks.db import connect, migrate
+
+    repo = Path(__file__).resolve().parents[2]
+    ch = ClickHouseSettings(
+        url=clickhouse_server.url, database=clickhouse_database, password=clickhouse_server.password
+    )
+    client = connect(ch)
+    migrate(client, ch)
+    receiver = WebhookReceiver(port=0).start()
+    prefix = f"cr{uuid.uuid4().hex[:8]}."
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(prefix + ALERTS.name, 1, 1)])[prefix + ALERTS.name].result(timeout=30)
+    secret_url = f"json://127.0.0.1:{receiver.port}/vision-gpu?token=TOPSECRET"
+    env = {
+        **os.environ,
+        "GPULEDGER_CONFIG": str(repo / "tests" / "no-such-gpuledger.toml"),
+        "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix,
+        "GPULEDGER_CLICKHOUSE__URL": ch.url,
+        "GPULEDGER_CLICKHOUSE__DATABASE": ch.database,
+        "GPULEDGER_CLICKHOUSE__PASSWORD": ch.password.get_secret_value(),
+        "GPULEDGER_SINKS__CHAT__TEAMS": json.dumps({"vision": {"url": secret_url, "channel": "#vision-gpu"}}),
+    }
+    alert = {
+        "alert_id": "cov-n7-1", "kind": "COVERAGE_GAP", "ts_ms": 1_795_000_000_000, "cluster": "c1", "job_id": None,
+        "node": "gpu-n07", "device_uuids": ["GPU-cc33"], "user": None, "team": "vision", "project": None,
+        "idle_minutes": None, "cost_so_far": None, "action": None, "action_at_ms": None, "dry_run": True,
+        "message": "gpu-n07 stopped reporting 1 of 8 GPUs", "appeal_route": None, "emitted_ts_ms": None,
+    }  # fmt: skip
+    pub = RecordPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix))
+    pub.publish(ALERTS, b"c1/gpu-n07", alert)
+    pub.flush()
+    try:
+        for group in ("chat-a", "chat-b"):  # the second run replays the topic from the start
+            proc = subprocess.run(
+                [sys.executable, "-c", "from gpuledger.cli import main; main()", "chat", "run", "--max-idle-s", "3"],
+                env={**env, "GPULEDGER_SINKS__GROUP_ID": group}, cwd=repo, capture_output=True, text=True,
+                timeout=180,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            assert "TOPSECRET" not in proc.stderr + proc.stdout
+        assert len(receiver.received) == 1
+        assert "gpu-n07 stopped reporting" in receiver.received[0]["body"]["message"]
+        assert "channel: #vision-gpu" in receiver.received[0]["body"]["message"]
+        rows = client.query("SELECT alert_id, status, channel, destination FROM chat_deliveries FINAL").result_rows
+        assert [(a, s, c) for a, s, c, _ in rows] == [("cov-n7-1", "sent", "#vision-gpu")]
+        assert "TOPSECRET" not in rows[0][3]
+    finally:
+        receiver.stop()
+        client.close()
