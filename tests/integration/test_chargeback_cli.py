@@ -156,6 +156,19 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
     rerun = gpuledger(live_env, "reclaim", "exec", "--scheduler", "SLURM", "--job", "4242", "--action",
                       "CHECKPOINT_THEN_REQUEUE", "--execute")  # fmt: skip
     assert rerun.returncode == 0 and len(calls.read_text().splitlines()) == 4  # a new action id: runs
+
+    # An action from the topic, executed (dry-run) by the executor: v_actions shows how it ended.
+    from sinks.reclaim import ClickHouseRecorder, ReclaimExecutor
+
+    (actions,) = SINKS[topics.RECLAIM_ACTIONS.name]
+    act = {"action_id": "act-1", "ts_ms": 3_000, "cluster": "c1", "job_id": "4242", "scheduler": "SLURM",
+           "action": "SUSPEND", "dry_run": True, "reason": "idle 60 min", "device_uuids": ["GPU-a"],
+           "user": "alice", "project": "p-vision"}  # fmt: skip
+    LedgerWriter(client).write([Pending(actions, row, Origin("act", 0, 0)) for row in actions.rows(act)])
+    ReclaimExecutor(ClickHouseRecorder(client)).execute(act)
+    assert client.query("SELECT action_id, outcome, steps_recorded FROM v_actions").result_rows == [
+        ("act-1", "planned", 1)
+    ]
     client.close()
 
 
