@@ -21,7 +21,7 @@ app = typer.Typer(
 inspect_app = typer.Typer(help="Check a source before turning anything on.", no_args_is_help=True)
 app.add_typer(inspect_app, name="inspect")
 
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 # Modules that add commands: each exposes `register(app, inspect_app)`.
 _COMMAND_MODULES = (
@@ -60,9 +60,26 @@ def show_settings(
 def main() -> None:
     _register_all()
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:
+        _report_usage_error(exc)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
     except GpuledgerError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _report_usage_error(exc: Exception) -> None:
+    """A bad argument gets one line naming the problem and where the help is, never a panel."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        typer.echo(ctx.get_help())
+        sys.exit(0)
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    err_console.print(f"[bold red]error:[/] {message}{where}", highlight=False)
+    sys.exit(getattr(exc, "exit_code", 2))
