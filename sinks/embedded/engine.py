@@ -374,21 +374,12 @@ class Engine:
                 if session_check:
                     raise QueryFailed.make(372, "SESSION_NOT_FOUND", f"Session {session_id} not found")
                 self._make_room()
-                session = Session(user, session_id, None, timeout, self._clock())  # type: ignore[arg-type]
+                # Opened under the lock (a fraction of a millisecond) so two requests can never
+                # create the same session twice.
+                session = Session(user, session_id, self.open_handle(readonly), timeout, self._clock())
                 self._sessions[key] = session
-                session.busy = True
-                fresh = True
-            else:
-                session.busy = True
-                session.timeout_s = timeout
-                fresh = False
-        if fresh:
-            try:
-                session.handle = self.open_handle(readonly)
-            except BaseException:
-                with self._lock:
-                    self._sessions.pop(key, None)
-                raise
+            session.busy = True
+            session.timeout_s = timeout
         return self._lend(session.handle, session)
 
     def _make_room(self) -> None:
@@ -478,7 +469,7 @@ class Engine:
         """Close every idle handle. A handle still lent out (a request that outlived the shutdown
         grace) is left to the process's exit: closing it under a running query could block."""
         with self._lock:
-            handles = [s.handle for s in self._sessions.values() if s.handle is not None]
+            handles = [s.handle for s in self._sessions.values()]
             handles += [h for pool in self._pools.values() for h in pool]
             handles = [h for h in handles if id(h) not in self._leased]
             busy = bool(self._leased)
