@@ -14,8 +14,10 @@ Steps, each usable on its own (the supervisor runs them as one component, the te
 
 `LocalBroker` strings these together for in-process use (tests, benchmarks).
 
-Listeners are described by `Listener` values so a SASL/SCRAM + TLS listener can be added later
-beside the plaintext one without touching the rest (see `Listener.properties`).
+Listeners are described by `Listener` values; `gpuledger.security` builds the SASL/SCRAM + TLS one
+and turns the plaintext client listener off (`plaintext_listener=False`), and the SCRAM users it
+passes in `scram_credentials` are created at format time (`--add-scram`, from a 0600 argument file
+so no password is ever on a command line).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -201,6 +204,12 @@ class BrokerConfig:
     maven_repo: Path | None = None
     extra_listeners: tuple[Listener, ...] = ()
     overrides: tuple[tuple[str, str], ...] = field(default=())
+    # False: only `extra_listeners` serve clients (a secured broker has no plaintext client port).
+    plaintext_listener: bool = True
+    # (mechanism, user, password) created by `format_storage` with `--add-scram`.
+    scram_credentials: tuple[tuple[str, str, str], ...] = field(default=(), repr=False)
+    # What `LocalBroker`'s own clients add to `bootstrap.servers` (a secured broker's admin login).
+    client_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BrokerConfig:
@@ -227,7 +236,8 @@ class BrokerConfig:
         return self.data_dir / "server.properties"
 
     def listeners(self) -> list[Listener]:
-        return [Listener("PLAINTEXT", self.host, self.port), *self.extra_listeners]
+        plain = [Listener("PLAINTEXT", self.host, self.port)] if self.plaintext_listener else []
+        return [*plain, *self.extra_listeners]
 
     def properties(self) -> dict[str, str]:
         """`server.properties` for one node, sized for a 2-core machine shared with other work."""
@@ -271,11 +281,19 @@ class BrokerConfig:
         return props
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to a file only its owner can read (0600, also when it existed before)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(text)
+
+
 def write_config(cfg: BrokerConfig) -> Path:
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     text = "# Written by gpuledger/broker.py; edits are overwritten at the next start.\n"
     text += "".join(f"{k}={v}\n" for k, v in cfg.properties().items())
-    cfg.config_path.write_text(text, encoding="utf-8")
+    write_private(cfg.config_path, text)  # a secured broker's listener login is in it
     return cfg.config_path
 
 
@@ -315,24 +333,29 @@ def format_storage(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet
     if is_formatted(cfg):
         return False
     progress(f"formatting KRaft storage in {cfg.log_dir}")
-    argv = [
-        find_java(),
-        *jvm_options(cfg),
-        "-cp",
-        classpath(libs),
-        STORAGE_TOOL_MAIN,
-        "format",
-        "--cluster-id",
-        _cluster_id(cfg),
-        "--config",
-        str(cfg.config_path),
-        "--ignore-formatted",
-    ]
-    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    tool = [STORAGE_TOOL_MAIN, "format", "--cluster-id", _cluster_id(cfg), "--config", str(cfg.config_path)]
+    tool.append("--ignore-formatted")
+    argfile = cfg.data_dir / "format.args"
+    for mechanism, user, password in cfg.scram_credentials:
+        if not (_SCRAM_SAFE.match(user) and _SCRAM_SAFE.match(password)):
+            raise ConfigError(f"SCRAM user {user!r}: names and passwords for --add-scram must match [A-Za-z0-9_.-]+")
+        tool += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
+    if cfg.scram_credentials:
+        # The java launcher expands `@file` into arguments: the passwords never show in `ps`.
+        write_private(argfile, "".join(f"'{arg}'\n" for arg in tool))
+        tool = [f"@{argfile}"]
+    argv = [find_java(), *jvm_options(cfg), "-cp", classpath(libs), *tool]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    finally:
+        argfile.unlink(missing_ok=True)
     if proc.returncode != 0 or not is_formatted(cfg):
         lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
         raise ServiceError(f"formatting Kafka storage in {cfg.log_dir} failed: {lines[-1][:300]}")
     return True
+
+
+_SCRAM_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def broker_argv(cfg: BrokerConfig, libs: Path) -> list[str]:
@@ -509,7 +532,7 @@ class LocalBroker:
         return self._proc.pid if self._proc is not None else None
 
     def client_config(self) -> dict[str, str]:
-        return {"bootstrap.servers": self.bootstrap}
+        return {"bootstrap.servers": self.bootstrap, **dict(self.cfg.client_overrides)}
 
     def start(self, timeout: float = 90.0) -> LocalBroker:
         argv = prepare(self.cfg, progress=self.progress)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from gpuledger import broker
+from gpuledger import broker, security
 from gpuledger.settings import Settings
 
 Progress = Callable[[str], None]
@@ -68,6 +68,8 @@ def gpuledger_argv(*args: str) -> list[str]:
 
 
 def kafka_ready(settings: Settings) -> Health:
+    if security.enabled(settings):
+        return Health(*security.broker_ready(settings))
     ok = broker.metadata_ok(settings.kafka.client_config(), timeout=3.0)
     where = settings.kafka.bootstrap_servers
     return Health(ok, f"answers metadata at {where}" if ok else f"no metadata answer from {where}")
@@ -88,7 +90,10 @@ def clickhouse_ready(settings: Settings) -> Health:
 
 
 def _broker_argv(settings: Settings, progress: Progress) -> list[str]:
-    return broker.prepare(broker.BrokerConfig.from_settings(settings), progress=progress)
+    cfg = broker.BrokerConfig.from_settings(settings)
+    if security.enabled(settings):
+        cfg = security.prepare_local_broker(settings, cfg, progress=progress)
+    return broker.prepare(cfg, progress=progress)
 
 
 def _clickhouse_argv(settings: Settings, _: Progress) -> list[str]:

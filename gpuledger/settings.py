@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from platformdirs import user_data_dir
 from pydantic import BaseModel, Field, SecretStr, model_validator
@@ -24,6 +24,8 @@ from pydantic_settings import (
 from processors.config import ProcessorSettings
 
 MASK = "**********"
+# librdkafka/Java client keys whose value is a secret (`sasl.jaas.config` carries a password).
+_SECRET_WORDS = ("password", "secret", "jaas", "token", "credentials")
 
 
 def _read_secret_file(path: Path | None) -> SecretStr | None:
@@ -143,6 +145,9 @@ class BrokerSettings(BaseModel):
     controller_port: int = 19093
     heap: str = "512m"
     kafka_version: str = "4.1.1"
+    # "sasl_ssl": the client port speaks SASL/SCRAM-SHA-512 over TLS (no plaintext port), with a CA,
+    # certificate and passwords under <state_dir>/security; clients pick it up (gpuledger/security.py).
+    security: Literal["plaintext", "sasl_ssl"] = "plaintext"
 
 
 class Settings(BaseSettings):
@@ -179,6 +184,14 @@ class Settings(BaseSettings):
             file_secret_settings,
         )
 
+    @model_validator(mode="after")
+    def _local_broker_security(self) -> Settings:
+        if self.broker.enabled and self.broker.security == "sasl_ssl":
+            from gpuledger.security import apply_client_security
+
+            apply_client_security(self)  # SASL_SSL client keys and login, unless set explicitly
+        return self
+
     @property
     def clickhouse_path(self) -> Path:
         return self.clickhouse.embedded_path or self.state_dir / "clickhouse"
@@ -188,7 +201,7 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         kafka_conf = data["kafka"]["config"]
         for key in list(kafka_conf):
-            if "password" in key or "secret" in key or key.endswith(".key"):
+            if any(word in key for word in _SECRET_WORDS) or key.endswith((".key", "key.pem")):
                 kafka_conf[key] = MASK
         for section, key in (
             ("kafka", "sasl_password"),
