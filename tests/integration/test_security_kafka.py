@@ -1,0 +1,247 @@
+"""The local broker with `broker.security = "sasl_ssl"`: a SASL/SCRAM-SHA-512 listener over TLS.
+
+One real broker for the module, secured with gpuledger/security.py exactly as `gpuledger up` does
+it (local CA, broker certificate, admin user added at format time, the pipeline's user created
+through the admin login). Clients without the right credentials, or without trusting the CA, are
+refused; with them, records round-trip; and the simulator -> processors -> sink pipeline runs
+through the listener with nothing but the state directory and `broker.security` to go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from gpuledger import broker, security
+from gpuledger.settings import KafkaSettings
+from schemas.codec import AvroCodec
+from schemas.topics import DEVICE_MINUTES
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = "from gpuledger.cli import main; main()"
+
+
+@dataclass
+class SecureBroker:
+    bootstrap: str
+    port: int
+    state: Path
+    materials: security.Materials
+    user: str
+    password: str = ""
+
+    def conf(self, **overrides: str) -> dict[str, str]:
+        base = {
+            "bootstrap.servers": self.bootstrap,
+            **security.client_config(self.materials.ca_cert, self.user, self.password),
+        }
+        base.update(overrides)
+        return base
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """What a component of `gpuledger up` would get: the state dir and broker.security, no login."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+        env.update(
+            {
+                "GPULEDGER_CONFIG": str(self.state / "absent.toml"),
+                "GPULEDGER_STATE_DIR": str(self.state),
+                "GPULEDGER_BROKER__SECURITY": "sasl_ssl",
+                "GPULEDGER_BROKER__PORT": str(self.port),
+                "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            }
+        )
+        env.update(extra)
+        return env
+
+
+@pytest.fixture(scope="module")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    state = tmp_path_factory.mktemp("secure-state")
+    port, controller_port = broker.free_ports(2)
+    m = security.ensure_materials(state)
+    cfg = security.secure_broker_config(
+        broker.BrokerConfig(data_dir=state / "kafka", port=port, controller_port=controller_port), m
+    )
+    with broker.LocalBroker(cfg) as b:
+        sb = SecureBroker(b.bootstrap, port, state, m, security.DEFAULT_CLIENT_USER, security.new_password())
+        security.write_secret(m.client_password, sb.password + "\n")
+        security.ensure_client_user(b.client_config(), sb.user, sb.password)
+        yield sb
+
+
+def _errors_of(conf: dict[str, Any], wait_s: float = 10.0) -> tuple[list[KafkaError], bool]:
+    """Errors a client reports while trying to read metadata, and whether it ever got any."""
+    errors: list[KafkaError] = []
+    admin = AdminClient({**conf, "error_cb": errors.append, "socket.connection.setup.timeout.ms": 3000})
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if admin.list_topics(timeout=2).brokers:
+                return errors, True
+        except KafkaException as exc:
+            errors.append(exc.args[0])
+        admin.poll(0.2)  # serves error_cb: the specific reason (authentication, TLS) arrives there
+        if any(e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL) for e in errors):
+            break
+    return errors, False
+
+
+def test_only_the_sasl_ssl_listener_serves_clients(secure_broker: SecureBroker) -> None:
+    props = (secure_broker.state / "kafka" / "server.properties").read_text()
+    listeners = next(line for line in props.splitlines() if line.startswith("listeners="))
+    assert listeners.startswith(f"listeners=SASL_SSL://{secure_broker.bootstrap},CONTROLLER://")
+    assert "PLAINTEXT://" not in listeners
+    m = secure_broker.materials
+    for secret in (m.ca_key, m.broker_pem, m.admin_password, m.client_password, secure_broker.state / "kafka" /
+                   "server.properties"):  # fmt: skip
+        assert secret.stat().st_mode & 0o077 == 0, secret  # owner only
+    assert m.dir.stat().st_mode & 0o077 == 0
+    assert not (secure_broker.state / "kafka" / "format.args").exists()  # the --add-scram argument file is gone
+
+
+def test_plaintext_client_is_refused(secure_broker: SecureBroker) -> None:
+    errors, got = _errors_of({"bootstrap.servers": secure_broker.bootstrap})
+    assert not got and errors
+
+
+def test_client_without_credentials_is_refused(secure_broker: SecureBroker) -> None:
+    conf = secure_broker.conf()
+    del conf["sasl.username"], conf["sasl.password"]
+    try:
+        errors, got = _errors_of(conf)
+    except KafkaException as exc:  # librdkafka may refuse the configuration itself
+        errors, got = [exc.args[0]], False
+    assert not got and errors
+
+
+def test_wrong_password_is_refused(secure_broker: SecureBroker) -> None:
+    errors, got = _errors_of(secure_broker.conf(**{"sasl.password": "not-" + secure_broker.password}))
+    assert not got
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+    unknown_user, got = _errors_of(secure_broker.conf(**{"sasl.username": "mallory"}))
+    assert not got and any(e.code() == KafkaError._AUTHENTICATION for e in unknown_user), unknown_user
+
+
+def test_certificate_from_another_ca_is_refused(secure_broker: SecureBroker, tmp_path: Path) -> None:
+    other = security.ensure_materials(tmp_path)  # a CA the broker's certificate was not signed by
+    errors, got = _errors_of(secure_broker.conf(**{"ssl.ca.location": str(other.ca_cert)}))
+    assert not got
+    assert any(e.code() in (KafkaError._SSL, KafkaError._TRANSPORT) for e in errors), errors
+
+
+def test_records_round_trip_over_tls(secure_broker: SecureBroker) -> None:
+    conf = secure_broker.conf()
+    topic = f"test.secure.{uuid.uuid4().hex[:12]}"
+    admin = AdminClient(conf)
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    sent = {f"k{i}".encode(): f"v{i}".encode() for i in range(20)}
+    producer = Producer({**conf, "acks": "all", "enable.idempotence": True})
+    for key, value in sent.items():
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**conf, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got: dict[bytes, bytes] = {}
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                got[msg.key()] = msg.value()  # type: ignore[index]
+    finally:
+        consumer.close()
+    assert got == sent
+    # Someone with the wrong password reads nothing of it.
+    intruder = Consumer(
+        {**secure_broker.conf(**{"sasl.password": "guess"}), "group.id": "intruder", "auto.offset.reset": "earliest"}
+    )
+    intruder.subscribe([topic])
+    try:
+        stolen = [m for m in (intruder.poll(1.0) for _ in range(5)) if m is not None and m.error() is None]
+    finally:
+        intruder.close()
+    assert stolen == []
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _read_topic(conf: dict[str, str], topic: str, timeout_s: float = 60) -> list[bytes]:
+    consumer = Consumer({**conf, "group.id": f"reader-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest",
+                         "enable.partition.eof": True})  # fmt: skip
+    partitions = len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+    consumer.subscribe([topic])
+    out: list[bytes] = []
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(done) < partitions and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    done.add(msg.partition() or 0)
+                continue
+            out.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return out
+
+
+def test_pipeline_runs_through_sasl_ssl(secure_broker: SecureBroker, clickhouse_server: Any, tmp_path: Path) -> None:
+    """Topics, simulator, processors and the ClickHouse sink, each a `gpuledger` process that only
+    knows the state directory and `broker.security=sasl_ssl` (what `gpuledger up` gives them)."""
+    database = "sec_" + uuid.uuid4().hex[:12]
+    env = secure_broker.env(
+        GPULEDGER_PROCESSOR__REALTIME="false",
+        GPULEDGER_PROCESSOR__GROUP_ID="sec-processors",
+        GPULEDGER_CLICKHOUSE__URL=clickhouse_server.url,
+        GPULEDGER_CLICKHOUSE__DATABASE=database,
+        GPULEDGER_CLICKHOUSE__PASSWORD=clickhouse_server.password,
+        GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD=clickhouse_server.analyst_password,
+    )
+    settings = json.loads(_cli(env, "settings").stdout)
+    assert settings["kafka"]["config"]["security.protocol"] == "SASL_SSL"
+    assert settings["kafka"]["sasl_password"] == "**********"
+
+    for args in (("topics", "apply"), ("simulate", "run", "--fast", "--nodes", "1", "--duration", "600")):
+        proc = _cli(env, *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _cli(env, "processors", "run", "--instance", "sec", "--exit-when-idle", "3")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert stats["device_minutes"] > 0, stats
+
+    records = _read_topic(secure_broker.conf(), DEVICE_MINUTES.name)
+    assert len(records) == stats["device_minutes"]
+    first = AvroCodec.from_settings(KafkaSettings()).decode(records[0], DEVICE_MINUTES.subject).record
+    assert first["cluster"] == "sim" and first["minute_start_ms"] > 0
+
+    migrate = _cli(env, "db", "migrate")
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+    sink = _cli(env, "sink", "run", "--topic", DEVICE_MINUTES.name, "--max-idle-s", "5")
+    assert sink.returncode == 0, sink.stdout[-2000:] + sink.stderr[-3000:]
+    analyst = clickhouse_server.analyst_client(database=database)
+    try:
+        rows = analyst.query("SELECT count() FROM device_minutes FINAL").result_rows[0][0]
+    finally:
+        analyst.close()
+    assert rows > 0
