@@ -147,6 +147,7 @@ class ProcessorRuntime:
         self.nodes: dict[int, NodePartition] = {}
         self.jobs: dict[int, JobPartition] = {}
         self.pos: dict[tuple[str, int], int] = {}  # next offset per consumed topic-partition
+        self.start_pos: dict[tuple[str, int], int | None] = {}  # committed offset at assignment
         self.assigned: dict[str, list[TopicPartition]] = {"rekey": [], "node": [], "job": []}
         self.state_dirty: dict[int, dict[str, IdleState | None]] = {}
         self.rekey_ready = self.rekey_c is None
@@ -177,6 +178,7 @@ class ProcessorRuntime:
         admin = AdminClient(dict(self.settings.kafka.client_config()))
         md = admin.list_topics(timeout=10)
         if self.t_state in md.topics:
+            self._wait_for_leaders(admin, self.t_state)
             return
         dm = md.topics.get(self.t_dm)
         parts = len(dm.partitions) if dm is not None and dm.partitions else DEVICE_MINUTES.partitions
@@ -195,6 +197,18 @@ class ProcessorRuntime:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise ServiceError(f"cannot create {self.t_state}: {exc}") from exc
+        self._wait_for_leaders(admin, self.t_state)
+
+    @staticmethod
+    def _wait_for_leaders(admin: AdminClient, topic: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            md = admin.list_topics(topic, timeout=10).topics.get(topic)
+            parts = md.partitions.values() if md is not None and md.error is None else ()
+            if parts and all(p.leader >= 0 and p.error is None for p in parts):
+                return
+            time.sleep(0.2)
+        raise ServiceError(f"topic {topic} has no leader after {timeout_s:.0f} s")
 
     def start(self) -> None:
         if self.job_c is not None:
@@ -221,29 +235,43 @@ class ProcessorRuntime:
             elif consumer is self.job_c and tp.topic == self.t_dm:
                 self.jobs.pop(tp.partition, None)
 
+    def _remember_start(self, consumer: Consumer, partitions: list[TopicPartition]) -> dict[tuple[str, int], Any]:
+        """Committed offsets (and metadata) of newly assigned partitions: where reading resumes."""
+        if not partitions:
+            return {}
+        asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+        out: dict[tuple[str, int], Any] = {}
+        for c in consumer.committed(asked, timeout=30):
+            key = (c.topic, int(c.partition))
+            self.start_pos[key] = c.offset if c.offset >= 0 else None
+            out[key] = c
+        return out
+
     def _on_assign_rekey(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._remember_start(consumer, partitions)
         for tp in partitions:
             self.rekey[tp.partition] = RekeyStage()
         self.assigned["rekey"] = list(partitions)
         self.rekey_ready = False
 
     def _on_assign_node(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        samples = [TopicPartition(tp.topic, tp.partition) for tp in partitions if tp.topic == self.t_samples]
-        committed = {tp.partition: tp for tp in consumer.committed(samples, timeout=30)} if samples else {}
+        committed = self._remember_start(consumer, [tp for tp in partitions if tp.topic != self.t_inventory])
         for tp in partitions:
             if tp.topic == self.t_samples:
                 part = NodePartition(self.ps)
-                c = committed.get(tp.partition)
+                c = committed.get((tp.topic, tp.partition))
                 if c is not None and c.offset >= 0:
                     part.restore(c.metadata)
                     part.samples_next_offset = c.offset
                 self.nodes[tp.partition] = part
             elif tp.topic == self.t_inventory:
                 tp.offset = OFFSET_BEGINNING  # compacted: always read whole
+                self.start_pos[(tp.topic, tp.partition)] = None
         self.assigned["node"] = list(partitions)
         consumer.assign(partitions)
 
     def _on_assign_job(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._remember_start(consumer, partitions)
         parts = sorted({tp.partition for tp in partitions if tp.topic == self.t_dm})
         for p in parts:
             self.jobs[p] = JobPartition(self.ps)
@@ -272,7 +300,7 @@ class ProcessorRuntime:
             ends: dict[int, int] = {}
             tps = []
             for p in parts:
-                lo, hi = reader.get_watermark_offsets(TopicPartition(self.t_state, p), timeout=10)
+                lo, hi = self._watermarks(reader, TopicPartition(self.t_state, p))
                 if hi > lo:
                     ends[p] = hi
                     tps.append(TopicPartition(self.t_state, p, lo))
@@ -294,6 +322,19 @@ class ProcessorRuntime:
         finally:
             reader.close()
 
+    @staticmethod
+    def _watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+        """Low and high offsets from the broker, retrying while leadership settles."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                lo, hi = consumer.get_watermark_offsets(tp, timeout=10)
+                return int(lo), int(hi)
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise ServiceError(f"cannot read offsets of {tp.topic}[{tp.partition}]: {exc}") from exc
+                time.sleep(0.2)
+
     # ------------------------------------------------------------------ helpers
     def _caught_up(self, consumer: Consumer, topic: str, partition: int) -> bool:
         tp = TopicPartition(topic, partition)
@@ -303,12 +344,9 @@ class ProcessorRuntime:
             return False
         if hi is None or hi < 0:
             return False
-        pos = self.pos.get((topic, partition))
-        if pos is None:
-            positions = consumer.position([tp])
-            pos = positions[0].offset if positions else -1
-            if pos < 0:
-                return hi == lo
+        pos = self.pos.get((topic, partition), self.start_pos.get((topic, partition)))
+        if pos is None:  # nothing committed: the consumer starts at the earliest offset
+            pos = lo
         return pos >= hi
 
     def _all_caught_up(self, consumer: Consumer | None, stage: str) -> bool:
@@ -591,7 +629,10 @@ class ProcessorRuntime:
         finally:
             for c in (self.rekey_c, self.node_c, self.job_c):
                 if c is not None:
-                    c.close()
+                    try:
+                        c.close()
+                    except Exception as exc:  # leaving the group is best effort
+                        log.warning("closing a consumer: %s", exc)
         self.stats.dead_lettered = self.decoder.dead_lettered
         self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
         self.stats.extra["wall_s"] = round(time.monotonic() - t0, 3)

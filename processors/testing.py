@@ -77,6 +77,7 @@ def job_event(
     team: str = "vision",
 ) -> dict[str, Any]:
     """A JobEvent; `allocations` maps node -> device UUIDs held there."""
+
     def held(uuid: str) -> dict[str, Any]:
         return {"index": None, "uuid": uuid, "mig_instance_id": None, "mig_profile": None}
 

@@ -1,0 +1,114 @@
+"""Helpers (no tests here) for the processor integration tests and bench: topics, publish, run, read."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from gpuledger.kafka import RecordPublisher
+from gpuledger.settings import KafkaSettings
+from schemas.codec import AvroCodec
+from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = "from gpuledger.cli import main; main()"
+
+
+def create_topics(bootstrap: str, prefix: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [prefix + t.name for t in CATALOGUE] + [prefix + t.dlq for t in (DEVICE_SAMPLES, JOB_EVENTS, INVENTORY)]
+    names += [prefix + "sched.allocations.v1.dlq", prefix + "usage.device-minutes.v1.dlq"]
+    new = [
+        NewTopic(n, partitions, 1, config={"cleanup.policy": "compact"} if n == prefix + INVENTORY.name else {})
+        for n in names
+    ]
+    for fut in admin.create_topics(new).values():
+        fut.result(timeout=30)
+
+
+def publish(bootstrap: str, prefix: str, records: Iterable[tuple[Topic, bytes, dict[str, Any]]]) -> int:
+    pub = RecordPublisher(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix))
+    n = 0
+    for topic, key, record in records:
+        pub.publish(topic, key, record)
+        n += 1
+    pub.flush()
+    return n
+
+
+def worker_env(bootstrap: str, prefix: str, state_dir: Path, **processor: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "GPULEDGER_CONFIG": str(state_dir / "none.toml"),
+            "GPULEDGER_STATE_DIR": str(state_dir),
+            "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+            "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix,
+            "GPULEDGER_PROCESSOR__GROUP_ID": prefix + "processors",
+            "GPULEDGER_PROCESSOR__REALTIME": "false",
+        }
+    )
+    for k, v in processor.items():
+        env["GPULEDGER_PROCESSOR__" + k.upper()] = v
+    return env
+
+
+def start_worker(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, "processors", "run", "--instance", "w1", *args],
+        env=env,
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def read_all(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
+    """Every record of the topic, partition by partition, up to the end."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        out: list[tuple[bytes | None, bytes]] = []
+        for p in sorted(md.partitions):
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if hi <= lo:
+                continue
+            c.assign([TopicPartition(topic, p, lo)])
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                msgs = c.consume(1000, 1.0)
+                done = False
+                for m in msgs:
+                    if m.error():
+                        continue
+                    out.append((m.key(), m.value() or b""))
+                    if (m.offset() or 0) + 1 >= hi:
+                        done = True
+                if done:
+                    break
+        return out
+    finally:
+        c.close()
+
+
+def decode_all(raw: list[tuple[bytes | None, bytes]], subject: str) -> list[tuple[bytes, dict[str, Any]]]:
+    codec = AvroCodec()
+    return [(value, codec.decode(value, subject).record) for _, value in raw]
+
+
+def wait(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
