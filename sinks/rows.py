@@ -178,7 +178,11 @@ DEVICE_MINUTES = TableSpec(
     "minute_start_ms",
 )
 COVERAGE_MINUTES = TableSpec(
-    "coverage_minutes", COVERAGE_COLUMNS, coverage_rows, ("cluster", "node", "minute_start_ms"), "minute_start_ms"
+    "coverage_minutes",
+    COVERAGE_COLUMNS,
+    coverage_rows,
+    ("cluster", "node", "minute_start_ms"),
+    "minute_start_ms",
 )
 
 # topic name -> the tables its records fill (ReplacingMergeTree everywhere; dedupe_key where a rollup reads).

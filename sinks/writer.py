@@ -122,11 +122,17 @@ class LedgerWriter:
         except (TypeError, ValueError):
             return items, 0  # malformed time values: let the insert reject them row by row
         keys = ", ".join(spec.dedupe_key)  # identifiers from the code's own TableSpec, never input
+        # Bounded by the batch's time range and its entities (nodes, or devices for device rows), so
+        # what comes back is about the batch's size even when much more is stored.
+        entity = spec.dedupe_key[2] if len(spec.dedupe_key) > 3 else spec.dedupe_key[1]
+        eix = spec.columns.index(entity)
+        entities = sorted({str(p.row[eix]) for p in items})
         try:
             stored = self._client.query(
                 f"SELECT {keys} FROM {spec.table} WHERE {spec.time_column} >= {{lo:Int64}} "
-                f"AND {spec.time_column} <= {{hi:Int64}} AND cluster IN {{clusters:Array(String)}}",
-                parameters={"lo": lo, "hi": hi, "clusters": clusters},
+                f"AND {spec.time_column} <= {{hi:Int64}} AND cluster IN {{clusters:Array(String)}} "
+                f"AND {entity} IN {{entities:Array(String)}}",
+                parameters={"lo": lo, "hi": hi, "clusters": clusters, "entities": entities},
             ).result_rows
         except Exception as exc:
             raise ClickHouseUnavailable(f"cannot read stored keys of {spec.table}: {exc}") from exc
