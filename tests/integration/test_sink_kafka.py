@@ -153,3 +153,58 @@ def test_replay_and_reemit_change_no_total_and_rejects_go_to_the_dlq(
     assert client.query("SELECT count() FROM alerts FINAL").result_rows[0][0] == 1
     assert client.query("SELECT count() FROM attribution_corrections FINAL").result_rows[0][0] == 2
     client.close()
+
+
+def test_reclaim_run_consumes_actions_and_runs_each_once(
+    kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str, tmp_path: Any
+) -> None:
+    import os
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    settings = make_settings(kafka_bootstrap, clickhouse_server, clickhouse_database)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    name = settings.kafka.topic(topics.RECLAIM_ACTIONS.name)
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("scontrol", "scancel"):
+        script = bindir / tool
+        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n')
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    pub = RecordPublisher(settings.kafka)
+    base = {"ts_ms": 1_795_000_000_000, "cluster": "c1", "scheduler": "SLURM", "reason": "idle 60 min",
+            "device_uuids": ["GPU-a"], "user": "alice", "project": "p-vision"}  # fmt: skip
+    live = {**base, "action_id": "act-live", "job_id": "501", "action": "REQUEUE", "dry_run": False}
+    dry = {**base, "action_id": "act-dry", "job_id": "502", "action": "CANCEL", "dry_run": True}
+    for rec in (live, dry, live):  # the live action is delivered twice
+        pub.publish(topics.RECLAIM_ACTIONS, job_key("c1", rec["job_id"]), rec)
+    pub.flush()
+    ch = settings.clickhouse
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        "GPULEDGER_CONFIG": str(Path(__file__).resolve().parents[1] / "no-such-gpuledger.toml"),
+        "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "GPULEDGER_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "GPULEDGER_CLICKHOUSE__URL": ch.url,
+        "GPULEDGER_CLICKHOUSE__DATABASE": ch.database,
+        "GPULEDGER_CLICKHOUSE__PASSWORD": ch.password.get_secret_value(),
+    }
+    for group in ("reclaim-a", "reclaim-b"):  # the second run replays the topic from the start
+        proc = subprocess.run(
+            [sys.executable, "-c", "from gpuledger.cli import main; main()", "reclaim", "run", "--execute",
+             "--max-idle-s", "3"],
+            env={**env, "GPULEDGER_SINKS__GROUP_ID": group}, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    assert calls.read_text().splitlines() == ["scontrol requeue 501"]  # once; the dry-run action never ran
+    client = connect(ch)
+    rows = client.query(
+        "SELECT action_id, step, status FROM action_outcomes FINAL ORDER BY action_id, step"
+    ).result_rows
+    assert rows == [("act-dry", 1, "planned"), ("act-live", 0, "started"), ("act-live", 1, "ok")]
+    client.close()
