@@ -6,19 +6,21 @@ raise `ConfigError`, which the `gpuledger` entry point prints as one line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 
-from gpuledger.errors import ConfigError
+from gpuledger.errors import ConfigError, ServiceError
 from gpuledger.settings import Settings
 
 db_app = typer.Typer(help="The ClickHouse schema (versioned migrations).", no_args_is_help=True)
@@ -55,6 +57,23 @@ def _client(settings: Settings, *, analyst: bool = False) -> Any:
     return connect(settings.clickhouse, analyst=analyst)
 
 
+@contextlib.contextmanager
+def _warehouse_errors() -> Iterator[None]:
+    """ClickHouse errors as one line (e.g. an unknown table: run `gpuledger db migrate`)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    try:
+        yield
+    except ClickHouseError as exc:
+        text = " ".join(str(exc).split())
+        start = text.find("Code: ")
+        text = text[start:] if start >= 0 else text
+        text = text.split(" (version ")[0]
+        missing = ("UNKNOWN_TABLE", "UNKNOWN_DATABASE", "UNKNOWN_FUNCTION")
+        hint = " (run `gpuledger db migrate`?)" if any(name in text for name in missing) else ""
+        raise ServiceError(f"ClickHouse: {text[:400]}{hint}") from None
+
+
 def _stop_flag() -> Any:
     stopping = {"flag": False}
 
@@ -76,7 +95,9 @@ def db_migrate(state_dir: Path | None = STATE_DIR) -> None:
 
     settings = _settings(state_dir)
     client = _client(settings)
-    for r in migrate(client, settings.clickhouse, clock_ms=_now_ms):
+    with _warehouse_errors():
+        results = migrate(client, settings.clickhouse, clock_ms=_now_ms)
+    for r in results:
         typer.echo(f"{r.version:03d}_{r.name}: {r.status}{' (' + r.detail + ')' if r.detail else ''}")
 
 
@@ -140,7 +161,8 @@ def ratecard_load(
     settings = _settings(state_dir)
     rc = _card(settings, card)
     rows = rate_card_rows(rc, _now_ms())
-    _client(settings).insert("rate_card", rows, column_names=RATE_CARD_COLUMNS)
+    with _warehouse_errors():
+        _client(settings).insert("rate_card", rows, column_names=RATE_CARD_COLUMNS)
     typer.echo(f"rate card {rc.version}: {len(rows)} rates loaded")
 
 
@@ -183,7 +205,8 @@ def report_chargeback(
     cb.check_period(period)
     cb.check_by(by)
     settings = _settings(state_dir)
-    report = cb.chargeback(_client(settings, analyst=True), period, by)
+    with _warehouse_errors():
+        report = cb.chargeback(_client(settings, analyst=True), period, by)
     columns = ("line", *[c for c in cb.LINE_COLUMNS if c != "line"])
     _emit(cb.report_rows(report), fmt, output, f"chargeback {period} by {by}", columns)
 
@@ -201,7 +224,8 @@ def report_explain(
 
     cb.check_period(period)
     settings = _settings(state_dir)
-    rows = cb.explain(_client(settings, analyst=True), period, project)
+    with _warehouse_errors():
+        rows = cb.explain(_client(settings, analyst=True), period, project)
     _emit(rows, fmt, output, f"jobs behind {project} in {period}", cb.EXPLAIN_COLUMNS)
 
 
@@ -217,7 +241,8 @@ def report_journal(
 
     cb.check_period(period)
     settings = _settings(state_dir)
-    rows = cb.journal(_client(settings, analyst=True), period, account=account)
+    with _warehouse_errors():
+        rows = cb.journal(_client(settings, analyst=True), period, account=account)
     _emit(rows, "csv", output, "", cb.JOURNAL_COLUMNS)
 
 
@@ -233,7 +258,8 @@ def alerts_cmd(
     if fmt == "parquet":
         raise ConfigError("--format must be table, csv or json for alerts")
     settings = _settings(state_dir)
-    rows = cb.recent_alerts(_client(settings, analyst=True), limit=limit, kind=kind)
+    with _warehouse_errors():
+        rows = cb.recent_alerts(_client(settings, analyst=True), limit=limit, kind=kind)
     _emit(rows, fmt, None, "recent alerts", cb.ALERT_LIST_COLUMNS)
 
 

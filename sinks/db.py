@@ -8,6 +8,7 @@ included. DDL lives in `sinks/migrations/NNN_name.sql`; applied versions are rec
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -47,6 +48,9 @@ def connect(ch: ClickHouseSettings, *, analyst: bool = False, database: str | No
     password = (ch.analyst_password if analyst else ch.password).get_secret_value()
     scheme = ch.url.split("://", 1)[0] if "://" in ch.url else "http"
     kwargs.setdefault("autogenerate_session_id", False)
+    driver_log = logging.getLogger("clickhouse_connect")
+    level = driver_log.level
+    driver_log.setLevel(logging.CRITICAL)  # the error below says it once, in one line
     try:
         client = clickhouse_connect.get_client(
             host=ch.host,
@@ -58,6 +62,8 @@ def connect(ch: ClickHouseSettings, *, analyst: bool = False, database: str | No
         )
     except ClickHouseError as exc:
         raise ServiceError(f"cannot reach ClickHouse at {ch.url} as {user!r}: {_one_line(exc)}") from None
+    finally:
+        driver_log.setLevel(level)
     # Set after the handshake, so connecting works before `gpuledger db migrate` made the database.
     client.database = check_identifier(database if database is not None else ch.database)
     return client

@@ -194,3 +194,13 @@ def test_chat_receiver_command_stores_what_it_gets(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_warehouse_errors_are_one_line(env: dict[str, str]) -> None:
+    # The test database exists but nothing is migrated: the report says what to do, in one line.
+    out = gpuledger(env, "report", "chargeback", "--period", "2026-11")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "gpuledger db migrate" in out.stderr
+    down = gpuledger({**env, "GPULEDGER_CLICKHOUSE__URL": "http://127.0.0.1:9"}, "alerts")
+    assert down.returncode == 2 and len(down.stderr.strip().splitlines()) == 1, down.stderr
+    assert "cannot reach ClickHouse" in down.stderr
