@@ -235,7 +235,8 @@ class EmbeddedClickHouse:
         if base is None:
             shm = Path("/dev/shm")  # noqa: S108 - a private mkdtemp below, memory-backed when it exists
             base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-        return Path(tempfile.mkdtemp(prefix="gpuledger-clickhouse-spool-", dir=base))
+        _sweep_spool_dirs(base)
+        return Path(tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-", dir=base))
 
     def _reap(self) -> None:
         while not self.stopping.wait(1.0):
@@ -760,6 +761,23 @@ class _Handler(BaseHTTPRequestHandler):
         }
         with contextlib.suppress(OSError):
             self._send(http_status(exc.code), headers, message)
+
+
+SPOOL_PREFIX = "gpuledger-clickhouse-spool-"
+
+
+def _sweep_spool_dirs(base: Path) -> None:
+    """Remove spool directories left by servers that died without cleaning up (`kill -9`)."""
+    for entry in base.glob(f"{SPOOL_PREFIX}*"):
+        pid_text = entry.name[len(SPOOL_PREFIX) :].split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except PermissionError:
+            continue  # alive, someone else's
 
 
 def _text(data: bytes) -> str:

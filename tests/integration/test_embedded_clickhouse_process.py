@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -58,9 +59,12 @@ def test_data_persists_across_restarts_and_kill(tmp_path: Path) -> None:
     assert client.command("SELECT count() FROM kept") == 1000
     client.insert("kept", [[5000]], column_names=["a"])
     client.close()
+    killed = server.pid
     stop_server(server, signal.SIGKILL)  # the lock goes with the process; committed data stays
 
     server = start_server(path)
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    assert not list(shm.glob(f"gpuledger-clickhouse-spool-{killed}-*"))  # the dead server's spool is swept
     client = server.client()
     assert client.command("SELECT count() FROM kept") == 1001
     client.close()
