@@ -45,6 +45,7 @@ class Component:
     enabled: whether this configuration wants the component at all.
     command: the `gpuledger` sub-command it runs (availability check), if any.
     oneshot: runs to completion during `up` (exit 0 is success) instead of staying up.
+    status_ready: the readiness check `status` uses (it must change nothing); default `ready`.
     """
 
     name: str
@@ -56,6 +57,7 @@ class Component:
     oneshot: bool = False
     ready_timeout_s: float = 60.0
     stop_timeout_s: float = 20.0
+    status_ready: Callable[[Settings], Health] | None = None
 
 
 def gpuledger_argv(*args: str) -> list[str]:
@@ -73,6 +75,13 @@ def kafka_ready(settings: Settings) -> Health:
     ok = broker.metadata_ok(settings.kafka.client_config(), timeout=3.0)
     where = settings.kafka.bootstrap_servers
     return Health(ok, f"answers metadata at {where}" if ok else f"no metadata answer from {where}")
+
+
+def kafka_ready_for_up(settings: Settings) -> Health:
+    """`kafka_ready`, and with SASL_SSL on, (re)creates the pipeline's Kafka user through the admin login."""
+    if security.enabled(settings):
+        return Health(*security.broker_ready(settings, create_user=True))
+    return kafka_ready(settings)
 
 
 def clickhouse_ready(settings: Settings) -> Health:
@@ -113,7 +122,8 @@ COMPONENTS: list[Component] = [
         name="broker",
         description="Apache Kafka, single KRaft node on loopback",
         argv=_broker_argv,
-        ready=kafka_ready,
+        ready=kafka_ready_for_up,
+        status_ready=kafka_ready,
         enabled=lambda s: s.broker.enabled,
         ready_timeout_s=120.0,
         stop_timeout_s=30.0,

@@ -381,8 +381,9 @@ def ensure_client_user(admin: dict[str, str], username: str, password: str, time
         raise ServiceError(f"could not set the SCRAM credential of Kafka user {username!r}: {exc.args[0]}") from exc
 
 
-def broker_ready(settings: Settings) -> tuple[bool, str]:
-    """Whether the pipeline can log in; creates (or updates) its user through the admin login if not."""
+def broker_ready(settings: Settings, *, create_user: bool = False) -> tuple[bool, str]:
+    """Whether the pipeline can log in. With `create_user` (only `gpuledger up` asks, never
+    `status`), a refused login first creates or updates the pipeline's user through the admin login."""
     from gpuledger.broker import metadata_ok
 
     kafka = settings.kafka
@@ -394,6 +395,8 @@ def broker_ready(settings: Settings) -> tuple[bool, str]:
     admin = admin_config(settings)
     if admin is None or not metadata_ok(admin, timeout=3.0):
         return False, f"no metadata answer from {where}"
+    if not create_user:
+        return False, f"login refused at {where}; the broker answers its admin (wrong password?)"
     assert kafka.sasl_username is not None
     with contextlib.suppress(ServiceError):
         ensure_client_user(admin, kafka.sasl_username, kafka.sasl_password.get_secret_value())

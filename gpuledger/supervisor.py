@@ -284,12 +284,13 @@ class Supervisor:
             st.detail = f"`gpuledger {' '.join(comp.command)}` is not part of this build yet"
         return st
 
-    def _checked(self, comp: Component, st: ComponentStatus, pid: int) -> ComponentStatus:
+    def _checked(self, comp: Component, st: ComponentStatus, pid: int, *, probe: bool = False) -> ComponentStatus:
         st.pid = pid
-        if comp.ready is None:
+        ready = (comp.status_ready or comp.ready) if probe else comp.ready
+        if ready is None:
             st.state, st.detail = "running", "process alive"
             return st
-        health = comp.ready(self.settings)
+        health = ready(self.settings)
         st.state = "ready" if health.ok else "not-ready"
         st.detail = health.detail
         return st
@@ -300,13 +301,14 @@ class Supervisor:
             return st
         pid = self.running_pid(comp.name)
         if pid is not None:
-            return self._checked(comp, st, pid)
+            return self._checked(comp, st, pid, probe=True)
         data = self._read(comp.name)
         if data is None:
             st.state, st.detail = "stopped", "not started"
-            if comp.ready is not None and st.enabled:
+            ready = comp.status_ready or comp.ready
+            if ready is not None and st.enabled:
                 # Something else may serve it (an external broker/ClickHouse): say so.
-                health = comp.ready(self.settings)
+                health = ready(self.settings)
                 if health.ok:
                     st.state, st.detail = "ready", f"not managed by gpuledger; {health.detail}"
         elif comp.oneshot and data.get("exit_code") == 0:
