@@ -9,11 +9,12 @@ or `./gpuledger.toml`), defaults. Secrets are `SecretStr` and may also be read f
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from platformdirs import user_data_dir
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,17 +22,31 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gpuledger.errors import ConfigError
 from processors.config import ProcessorSettings
 
 MASK = "**********"
 # librdkafka/Java client keys whose value is a secret (`sasl.jaas.config` carries a password).
-_SECRET_WORDS = ("password", "secret", "jaas", "token", "credentials")
+_SECRET_WORDS = ("password", "secret", "jaas", "token", "credentials", "user.info", "oauthbearer.config")
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 def _read_secret_file(path: Path | None) -> SecretStr | None:
     if path is None:
         return None
-    return SecretStr(path.read_text(encoding="utf-8").strip())
+    try:
+        return SecretStr(path.read_text(encoding="utf-8").strip())
+    except OSError as exc:
+        raise ValueError(f"cannot read the secret file {path}: {exc.strerror}") from None
+
+
+def describe_invalid(exc: ValidationError) -> str:
+    """One line naming each bad setting and why, never its value (it may be a password or token)."""
+    problems = [
+        f"{'.'.join(str(part) for part in err['loc']) or '(settings)'}: {err['msg']}"
+        for err in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+    return "invalid settings: " + "; ".join(problems)
 
 
 class KafkaSettings(BaseModel):
@@ -167,6 +182,14 @@ class Settings(BaseSettings):
     # Extra sections owned by later components (producers, processors, sinks) live here as they land.
     extra: dict[str, Any] = Field(default_factory=dict)
 
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            # pydantic's own message quotes the rejected input, which can be a secret: say what and
+            # where, not the value, and drop the original (`from None`) so no traceback shows it.
+            raise ConfigError(describe_invalid(exc)) from None
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -210,6 +233,9 @@ class Settings(BaseSettings):
         ):
             if data[section].get(key):
                 data[section][key] = MASK
+        for section, key in (("kafka", "schema_registry_url"), ("clickhouse", "url")):
+            if data[section].get(key):  # `https://user:password@host` keeps the host, not the login
+                data[section][key] = _URL_USERINFO.sub(MASK + "@", data[section][key])
         chat = data["sinks"]["chat"]
         for route in [*chat["users"].values(), *chat["teams"].values(), chat["default"]]:
             if route:
