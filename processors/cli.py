@@ -37,7 +37,9 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         realtime: bool | None = typer.Option(
             None, "--realtime/--event-time", help="Let the wall clock close windows when inputs are caught up."
         ),
-        stats_file: Path | None = typer.Option(None, "--stats-file", help="Write final counters here (JSON)."),
+        stats_file: Path | None = typer.Option(
+            None, "--stats-file", help="Keep counters here (JSON, rewritten every second)."
+        ),
         state_dir: Path | None = typer.Option(None, "--state-dir", help="State directory."),
     ) -> None:
         """Run the processors until stopped (SIGTERM/SIGINT)."""
@@ -52,9 +54,8 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
                 update={"processor": settings.processor.model_copy(update={"realtime": realtime})}
             )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        runtime = ProcessorRuntime(settings, stages=tuple(stage), instance=instance, exit_when_idle_s=exit_when_idle)
+        runtime = ProcessorRuntime(
+            settings, stages=tuple(stage), instance=instance, exit_when_idle_s=exit_when_idle, stats_path=stats_file
+        )
         stats = runtime.run()
-        text = json.dumps(stats.as_dict(), sort_keys=True)
-        if stats_file is not None:
-            stats_file.write_text(text + "\n", encoding="utf-8")
-        typer.echo(text)
+        typer.echo(json.dumps(stats.as_dict(), sort_keys=True))

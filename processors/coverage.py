@@ -188,7 +188,7 @@ class CoverageTracker:
             for (uuid, mig), win in windows.items():
                 if exp.matches(uuid, win.index, mig):
                     matched.add((uuid, mig))
-                    best = max(best, min(60, len(win.secs)))
+                    best = max(best, win.count())
             if best:
                 reporting += 1
                 reporting_s += best

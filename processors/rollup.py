@@ -178,15 +178,16 @@ def node_minute_rows(
     for (uuid, mig), win in windows.items():
         ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
         matched.update(iv.ref for iv in ivs)
+        secs = win.secs
         facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model))
         owners = owners_by_second(ivs, minute_ms)
         for job_id in sorted({iv.job_id for iv in ivs}):
             base = _row(cluster, node, facts, mig, minute_ms, table.job(job_id), win.mappings, thresholds)
-            rows.append(allocated_row(base, owners.get(job_id, set()), win.secs, thresholds))
+            rows.append(allocated_row(base, owners.get(job_id, set()), secs, thresholds))
         owned = set().union(*owners.values()) if owners else set()
-        free = [s for s in sorted(win.secs) if s not in owned and lo_s <= s < lo_s + 60]
+        free = [s for s in sorted(secs) if s not in owned and lo_s <= s < lo_s + 60]
         if free:
-            cells = [win.secs[s] for s in free]
+            cells = [secs[s] for s in free]
             row = _row(cluster, node, facts, mig, minute_ms, None, win.mappings, thresholds)
             row["unallocated_s"] = len(free)
             row["sample_count"] = len(cells)

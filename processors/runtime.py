@@ -20,16 +20,20 @@ Design (see docs/benchmarks.md "Processors" for the figures):
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from fastavro import schemaless_reader
 
 from gpuledger.errors import ServiceError
 from gpuledger.kafka import PRODUCER_DEFAULTS
@@ -39,7 +43,7 @@ from processors.dlq import Decoder
 from processors.idle import IdleState
 from processors.stages import JobOutputs, JobPartition, NodePartition, RekeyStage
 from processors.windows import Admit
-from schemas.codec import AvroCodec
+from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec
 from schemas.topics import (
     ALERTS,
     ALLOCATIONS,
@@ -75,6 +79,9 @@ class Stats:
     actions: int = 0
     allocations: int = 0
     commits: int = 0
+    lag_samples: int = 0  # records of DEVICE_SAMPLES not yet read (assigned partitions)
+    first_sample_wall: float | None = None
+    last_sample_wall: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,7 +122,9 @@ class ProcessorRuntime:
         instance: str | None = None,
         exit_when_idle_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        stats_path: Path | None = None,
     ) -> None:
+        self.stats_path = stats_path
         self.settings = settings
         self.ps = settings.processor
         self.stages = tuple(s for s in STAGES if s in stages)
@@ -383,6 +392,12 @@ class ProcessorRuntime:
         msgs = self.node_c.consume(self.ps.batch_size, 0.01)
         decode = self.codec.decode
         samples_subject = DEVICE_SAMPLES.subject
+        # Fast path for the hot topic: current single-object framing read straight with fastavro
+        # (anything else, older writers or Confluent framing included, goes through the codec).
+        header = SINGLE_OBJECT_MAGIC + self.codec.fingerprint(samples_subject)
+        parsed = self.codec.parsed_schema(samples_subject)
+        if msgs and self.stats.first_sample_wall is None:
+            self.stats.first_sample_wall = self.clock()
         for msg in msgs:
             if msg.error():
                 log.warning("node consumer: %s", msg.error())
@@ -393,14 +408,20 @@ class ProcessorRuntime:
             if part is None:
                 continue
             if topic == self.t_samples:
+                value = msg.value() or b""
                 try:
-                    scrape = decode(msg.value() or b"", samples_subject).record
+                    scrape: dict[str, Any]
+                    if value[:10] == header:
+                        scrape = cast(dict[str, Any], schemaless_reader(io.BytesIO(value[10:]), parsed, None))
+                    else:
+                        scrape = decode(value, samples_subject).record
                 except Exception:
                     self.decoder.decode(msg, samples_subject)  # dead-letters it with the reason
                     continue
                 verdict = part.on_scrape(scrape, off)
                 self.stats.scrapes += 1
                 self.stats.samples += len(scrape["devices"])
+                self.stats.last_sample_wall = self.clock()
                 if verdict is Admit.LATE:
                     self.stats.late_scrapes += 1
                     self._send_raw(self.t_late, msg.key(), msg.value() or b"")
@@ -426,6 +447,9 @@ class ProcessorRuntime:
         wall = int(self.clock() * 1000) if self.ps.realtime else NEG_INF
         out: dict[int, tuple[int, int]] = {}
         for p, part in self.nodes.items():
+            if not self._caught_up(self.node_c, self.t_inventory, p):
+                out[p] = (NEG_INF, NEG_INF)  # rows carry inventory facts (model, generation): read it first
+                continue
             inputs = ((self.t_samples, part.max_sample_ts), (self.t_allocs, part.max_alloc_ts))
             behind = [ts for topic, ts in inputs if not self._caught_up(self.node_c, topic, p)]
             if behind:
@@ -611,21 +635,44 @@ class ProcessorRuntime:
             return False
         return True
 
+    def _write_stats(self) -> None:
+        if self.node_c is not None:
+            lag = 0
+            for p in self.nodes:
+                try:
+                    _, hi = self.node_c.get_watermark_offsets(TopicPartition(self.t_samples, p), cached=True)
+                except KafkaException:
+                    continue
+                pos = self.pos.get((self.t_samples, p), self.start_pos.get((self.t_samples, p)) or 0)
+                if hi is not None and hi >= 0:
+                    lag += max(0, hi - pos)
+            self.stats.lag_samples = lag
+        self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
+        self.stats.extra["tracked_devices"] = sum(p.coverage.tracked_devices() for p in self.nodes.values())
+        if self.stats_path is not None:
+            tmp = self.stats_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.stats.as_dict(), sort_keys=True), encoding="utf-8")
+            os.replace(tmp, self.stats_path)
+
     def run(self) -> Stats:
         self.start()
         signal.signal(signal.SIGTERM, self.stop)
         t0 = time.monotonic()
-        last_log = t0
+        last_log = last_stats = t0
         try:
             while not self._stop:
                 n = self.step()
                 if self._idle_done(n):
                     break
+                if time.monotonic() - last_stats > 1:
+                    last_stats = time.monotonic()
+                    self._write_stats()
                 if time.monotonic() - last_log > 10:
                     last_log = time.monotonic()
                     log.info("processors: %s", self.stats.as_dict())
             self._advance_jobs()
             self.commit(force=True)
+            self._write_stats()
         finally:
             for c in (self.rekey_c, self.node_c, self.job_c):
                 if c is not None:
@@ -634,6 +681,7 @@ class ProcessorRuntime:
                     except Exception as exc:  # leaving the group is best effort
                         log.warning("closing a consumer: %s", exc)
         self.stats.dead_lettered = self.decoder.dead_lettered
-        self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
         self.stats.extra["wall_s"] = round(time.monotonic() - t0, 3)
+        if self.stats_path is not None:
+            self.stats_path.write_text(json.dumps(self.stats.as_dict(), sort_keys=True), encoding="utf-8")
         return self.stats

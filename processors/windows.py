@@ -13,8 +13,9 @@ first time.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -33,12 +34,72 @@ def minute_of(ts_ms: int) -> int:
     return ts_ms - ts_ms % MINUTE_MS
 
 
-@dataclass(slots=True)
+NAN = float("nan")
+_EMPTY = array("d", [NAN]) * 60
+
+
+def _opt(x: float) -> float | None:
+    return None if x != x else x  # NaN marks "no value" in the compact arrays
+
+
 class DeviceWindow:
-    index: int | None
-    model: str | None
-    secs: dict[int, Second] = field(default_factory=dict)
-    mappings: set[str] = field(default_factory=set)
+    """One device's minute, compact: three arrays of 60 doubles (NaN = metric absent) and a seen-mask.
+
+    About 1.9 KB per device-minute instead of ~12 KB for a dict of tuples; `secs` gives the dict view.
+    """
+
+    __slots__ = ("act", "fb", "index", "mapping", "minute_s", "model", "pw", "seen")
+
+    def __init__(
+        self,
+        index: int | None,
+        model: str | None,
+        secs: Mapping[int, Second] | None = None,
+        minute_s: int | None = None,
+    ) -> None:
+        self.index = index
+        self.model = model
+        self.minute_s = minute_s if minute_s is not None else (min(secs) - min(secs) % 60 if secs else 0)
+        self.act = array("d", _EMPTY)
+        self.fb = array("d", _EMPTY)
+        self.pw = array("d", _EMPTY)
+        self.seen = bytearray(60)
+        self.mapping = ""
+        for s, (a, f, p) in (secs or {}).items():
+            self.put(s, a, f, p)
+
+    def put(self, s: int, act: float | None, fb: float | None, pw: float | None) -> bool:
+        """Record second `s` unless it is already there (the first sample of a second wins)."""
+        i = s - self.minute_s
+        if self.seen[i]:
+            return False
+        self.seen[i] = 1
+        if act is not None:
+            self.act[i] = act
+        if fb is not None:
+            self.fb[i] = fb
+        if pw is not None:
+            self.pw[i] = pw
+        return True
+
+    def add_mapping(self, mapping: str) -> None:
+        if self.mapping != mapping:
+            parts = set(self.mapping.split(",")) if self.mapping else set()
+            if mapping not in parts:
+                parts.add(mapping)
+                self.mapping = ",".join(sorted(parts))
+
+    @property
+    def mappings(self) -> list[str]:
+        return self.mapping.split(",") if self.mapping else []
+
+    @property
+    def secs(self) -> dict[int, Second]:
+        base = self.minute_s
+        return {base + i: (_opt(self.act[i]), _opt(self.fb[i]), _opt(self.pw[i])) for i in range(60) if self.seen[i]}
+
+    def count(self) -> int:
+        return self.seen.count(1)
 
 
 @dataclass(slots=True)
@@ -89,11 +150,9 @@ class MinuteWindows:
             key = (node, dev["uuid"], dev["mig_instance_id"])
             w = devices.get(key)
             if w is None:
-                w = devices[key] = DeviceWindow(dev["index"], dev["model"])
-            secs = w.secs
-            if s not in secs:
-                secs[s] = (activity(dev), dev["fb_used_mib"], dev["power_w"])
-                w.mappings.add(mapping)
+                w = devices[key] = DeviceWindow(dev["index"], dev["model"], None, m // 1000)
+            if w.put(s, activity(dev), dev["fb_used_mib"], dev["power_w"]) and w.mapping != mapping:
+                w.add_mapping(mapping)
         return verdict
 
     def start_at(self, ts_ms: int) -> None:
