@@ -81,7 +81,8 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
     dead_token = f"DEADTOKEN{tag}"
     wrong_ch_pw = f"wrongChPW{tag}"
     wrong_kafka_pw = f"wrongKafkaPW{tag}"
-    secrets = [kafka_pw, ch_pw, analyst_pw, hook_token, dead_token, wrong_ch_pw, wrong_kafka_pw]
+    registry_pw = f"registryPW{tag}"
+    secrets = [kafka_pw, ch_pw, analyst_pw, hook_token, dead_token, wrong_ch_pw, wrong_kafka_pw, registry_pw]
 
     port, controller_port, ch_port, dead_port = broker.free_ports(4)
     receiver = WebhookReceiver(port=0).start()
@@ -176,6 +177,18 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
         assert bad_status.returncode == 1 and json.loads(bad_status.stdout)["broker_reachable"] is False
         assert cli.run("simulate", "run", "--fast", "--nodes", "1", "--duration", "60", timeout=120,
                        **wrong_kafka).returncode != 0  # fmt: skip
+        # Settings that are wrong, or hold secrets in places people put them: one line, no value.
+        bad = cli.run("settings", GPULEDGER_SINKS__CHAT__DEFAULT=json.dumps([f"json://127.0.0.1/{hook_token}"]))
+        assert bad.returncode == 2 and bad.stderr.startswith("error: invalid settings: sinks.chat.default"), bad
+        missing = cli.run("status", GPULEDGER_KAFKA__SASL_PASSWORD_FILE=str(tmp_path / "absent"))
+        assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+        registry = cli.run(
+            "settings",
+            GPULEDGER_KAFKA__SCHEMA_REGISTRY_URL=f"https://bob:{registry_pw}@127.0.0.1:1",
+            GPULEDGER_KAFKA__CONFIG=json.dumps({"basic.auth.user.info": f"bob:{registry_pw}",
+                                                "sasl.jaas.config": f'x password="{registry_pw}";'}),
+        )  # fmt: skip
+        assert registry.returncode == 0 and "127.0.0.1:1" in registry.stdout, registry.stderr
         cmdlines = _cmdlines(pids)  # still running: nothing secret in any argv
     finally:
         receiver.stop()
