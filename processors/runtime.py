@@ -20,7 +20,6 @@ Design (see docs/benchmarks.md "Processors" for the figures):
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -33,16 +32,17 @@ from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from fastavro import schemaless_reader
 
 from gpuledger.errors import ServiceError
 from gpuledger.kafka import PRODUCER_DEFAULTS
 from gpuledger.settings import Settings
 from processors.attribution import MINUTE_MS
 from processors.dlq import Decoder
+from processors.fastdecode import ScrapeDecoder, UnsupportedSchema
 from processors.idle import IdleState
 from processors.stages import JobOutputs, JobPartition, NodePartition, RekeyStage
 from processors.windows import Admit
+from schemas import load_schema
 from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec
 from schemas.topics import (
     ALERTS,
@@ -146,6 +146,11 @@ class ProcessorRuntime:
         self.producer = Producer({**PRODUCER_DEFAULTS, **k.client_config(), "linger.ms": "5"})
         self._delivery_errors: list[str] = []
         self.decoder = Decoder(self.codec, self._send_raw, lambda: int(self.clock() * 1000))
+        try:
+            self.fast_scrapes: ScrapeDecoder | None = ScrapeDecoder(load_schema(DEVICE_SAMPLES.subject))
+        except UnsupportedSchema as exc:
+            log.warning("lean scrape decoder unavailable (%s): using the general codec", exc)
+            self.fast_scrapes = None
         self.stats = Stats()
         self._stop = False
         gid = self.ps.group_id
@@ -395,7 +400,7 @@ class ProcessorRuntime:
         # Fast path for the hot topic: current single-object framing read straight with fastavro
         # (anything else, older writers or Confluent framing included, goes through the codec).
         header = SINGLE_OBJECT_MAGIC + self.codec.fingerprint(samples_subject)
-        parsed = self.codec.parsed_schema(samples_subject)
+        fast = self.fast_scrapes
         if msgs and self.stats.first_sample_wall is None:
             self.stats.first_sample_wall = self.clock()
         for msg in msgs:
@@ -411,8 +416,8 @@ class ProcessorRuntime:
                 value = msg.value() or b""
                 try:
                     scrape: dict[str, Any]
-                    if value[:10] == header:
-                        scrape = cast(dict[str, Any], schemaless_reader(io.BytesIO(value[10:]), parsed, None))
+                    if fast is not None and value[:10] == header:
+                        scrape = fast.decode(value, 10)
                     else:
                         scrape = decode(value, samples_subject).record
                 except Exception:
