@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pydantic import SecretStr
 
 from gpuledger import broker, security
-from gpuledger.settings import KafkaSettings
+from gpuledger.settings import BrokerSettings, KafkaSettings, Settings
 from schemas.codec import AvroCodec
 from schemas.topics import DEVICE_MINUTES
 
@@ -245,3 +246,39 @@ def test_pipeline_runs_through_sasl_ssl(secure_broker: SecureBroker, clickhouse_
     finally:
         analyst.close()
     assert rows > 0
+
+
+def _settings_for(sb: SecureBroker, user: str, password: str) -> Settings:
+    return Settings(
+        state_dir=sb.state,
+        broker=BrokerSettings(security="sasl_ssl", port=sb.port),
+        kafka=KafkaSettings(bootstrap_servers=sb.bootstrap, sasl_username=user, sasl_password=SecretStr(password)),
+    )
+
+
+def test_status_never_changes_a_password_up_does(secure_broker: SecureBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPULEDGER_CONFIG", str(secure_broker.state / "absent.toml"))
+    user, first, second = "rotating", security.new_password(), security.new_password()
+    assert security.broker_ready(_settings_for(secure_broker, user, first), create_user=True)[0]  # as `up`
+    # A wrong password, as `status` sees it: refused, and the stored credential is left alone.
+    ok, detail = security.broker_ready(_settings_for(secure_broker, user, second))
+    assert not ok and "login refused" in detail
+    assert security.broker_ready(_settings_for(secure_broker, user, first))[0]
+    # The next `up` with a changed password updates the user: the new one works, the old one no longer.
+    assert security.broker_ready(_settings_for(secure_broker, user, second), create_user=True)[0]
+    assert not security.broker_ready(_settings_for(secure_broker, user, first))[0]
+
+
+def test_a_plaintext_state_dir_is_not_switched_silently(tmp_path: Path) -> None:
+    port, controller_port, ch_port = broker.free_ports(3)
+    state = tmp_path / "state"
+    cfg = broker.BrokerConfig(data_dir=state / "kafka", port=port, controller_port=controller_port)
+    broker.format_storage(cfg, broker.ensure_jars(cfg.kafka_version))  # formatted without SCRAM users
+    env = SecureBroker(f"127.0.0.1:{port}", port, state, security.materials(state), "gpuledger").env(
+        GPULEDGER_BROKER__CONTROLLER_PORT=str(controller_port), GPULEDGER_CLICKHOUSE__URL=f"http://127.0.0.1:{ch_port}"
+    )
+    proc = _cli(env, "up", "--only", "broker", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: broker: ") or proc.stderr.startswith("error: the Kafka data"), proc.stderr
+    assert "formatted without SCRAM users" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (state / "run" / "broker.json").exists()  # nothing was started
