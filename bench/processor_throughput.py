@@ -1,0 +1,418 @@
+"""Processor benchmark: device-samples/s per processor process on one core, alert latencies, memory.
+
+    .venv/bin/python bench/processor_throughput.py                # ~3-4 min: backlog + 120 s real-time run
+    .venv/bin/python bench/processor_throughput.py --soak         # real-time run of 600 s instead
+    .venv/bin/python bench/processor_throughput.py --bootstrap 127.0.0.1:9092 --rate 100000
+
+Parts (each prints one JSON line, then a summary):
+1. backlog:  N node scrapes (8 GPUs each) already in the topic; one `gpuledger processors run` process
+   (all three stages) pinned to one core reads them; samples/s between its first and last sample.
+2. realtime: a producer process (pinned to the other core) publishes `--rate` device-samples/s at 1 Hz
+   per node, event time = wall clock, for `--duration` s; the worker (one core, real-time mode) keeps
+   up or not: lag (unread samples) is sampled every second. Some nodes run idle jobs (interactive,
+   idle_after 1 min, grace 1 min): idle alert latency = receipt of the alert - (end of the window that
+   completed the idle period + grace). Some exporters die at a third of the run: coverage alert
+   latency = receipt of COVERAGE_GAP - (last sample + coverage_timeout).
+3. memory: bytes per tracked device of the node stage (tracemalloc, in-process), with two minutes of
+   windows open (the steady state: the current minute and the previous one within its grace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpuledger.kafka import RecordPublisher  # noqa: E402
+from gpuledger.settings import KafkaSettings  # noqa: E402
+from processors.config import ProcessorSettings  # noqa: E402
+from processors.stages import NodePartition  # noqa: E402
+from processors.testing import T0, device, inventory, job_event, scrape  # noqa: E402
+from schemas.codec import AvroCodec  # noqa: E402
+from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key  # noqa: E402
+
+GPUS = 8
+GRACE_MS = 10_000
+COVERAGE_TIMEOUT_MS = 20_000
+CLI = "from gpuledger.cli import main; main()"
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def start_broker(tmp: Path) -> tuple[Any, str]:
+    from gpuledger.broker import BrokerConfig, LocalBroker, free_ports
+    from gpuledger.settings import Settings
+
+    port, cport = free_ports(2)
+    cfg = BrokerConfig(
+        data_dir=tmp / "kafka", port=port, controller_port=cport, kafka_version=Settings().broker.kafka_version
+    )
+    broker = LocalBroker(cfg, log_path=tmp / "broker.log").start()
+    return broker, broker.bootstrap
+
+
+def create_topics(bootstrap: str, prefix: str, partitions: int = 4) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [prefix + t.name for t in CATALOGUE] + [prefix + t.dlq for t in (DEVICE_SAMPLES, JOB_EVENTS, INVENTORY)]
+    cfg = {prefix + INVENTORY.name: {"cleanup.policy": "compact"}}
+    new = [NewTopic(n, partitions, 1, config=cfg.get(n, {})) for n in names]
+    for fut in admin.create_topics(new).values():
+        fut.result(timeout=30)
+
+
+def node_name(i: int) -> str:
+    return f"bn-{i:05d}"
+
+
+def node_devices(i: int, idle: bool, starved: bool) -> list[dict[str, Any]]:
+    out = []
+    for g in range(GPUS):
+        sm = 0.0 if idle else (0.12 if starved else 0.6 + 0.03 * g)
+        out.append(device(f"GPU-{i:05d}-{g}", g, sm=sm, fb_mib=8192.0 if not idle or g else 2048.0, power_w=300.0))
+    return out
+
+
+def kind_of(i: int) -> tuple[bool, bool]:
+    """(idle, starved): every 10th node idle, every 7th starved, the rest busy."""
+    return i % 10 == 3, i % 7 == 5
+
+
+def setup_cluster(bootstrap: str, prefix: str, nodes: int, start_ms: int) -> None:
+    pub = RecordPublisher(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix))
+    for i in range(nodes):
+        n = node_name(i)
+        pub.publish(
+            INVENTORY, node_key("bench", n), inventory(n, [f"GPU-{i:05d}-{g}" for g in range(GPUS)], start_ms, "bench")
+        )
+    for i in range(nodes):
+        idle, _ = kind_of(i)
+        n = node_name(i)
+        ev = job_event(
+            "STARTED",
+            f"j{i}",
+            start_ms,
+            {n: [f"GPU-{i:05d}-{g}" for g in range(GPUS)]},
+            cluster="bench",
+            interactive=idle,
+        )
+        pub.publish(JOB_EVENTS, job_key("bench", f"j{i}"), ev)
+    pub.flush()
+
+
+class ScrapeTemplate:
+    """Pre-encoded NodeScrape per node with the event time spliced in (exact Avro, fast to produce)."""
+
+    def __init__(self, codec: AvroCodec, i: int) -> None:
+        idle, starved = kind_of(i)
+        marker = 7_777_777_777_777
+        body = codec.encode(
+            DEVICE_SAMPLES.subject, scrape(node_name(i), marker, node_devices(i, idle, starved), "bench")
+        )
+        enc = _zigzag(marker)
+        at = body.index(enc)
+        self.head, self.tail = body[:at], body[at + len(enc) :]
+
+    def at(self, ts_ms: int) -> bytes:
+        return self.head + _zigzag(ts_ms) + self.tail
+
+
+def _zigzag(v: int) -> bytes:
+    n = (v << 1) ^ (v >> 63)
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def worker(bootstrap: str, prefix: str, state: Path, realtime: bool, core: int, *extra: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "GPULEDGER_CONFIG": str(state / "none.toml"),
+            "GPULEDGER_STATE_DIR": str(state),
+            "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+            "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix,
+            "GPULEDGER_PROCESSOR__GROUP_ID": prefix + "processors",
+            "GPULEDGER_PROCESSOR__REALTIME": "true" if realtime else "false",
+            "GPULEDGER_PROCESSOR__GRACE_MS": str(GRACE_MS),
+            "GPULEDGER_PROCESSOR__COVERAGE_TIMEOUT_MS": str(COVERAGE_TIMEOUT_MS),
+            "GPULEDGER_PROCESSOR__IDLE__IDLE_AFTER_MIN_INTERACTIVE": "1",
+            "GPULEDGER_PROCESSOR__IDLE__GRACE_MIN": "1",
+        }
+    )
+    cores = os.sched_getaffinity(0)
+    pin = {core} if core in cores else None
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, "processors", "run", "--stats-file", str(state / "stats.json"), *extra],
+        env=env,
+        cwd=REPO,
+        stdout=open(state / "worker.log", "ab"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None,
+    )
+
+
+def read_stats(state: Path) -> dict[str, Any]:
+    try:
+        return json.loads((state / "stats.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 3)
+
+
+# ------------------------------------------------------------------------------------------ parts
+def part_backlog(bootstrap: str, tmp: Path, samples: int) -> dict[str, Any]:
+    prefix = f"bb{uuid.uuid4().hex[:6]}."
+    create_topics(bootstrap, prefix)
+    nodes = 500
+    start = T0
+    setup_cluster(bootstrap, prefix, nodes, start)
+    codec = AvroCodec()
+    templates = [ScrapeTemplate(codec, i) for i in range(nodes)]
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    topic = prefix + DEVICE_SAMPLES.name
+    scrapes = samples // GPUS
+    for k in range(scrapes):
+        sec, i = divmod(k, nodes)
+        while True:
+            try:
+                prod.produce(topic, templates[i].at(start + sec * 1000), node_key("bench", node_name(i)))
+                break
+            except BufferError:
+                prod.poll(0.05)
+        prod.poll(0)
+    prod.flush(60)
+    state = tmp / prefix
+    state.mkdir()
+    proc = worker(bootstrap, prefix, state, False, 0, "--exit-when-idle", "3")
+    proc.wait(timeout=1800)
+    st = read_stats(state)
+    span = (st.get("last_sample_wall") or 0) - (st.get("first_sample_wall") or 0)
+    return {
+        "part": "backlog",
+        "samples": st.get("samples"),
+        "nodes": nodes,
+        "seconds": round(span, 2),
+        "samples_per_s": round(st["samples"] / span) if span > 0 else None,
+        "device_minutes": st.get("device_minutes"),
+        "job_minutes": st.get("job_minutes"),
+        "late": st.get("late_scrapes"),
+    }
+
+
+def _producer_main(bootstrap: str, prefix: str, nodes: int, duration_s: float, dead: int, core: int) -> None:
+    if core in os.sched_getaffinity(0):
+        os.sched_setaffinity(0, {core})
+    codec = AvroCodec()
+    templates = [ScrapeTemplate(codec, i) for i in range(nodes)]
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    topic = prefix + DEVICE_SAMPLES.name
+    keys = [node_key("bench", node_name(i)) for i in range(nodes)]
+    t_end = time.time() + duration_s
+    dead_from = time.time() + duration_s / 3
+    sent = 0
+    behind = 0.0
+    sec = int(time.time())
+    while sec < t_end:
+        ts = sec * 1000
+        for i in range(nodes):
+            if i < dead and sec >= dead_from:
+                continue
+            while True:
+                try:
+                    prod.produce(topic, templates[i].at(ts), keys[i])
+                    break
+                except BufferError:
+                    prod.poll(0.02)
+            sent += 1
+        prod.poll(0)
+        sec += 1
+        wait = sec - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            behind = max(behind, -wait)
+    prod.flush(60)
+    print(json.dumps({"producer_scrapes": sent, "producer_max_behind_s": round(behind, 2)}), flush=True)
+
+
+def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> dict[str, Any]:
+    prefix = f"br{uuid.uuid4().hex[:6]}."
+    create_topics(bootstrap, prefix)
+    nodes = max(10, rate // GPUS)
+    dead = max(1, nodes // 100)
+    setup_cluster(bootstrap, prefix, nodes, int(time.time()) * 1000 - 1000)
+    state = tmp / prefix
+    state.mkdir()
+    alerts: list[tuple[float, dict[str, Any]]] = []
+    stop = threading.Event()
+
+    def collect() -> None:
+        codec = AvroCodec()
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": prefix + "bench", "auto.offset.reset": "earliest"})
+        c.subscribe([prefix + "alerts.v1"])
+        while not stop.is_set():
+            for m in c.consume(500, 0.1):
+                if m.error() or m.value() is None:
+                    continue
+                alerts.append((time.time(), codec.decode(m.value() or b"", "alerts").record))
+        c.close()
+
+    t = threading.Thread(target=collect, daemon=True)
+    t.start()
+    proc = worker(bootstrap, prefix, state, True, 0)
+    time.sleep(8)  # group join
+    producer = subprocess.Popen(
+        [sys.executable, __file__, "--producer", bootstrap, prefix, str(nodes), str(duration_s), str(dead)],
+        stdout=subprocess.PIPE,
+    )
+    lags: list[int] = []
+    rss: list[float] = []
+    t0 = time.time()
+    while producer.poll() is None:
+        time.sleep(1)
+        st = read_stats(state)
+        lags.append(int(st.get("lag_samples", 0)) * GPUS)
+        r = rss_mib(proc.pid)
+        if r is not None:
+            rss.append(r)
+    produced = json.loads((producer.stdout.read() if producer.stdout else b"{}").decode() or "{}")
+    time.sleep(GRACE_MS / 1000 + 15)  # let the last minutes close and the alerts arrive
+    st = read_stats(state)
+    proc.terminate()
+    proc.wait(timeout=60)
+    stop.set()
+    t.join(timeout=5)
+    idle_lat = [
+        recv - (a["ts_ms"] + GRACE_MS) / 1000 for recv, a in alerts if a["kind"] in ("IDLE_WARNING", "RECLAIM_NOTICE")
+    ]
+    cov_lat = [recv - a["ts_ms"] / 1000 for recv, a in alerts if a["kind"] == "COVERAGE_GAP"]
+    span = (st.get("last_sample_wall") or 0) - (st.get("first_sample_wall") or 0)
+    steady = lags[len(lags) // 4 :] or lags
+    return {
+        "part": "realtime",
+        "target_samples_per_s": nodes * GPUS,
+        "nodes": nodes,
+        "duration_s": round(time.time() - t0, 1),
+        "produced_samples": produced.get("producer_scrapes", 0) * GPUS,
+        "producer_max_behind_s": produced.get("producer_max_behind_s"),
+        "processed_samples": st.get("samples"),
+        "processed_samples_per_s": round(st.get("samples", 0) / span) if span > 0 else None,
+        "lag_samples_max": max(lags, default=None),
+        "lag_samples_last": lags[-1] if lags else None,
+        "lag_samples_steady_max": max(steady, default=None),
+        "idle_alerts": len(idle_lat),
+        "idle_alert_latency_s_p50": pct(idle_lat, 0.5),
+        "idle_alert_latency_s_p99": pct(idle_lat, 0.99),
+        "coverage_alerts": len(cov_lat),
+        "coverage_alert_latency_s_p50": pct(cov_lat, 0.5),
+        "coverage_alert_latency_s_max": round(max(cov_lat), 3) if cov_lat else None,
+        "worker_rss_mib_max": round(max(rss), 1) if rss else None,
+        "devices": nodes * GPUS,
+    }
+
+
+def part_memory(devices: int = 20_000) -> dict[str, Any]:
+    nodes = devices // GPUS
+    part = NodePartition(ProcessorSettings())
+    scrapes = []
+    for i in range(nodes):
+        idle, starved = kind_of(i)
+        scrapes.append(scrape(node_name(i), T0, node_devices(i, idle, starved), "bench"))
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(nodes):
+        n = node_name(i)
+        part.on_inventory(inventory(n, [f"GPU-{i:05d}-{g}" for g in range(GPUS)], T0, "bench"))
+        part.on_allocation(
+            f"bench/{n}",
+            job_event("STARTED", f"j{i}", T0, {n: [f"GPU-{i:05d}-{g}" for g in range(GPUS)]}, cluster="bench"),
+            i,
+        )
+    off = 0
+    for sec in range(70):  # minute 0 complete, 10 s of minute 1: both open (minute 0 is within grace)
+        for s in scrapes:
+            s["ts_ms"] = T0 + sec * 1000
+            part.on_scrape(s, off)
+            off += 1
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return {"part": "memory", "devices": devices, "bytes_per_device": round(used / devices), "open_minutes": 2}
+
+
+# ------------------------------------------------------------------------------------------ main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bootstrap", help="Kafka bootstrap; default: start a local broker in a temp dir")
+    ap.add_argument("--duration", type=float, default=120.0, help="real-time run, seconds (default 120)")
+    ap.add_argument("--soak", action="store_true", help="real-time run of 600 s")
+    ap.add_argument("--rate", type=int, default=100_000, help="device-samples/s to publish (default 100000)")
+    ap.add_argument("--backlog-samples", type=int, default=800_000)
+    ap.add_argument("--skip", action="append", default=[], choices=["backlog", "realtime", "memory"])
+    ap.add_argument("--producer", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.producer:
+        b, prefix, nodes, dur, dead = args.producer
+        _producer_main(b, prefix, int(nodes), float(dur), int(dead), 1)
+        return
+    duration = 600.0 if args.soak else args.duration
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="gpuledger-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        broker = None
+        bootstrap = args.bootstrap
+        if not bootstrap:
+            broker, bootstrap = start_broker(tmp)
+        try:
+            if "memory" not in args.skip:
+                results.append(part_memory())
+                print(json.dumps(results[-1]), flush=True)
+            if "backlog" not in args.skip:
+                results.append(part_backlog(bootstrap, tmp, args.backlog_samples))
+                print(json.dumps(results[-1]), flush=True)
+            if "realtime" not in args.skip:
+                results.append(part_realtime(bootstrap, tmp, args.rate, duration))
+                print(json.dumps(results[-1]), flush=True)
+        finally:
+            if broker is not None:
+                broker.stop()
+    load = os.getloadavg()
+    print(f"# cores: {os.cpu_count()}, load average at end: {load[0]:.2f} (machine shared; figures are as measured)")
+    for r in results:
+        print("# " + ", ".join(f"{k}={v}" for k, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()
