@@ -273,7 +273,8 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> di
     create_topics(bootstrap, prefix)
     nodes = max(10, rate // GPUS)
     dead = max(1, nodes // 100)
-    setup_cluster(bootstrap, prefix, nodes, int(time.time()) * 1000 - 1000)
+    t_start = int(time.time()) + 15  # the producer's first second: the inventory is true from then on
+    setup_cluster(bootstrap, prefix, nodes, t_start * 1000)
     state = tmp / prefix
     state.mkdir()
     alerts: list[tuple[float, dict[str, Any]]] = []
@@ -293,7 +294,7 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> di
     t = threading.Thread(target=collect, daemon=True)
     t.start()
     proc = worker(bootstrap, prefix, state, True, 0)
-    time.sleep(8)  # group join
+    time.sleep(max(0.0, t_start - time.time()))  # the worker joins its groups meanwhile
     producer = subprocess.Popen(
         [sys.executable, __file__, "--producer", bootstrap, prefix, str(nodes), str(duration_s), str(dead)],
         stdout=subprocess.PIPE,
@@ -304,7 +305,7 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> di
     while producer.poll() is None:
         time.sleep(1)
         st = read_stats(state)
-        lags.append(int(st.get("lag_samples", 0)) * GPUS)
+        lags.append(int(st.get("lag_records", 0)) * GPUS)
         r = rss_mib(proc.pid)
         if r is not None:
             rss.append(r)

@@ -77,6 +77,7 @@ class CoverageTracker:
         self.index_of: dict[SeenKey, int | None] = {}
         self.gaps: dict[tuple[str, Expected], int] = {}  # open gap -> last seen before it
         self.flagged_unknown: set[SeenKey] = set()
+        self.unchecked: list[SeenKey] = []  # devices not yet compared with their node's inventory
 
     # -- inputs
     def set_inventory(self, cluster: str, node: str, ts_ms: int, devices: list[Mapping[str, Any]] | None) -> None:
@@ -92,6 +93,7 @@ class CoverageTracker:
             for d in sorted(devices, key=lambda d: (d["index"], d.get("mig_instance_id") or -1))
         ]
         self.tracking_since.setdefault(node, ts_ms)
+        self.unchecked.extend(k for k in self.index_of if k[0] == node and k not in self.flagged_unknown)
 
     def seen(self, cluster: str, node: str, uuid: str, index: int | None, mig: int | None, ts_ms: int) -> None:
         key = (node, uuid, mig)
@@ -99,6 +101,7 @@ class CoverageTracker:
             self.last_seen[key] = ts_ms
         if key not in self.index_of:
             self.index_of[key] = index
+            self.unchecked.append(key)
             self.cluster.setdefault(node, cluster)
 
     # -- queries
@@ -153,13 +156,13 @@ class CoverageTracker:
                             ref,
                         )
                     )
-        for key in sorted(self.last_seen, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
+        pending, self.unchecked = self.unchecked, []
+        for key in sorted(set(pending), key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
             node, uuid, mig = key
-            if (
-                node in self.expected
-                and key not in self.flagged_unknown
-                and not self._known(node, uuid, self.index_of.get(key), mig)
-            ):
+            if node not in self.expected:
+                self.unchecked.append(key)  # judged once the node's inventory is known
+                continue
+            if key not in self.flagged_unknown and not self._known(node, uuid, self.index_of.get(key), mig):
                 self.flagged_unknown.add(key)
                 label = uuid if mig is None else f"{uuid}/mig:{mig}"
                 alerts.append(

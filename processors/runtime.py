@@ -79,7 +79,7 @@ class Stats:
     actions: int = 0
     allocations: int = 0
     commits: int = 0
-    lag_samples: int = 0  # records of DEVICE_SAMPLES not yet read (assigned partitions)
+    lag_records: int = 0  # DEVICE_SAMPLES records (node scrapes) not yet read, assigned partitions
     first_sample_wall: float | None = None
     last_sample_wall: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -651,7 +651,7 @@ class ProcessorRuntime:
                 pos = self.pos.get((self.t_samples, p), self.start_pos.get((self.t_samples, p)) or 0)
                 if hi is not None and hi >= 0:
                     lag += max(0, hi - pos)
-            self.stats.lag_samples = lag
+            self.stats.lag_records = lag
         self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
         self.stats.extra["tracked_devices"] = sum(p.coverage.tracked_devices() for p in self.nodes.values())
         if self.stats_path is not None:

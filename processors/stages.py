@@ -108,6 +108,7 @@ class NodePartition:
         self.samples_next_offset = 0
         self.allocs_next_offset = 0
         self.emitted_minutes = 0
+        self._next_tick_ms = -(2**62)
 
     # -- inputs
     def on_allocation(self, key: str, ev: Mapping[str, Any], offset: int) -> None:
@@ -138,6 +139,7 @@ class NodePartition:
             seen[dk] = ts
             if dk not in index_of:
                 index_of[dk] = dev["index"]
+                self.coverage.unchecked.append(dk)
         return self.windows.add_scrape(key, scrape, activity_of, offset)
 
     # -- time
@@ -175,6 +177,10 @@ class NodePartition:
         return out
 
     def tick(self, now_ms: int) -> list[dict[str, Any]]:
+        """Coverage alerts due at `now_ms` (checked at most once per second of the clock given)."""
+        if now_ms < self._next_tick_ms:
+            return []
+        self._next_tick_ms = now_ms - now_ms % 1000 + 1000
         alerts = self.coverage.on_tick(now_ms)
         for a in alerts:
             a["cluster"], a["node"] = split_node_key(a["node"])
