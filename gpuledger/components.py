@@ -117,6 +117,21 @@ def _simulated(settings: Settings) -> bool:
     return settings.cluster == "sim"
 
 
+LOCAL_WEBHOOK_PORT = 8765
+
+
+def _local_chat(settings: Settings) -> bool:
+    # No chat route configured: alerts go to a local webhook receiver so a demo shows them.
+    chat = settings.sinks.chat
+    return chat.default is None and not chat.users and not chat.teams
+
+
+def _chat_argv(settings: Settings, _: Progress) -> list[str]:
+    if _local_chat(settings):
+        return gpuledger_argv("chat", "run", "--local-receiver", str(LOCAL_WEBHOOK_PORT))
+    return gpuledger_argv("chat", "run")
+
+
 COMPONENTS: list[Component] = [
     Component(
         name="broker",
@@ -150,10 +165,38 @@ COMPONENTS: list[Component] = [
         command=("processors", "run"),
     ),
     Component(
+        name="db-migrate",
+        description="apply the ClickHouse migrations",
+        argv=lambda s, _: gpuledger_argv("db", "migrate"),
+        command=("db", "migrate"),
+        oneshot=True,
+    ),
+    Component(
         name="sinks",
-        description="topics to ClickHouse, chat and scheduler actions",
-        argv=lambda s, _: gpuledger_argv("sinks", "run"),
-        command=("sinks", "run"),
+        description="ledger topics to ClickHouse (idempotent)",
+        argv=lambda s, _: gpuledger_argv("sink", "run"),
+        command=("sink", "run"),
+    ),
+    Component(
+        name="chat-receiver",
+        description="local webhook that stands in for chat (no route configured)",
+        argv=lambda s, _: gpuledger_argv(
+            "chat", "receiver", "--port", str(LOCAL_WEBHOOK_PORT), "--out", str(s.state_dir / "webhook.jsonl")
+        ),
+        enabled=_local_chat,
+        command=("chat", "receiver"),
+    ),
+    Component(
+        name="chat",
+        description="alerts to chat, routed per user/team",
+        argv=_chat_argv,
+        command=("chat", "run"),
+    ),
+    Component(
+        name="reclaim",
+        description="reclaim executor (dry-run unless configured live)",
+        argv=lambda s, _: gpuledger_argv("reclaim", "run"),
+        command=("reclaim", "run"),
     ),
     Component(
         name="simulator",

@@ -286,9 +286,15 @@ def chat_receiver(
 @chat_app.command("run")
 def chat_run(
     max_idle_s: float | None = typer.Option(None, "--max-idle-s", help="Exit after this long without alerts."),
+    local_receiver: int | None = typer.Option(
+        None, "--local-receiver", help="With no route configured, post to `chat receiver` on this loopback port."
+    ),
     state_dir: Path | None = STATE_DIR,
 ) -> None:
     """Consume the alerts topic and post each alert to its routed channel."""
+    from pydantic import SecretStr
+
+    from gpuledger.settings import ChatRoute
     from schemas.topics import ALERTS
     from sinks.chat import ChatNotifier
     from sinks.streams import consume_records
@@ -301,7 +307,13 @@ def chat_run(
         "ORDER BY ts_ms DESC LIMIT {n:UInt32}",
         parameters={"n": settings.sinks.chat.dedupe_window},
     ).result_rows
-    notifier = ChatNotifier(settings.sinks.chat, clock_ms=_now_ms, already_sent=[r[0] for r in reversed(recent)])
+    chat = settings.sinks.chat
+    if local_receiver is not None and chat.default is None and not chat.users and not chat.teams:
+        # Local-receiver mode (demos, tests): everything goes to the loopback webhook.
+        chat = chat.model_copy(
+            update={"default": ChatRoute(url=SecretStr(f"json://127.0.0.1:{local_receiver}/"), channel="#gpu-idle")}
+        )
+    notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=[r[0] for r in reversed(recent)])
 
     def handle(record: dict[str, Any]) -> None:
         delivery = notifier.handle(record)
