@@ -82,8 +82,7 @@ def header_block(columns: Sequence[tuple[str, str]]) -> bytes:
     for name, type_name in columns:
         _write_str(name, out)
         _write_str(type_name, out)
-        if type_name.startswith("LowCardinality("):
-            out += (1).to_bytes(8, "little")  # the dictionary's serialization-version prefix
+        # No LowCardinality version prefix: with zero rows clickhouse-connect reads no column data.
     return bytes(out)
 
 

@@ -398,6 +398,15 @@ def test_empty_results_keep_their_columns(clickhouse_client: Any) -> None:
     assert client.query("SHOW TABLES LIKE 'nothing%'").column_names == ("name",)
 
 
+def test_empty_result_with_low_cardinality_columns(clickhouse_client: Any) -> None:
+    client = clickhouse_client()
+    client.command("CREATE TABLE lc_empty (k LowCardinality(String), n Nullable(Int32)) ENGINE = MergeTree ORDER BY k")
+    res = client.query("SELECT k, n FROM lc_empty WHERE k = {k:String}", parameters={"k": "x' OR 1=1 --"})
+    assert res.result_rows == []
+    assert res.column_names == ("k", "n")
+    assert [t.name for t in res.column_types] == ["LowCardinality(String)", "Nullable(Int32)"]
+
+
 def test_datetime_zone_survives(clickhouse_client: Any) -> None:
     client = clickhouse_client()
     client.command(
