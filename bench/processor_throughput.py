@@ -140,7 +140,9 @@ def _zigzag(v: int) -> bytes:
     return bytes(out)
 
 
-def worker(bootstrap: str, prefix: str, state: Path, realtime: bool, core: int, *extra: str) -> subprocess.Popen[bytes]:
+def worker(
+    bootstrap: str, prefix: str, state: Path, realtime: bool, core: int, *extra: str, name: str = "stats"
+) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
         {
@@ -159,18 +161,18 @@ def worker(bootstrap: str, prefix: str, state: Path, realtime: bool, core: int, 
     cores = os.sched_getaffinity(0)
     pin = {core} if core in cores else None
     return subprocess.Popen(
-        [sys.executable, "-c", CLI, "processors", "run", "--stats-file", str(state / "stats.json"), *extra],
+        [sys.executable, "-c", CLI, "processors", "run", "--stats-file", str(state / f"{name}.json"), *extra],
         env=env,
         cwd=REPO,
-        stdout=open(state / "worker.log", "ab"),
+        stdout=open(state / f"{name}.log", "ab"),
         stderr=subprocess.STDOUT,
         preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None,
     )
 
 
-def read_stats(state: Path) -> dict[str, Any]:
+def read_stats(state: Path, name: str = "stats") -> dict[str, Any]:
     try:
-        return json.loads((state / "stats.json").read_text())
+        return json.loads((state / f"{name}.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
 
@@ -268,7 +270,7 @@ def _producer_main(bootstrap: str, prefix: str, nodes: int, duration_s: float, d
     print(json.dumps({"producer_scrapes": sent, "producer_max_behind_s": round(behind, 2)}), flush=True)
 
 
-def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> dict[str, Any]:
+def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float, split: bool) -> dict[str, Any]:
     prefix = f"br{uuid.uuid4().hex[:6]}."
     create_topics(bootstrap, prefix)
     nodes = max(10, rate // GPUS)
@@ -293,7 +295,11 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> di
 
     t = threading.Thread(target=collect, daemon=True)
     t.start()
-    proc = worker(bootstrap, prefix, state, True, 0)
+    if split:  # hot path (re-keying, windows) on core 0; job-minutes and idle machines on core 1
+        proc = worker(bootstrap, prefix, state, True, 0, "--stage", "rekey", "--stage", "node")
+        job_proc = worker(bootstrap, prefix, state, True, 1, "--stage", "job", name="job")
+    else:
+        proc = worker(bootstrap, prefix, state, True, 0)
     time.sleep(max(0.0, t_start - time.time()))  # the worker joins its groups meanwhile
     producer = subprocess.Popen(
         [sys.executable, __file__, "--producer", bootstrap, prefix, str(nodes), str(duration_s), str(dead)],
@@ -314,16 +320,23 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> di
     st = read_stats(state)
     proc.terminate()
     proc.wait(timeout=60)
+    if split:
+        job_proc.terminate()
+        job_proc.wait(timeout=60)
     stop.set()
     t.join(timeout=5)
     idle_lat = [
         recv - (a["ts_ms"] + GRACE_MS) / 1000 for recv, a in alerts if a["kind"] in ("IDLE_WARNING", "RECLAIM_NOTICE")
     ]
-    cov_lat = [recv - a["ts_ms"] / 1000 for recv, a in alerts if a["kind"] == "COVERAGE_GAP"]
+    dead_nodes = {node_name(i) for i in range(dead)}  # after the run every exporter stops: not counted
+    cov_lat = [
+        recv - a["ts_ms"] / 1000 for recv, a in alerts if a["kind"] == "COVERAGE_GAP" and a["node"] in dead_nodes
+    ]
     span = (st.get("last_sample_wall") or 0) - (st.get("first_sample_wall") or 0)
     steady = lags[len(lags) // 4 :] or lags
     return {
         "part": "realtime",
+        "processes": "node(rekey+node) on core 0, job on core 1" if split else "one (all stages) on core 0",
         "target_samples_per_s": nodes * GPUS,
         "nodes": nodes,
         "duration_s": round(time.time() - t0, 1),
@@ -337,7 +350,8 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float) -> di
         "idle_alerts": len(idle_lat),
         "idle_alert_latency_s_p50": pct(idle_lat, 0.5),
         "idle_alert_latency_s_p99": pct(idle_lat, 0.99),
-        "coverage_alerts": len(cov_lat),
+        "coverage_alerts_dead_exporters": len(cov_lat),
+        "dead_exporter_devices": dead * GPUS,
         "coverage_alert_latency_s_p50": pct(cov_lat, 0.5),
         "coverage_alert_latency_s_max": round(max(cov_lat), 3) if cov_lat else None,
         "worker_rss_mib_max": round(max(rss), 1) if rss else None,
@@ -381,6 +395,7 @@ def main() -> None:
     ap.add_argument("--soak", action="store_true", help="real-time run of 600 s")
     ap.add_argument("--rate", type=int, default=100_000, help="device-samples/s to publish (default 100000)")
     ap.add_argument("--backlog-samples", type=int, default=800_000)
+    ap.add_argument("--one-process", action="store_true", help="real-time run: all stages in one process")
     ap.add_argument("--skip", action="append", default=[], choices=["backlog", "realtime", "memory"])
     ap.add_argument("--producer", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -404,7 +419,7 @@ def main() -> None:
                 results.append(part_backlog(bootstrap, tmp, args.backlog_samples))
                 print(json.dumps(results[-1]), flush=True)
             if "realtime" not in args.skip:
-                results.append(part_realtime(bootstrap, tmp, args.rate, duration))
+                results.append(part_realtime(bootstrap, tmp, args.rate, duration, not args.one_process))
                 print(json.dumps(results[-1]), flush=True)
         finally:
             if broker is not None:

@@ -27,8 +27,8 @@ DEVICE_FIELDS = (
 )
 TOP_FIELDS = ("cluster", "node", "ts_ms", "mapping_version", "devices")
 
-# field kinds
-STRING, LONG, OPT_STRING, OPT_LONG, OPT_DOUBLE, DEVICES = range(6)
+# field kinds (the optional ones are [null, X] unions and sort after the plain ones)
+STRING, LONG, DOUBLE, BOOLEAN, OPT_STRING, OPT_LONG, OPT_DOUBLE, DEVICES = range(8)
 _DOUBLE = Struct("<d")
 
 
@@ -41,6 +41,10 @@ def _kind(avro_type: Any) -> int:
         return STRING
     if avro_type in ("long", "int"):
         return LONG
+    if avro_type == "double":
+        return DOUBLE
+    if avro_type == "boolean":
+        return BOOLEAN
     if isinstance(avro_type, list) and len(avro_type) == 2 and avro_type[0] == "null":
         inner = avro_type[1]
         if inner == "string":
@@ -56,6 +60,8 @@ def _type_of(field: Mapping[str, Any]) -> Any:
     t = field["type"]
     if isinstance(t, dict) and t.get("type") in ("long", "int", "string", "double"):
         return t["type"]  # logical types (timestamp-millis) keep their primitive encoding
+    if isinstance(t, list):
+        return [x["type"] if isinstance(x, dict) and x.get("type") in ("long", "int") else x for x in t]
     return t
 
 
@@ -126,6 +132,16 @@ class ScrapeDecoder:
                     pos += 8
                     continue
                 kind = STRING if kind == OPT_STRING else LONG
+            elif kind == DOUBLE:
+                if name is not None:
+                    out[name] = unpack_double(data, pos)[0]
+                pos += 8
+                continue
+            elif kind == BOOLEAN:
+                if name is not None:
+                    out[name] = data[pos] != 0
+                pos += 1
+                continue
             # kind is STRING or LONG: both start with a zigzag varint
             b = data[pos]
             pos += 1
@@ -149,6 +165,21 @@ class ScrapeDecoder:
             elif name is not None:
                 out[name] = v
         return pos
+
+
+class FlatDecoder:
+    """Decode a flat record (strings, ints, longs, doubles, booleans and [null, X] of those), every
+    field: the job stage's DeviceMinute input. Same guard as `ScrapeDecoder`: exact writer schema only."""
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self._plan = tuple((f["name"], _kind(_type_of(f))) for f in schema["fields"])
+
+    def decode(self, data: bytes, pos: int = 0) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        pos = ScrapeDecoder._fields(self._plan, data, pos, out)
+        if pos != len(data):
+            raise ValueError(f"{len(data) - pos} trailing bytes")
+        return out
 
 
 def _long(data: bytes, pos: int) -> tuple[int, int]:

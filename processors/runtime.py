@@ -38,7 +38,7 @@ from gpuledger.kafka import PRODUCER_DEFAULTS
 from gpuledger.settings import Settings
 from processors.attribution import MINUTE_MS
 from processors.dlq import Decoder
-from processors.fastdecode import ScrapeDecoder, UnsupportedSchema
+from processors.fastdecode import FlatDecoder, ScrapeDecoder, UnsupportedSchema
 from processors.idle import IdleState
 from processors.stages import JobOutputs, JobPartition, NodePartition, RekeyStage
 from processors.windows import Admit
@@ -151,6 +151,11 @@ class ProcessorRuntime:
         except UnsupportedSchema as exc:
             log.warning("lean scrape decoder unavailable (%s): using the general codec", exc)
             self.fast_scrapes = None
+        try:
+            self.fast_rows: FlatDecoder | None = FlatDecoder(load_schema(DEVICE_MINUTES.subject))
+        except UnsupportedSchema as exc:
+            log.warning("lean device-minute decoder unavailable (%s): using the general codec", exc)
+            self.fast_rows = None
         self.stats = Stats()
         self._stop = False
         gid = self.ps.group_id
@@ -490,6 +495,7 @@ class ProcessorRuntime:
     def _poll_job(self) -> int:
         assert self.job_c is not None
         msgs = self.job_c.consume(self.ps.batch_size, 0.01)
+        dm_header = SINGLE_OBJECT_MAGIC + self.codec.fingerprint(DEVICE_MINUTES.subject)
         for msg in msgs:
             if msg.error():
                 log.warning("job consumer: %s", msg.error())
@@ -500,7 +506,15 @@ class ProcessorRuntime:
             if part is None:
                 continue
             if topic == self.t_dm:
-                row = self.decoder.decode(msg, DEVICE_MINUTES.subject)
+                value = msg.value() or b""
+                row: dict[str, Any] | None = None
+                if self.fast_rows is not None and value[:10] == dm_header:
+                    try:
+                        row = self.fast_rows.decode(value, 10)
+                    except (ValueError, IndexError):
+                        row = None
+                if row is None:
+                    row = self.decoder.decode(msg, DEVICE_MINUTES.subject)
                 if row is not None:
                     part.on_device_minute(row, off)
             elif topic == self.t_jobs:

@@ -71,3 +71,19 @@ def test_unsupported_shape_is_refused() -> None:
     schema["fields"] = [f for f in schema["fields"] if f["name"] != "node"]
     with pytest.raises(UnsupportedSchema):
         ScrapeDecoder(schema)
+
+
+def test_flat_decoder_matches_fastavro_on_device_minutes() -> None:
+    from processors.config import ProcessorSettings
+    from processors.fastdecode import FlatDecoder
+    from processors.pipeline import run_in_memory
+
+    subject = "usage.device-minutes"
+    lean = FlatDecoder(load_schema(subject))
+    records = list(simulate(SimConfig(seed=1, nodes=2, duration_s=300)))
+    rows = run_in_memory(records, ProcessorSettings()).device_minutes
+    assert rows
+    for row in rows:
+        body = CODEC.encode(subject, row)
+        full = fastavro.schemaless_reader(io.BytesIO(body[10:]), CODEC.parsed_schema(subject), None)
+        assert lean.decode(body, 10) == full
