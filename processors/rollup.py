@@ -156,6 +156,56 @@ def allocated_row(
     return row
 
 
+def full_minute_row(base: dict[str, Any], win: DeviceWindow, thresholds: Thresholds) -> dict[str, Any]:
+    """`allocated_row` for the common case (one job holds the device the whole minute), read straight
+    from the window's arrays. Same arithmetic in the same order, so the same bytes."""
+    act, fb, pw = win.act.tolist(), win.fb.tolist(), win.pw.tolist()
+    n_seen = n_act = n_pw = 0
+    total = 0.0
+    pw_total = 0.0
+    a_max: float | None = None
+    fb_max: float | None = None
+    fb_act_max: float | None = None
+    for i, flag in enumerate(win.seen):
+        if not flag:
+            continue
+        n_seen += 1
+        f = fb[i]
+        if f == f and (fb_max is None or f > fb_max):
+            fb_max = f
+        p = pw[i]
+        if p == p:
+            pw_total += p
+            n_pw += 1
+        a = act[i]
+        if a == a:
+            n_act += 1
+            total += a
+            if a_max is None or a > a_max:
+                a_max = a
+            if f == f and (fb_act_max is None or f > fb_act_max):
+                fb_act_max = f
+    row = dict(base)
+    row["allocated_s"] = 60
+    row["sample_count"] = n_seen
+    row["dark_s"] = 60 - n_act
+    if n_act:
+        cls = classify_minute(total / n_act, fb_act_max, thresholds)
+        field_name = {MinuteClass.ACTIVE: "active_s", MinuteClass.STARVED: "starved_s", MinuteClass.IDLE: "idle_s"}[cls]
+        row[field_name] = n_act
+        row["sm_weighted_s"] = total
+    row["activity_mean_ratio"] = total / n_act if n_act else None
+    row["activity_max_ratio"] = a_max
+    row["fb_used_mib_max"] = fb_max
+    row["power_w_mean"] = pw_total / n_pw if n_pw else None
+    return row
+
+
+def _whole_minute(ivs: list[Interval], minute_ms: int) -> bool:
+    iv = ivs[0]
+    return len(ivs) == 1 and iv.start_ms <= minute_ms and (iv.end_ms is None or iv.end_ms >= minute_ms + 60_000)
+
+
 def node_minute_rows(
     cluster: str,
     node: str,
@@ -178,8 +228,16 @@ def node_minute_rows(
     for (uuid, mig), win in windows.items():
         ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
         matched.update(iv.ref for iv in ivs)
-        secs = win.secs
         facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model))
+        if ivs and _whole_minute(ivs, minute_ms):
+            job = table.job(ivs[0].job_id)
+            rows.append(
+                full_minute_row(
+                    _row(cluster, node, facts, mig, minute_ms, job, win.mappings, thresholds), win, thresholds
+                )
+            )
+            continue
+        secs = win.secs
         owners = owners_by_second(ivs, minute_ms)
         for job_id in sorted({iv.job_id for iv in ivs}):
             base = _row(cluster, node, facts, mig, minute_ms, table.job(job_id), win.mappings, thresholds)

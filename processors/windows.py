@@ -38,10 +38,6 @@ NAN = float("nan")
 _EMPTY = array("d", [NAN]) * 60
 
 
-def _opt(x: float) -> float | None:
-    return None if x != x else x  # NaN marks "no value" in the compact arrays
-
-
 class DeviceWindow:
     """One device's minute, compact: three arrays of 60 doubles (NaN = metric absent) and a seen-mask.
 
@@ -96,7 +92,13 @@ class DeviceWindow:
     @property
     def secs(self) -> dict[int, Second]:
         base = self.minute_s
-        return {base + i: (_opt(self.act[i]), _opt(self.fb[i]), _opt(self.pw[i])) for i in range(60) if self.seen[i]}
+        act, fb, pw = self.act.tolist(), self.fb.tolist(), self.pw.tolist()
+        out: dict[int, Second] = {}
+        for i, flag in enumerate(self.seen):
+            if flag:
+                a, f, p = act[i], fb[i], pw[i]
+                out[base + i] = (a if a == a else None, f if f == f else None, p if p == p else None)
+        return out
 
     def count(self) -> int:
         return self.seen.count(1)

@@ -162,3 +162,28 @@ def test_coverage_minutes_and_gap(result: PipelineResult) -> None:
     gaps = [a for a in result.alerts if a["kind"] == "COVERAGE_GAP"]
     assert {tuple(a["device_uuids"]) for a in gaps} == {("GPU-F",), ("GPU-C",)}
     assert next(a for a in result.alerts if a["kind"] == "COVERAGE_RECOVERED")["device_uuids"] == ["GPU-C"]
+
+
+def test_whole_minute_fast_path_equals_the_general_path() -> None:
+    import random
+
+    from processors.config import Thresholds
+    from processors.rollup import allocated_row, full_minute_row
+    from processors.windows import DeviceWindow
+
+    rng = random.Random(11)
+    th = Thresholds()
+    for _ in range(300):
+        win = DeviceWindow(0, None, None, T0 // 1000)
+        for s in range(60):
+            if rng.random() < 0.8:
+
+                def maybe(v: float) -> float | None:
+                    return None if rng.random() < 0.15 else v
+
+                win.put(
+                    T0 // 1000 + s, maybe(rng.random() * 0.4), maybe(rng.random() * 3000), maybe(rng.random() * 700)
+                )
+        base = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0, "sm_weighted_s": 0.0}
+        general = allocated_row(base, set(range(T0 // 1000, T0 // 1000 + 60)), win.secs, th)
+        assert full_minute_row(base, win, th) == general
