@@ -145,7 +145,7 @@ class ProcessorRuntime:
         self.t_state = k.topic(IDLE_STATE_TOPIC)
         self.producer = Producer({**PRODUCER_DEFAULTS, **k.client_config(), "linger.ms": "5"})
         self._delivery_errors: list[str] = []
-        self.decoder = Decoder(self.codec, self._send_raw, lambda: int(self.clock() * 1000))
+        self.decoder = Decoder(self.codec, self, k.topic_prefix, lambda: int(self.clock() * 1000))
         try:
             self.fast_scrapes: ScrapeDecoder | None = ScrapeDecoder(load_schema(DEVICE_SAMPLES.subject))
         except UnsupportedSchema as exc:
@@ -184,6 +184,12 @@ class ProcessorRuntime:
                 return
             except BufferError:
                 self.producer.poll(0.05)
+
+    def publish_raw(
+        self, topic_name: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, Any]] | None = None
+    ) -> None:
+        """Dead-letter sink for `gpuledger.consumer` (delivered before the next offset commit)."""
+        self._send_raw(topic_name, key, value or b"", headers)
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
