@@ -174,7 +174,8 @@ DEVICE_MINUTES = TableSpec(
     "device_minutes",
     DEVICE_MINUTE_COLUMNS,
     device_minute_rows,
-    ("cluster", "node", "device_uuid", "mig_instance_id", "minute_start_ms"),
+    # job_id too: a device shared within a minute (one job ends, the next starts) has a row per job.
+    ("cluster", "node", "device_uuid", "mig_instance_id", "minute_start_ms", "job_id"),
     "minute_start_ms",
 )
 COVERAGE_MINUTES = TableSpec(

@@ -58,7 +58,7 @@ def test_device_minute_nulls_become_keys() -> None:
     (row,) = spec.rows(record)
     values = dict(zip(spec.columns, row, strict=True))
     assert values["mig_instance_id"] == -1 and values["job_id"] == "" and values["project"] == ""
-    assert spec.dedupe_key == ("cluster", "node", "device_uuid", "mig_instance_id", "minute_start_ms")
+    assert spec.dedupe_key == ("cluster", "node", "device_uuid", "mig_instance_id", "minute_start_ms", "job_id")
 
 
 def test_every_sink_topic_is_in_the_catalogue() -> None:
