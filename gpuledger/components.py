@@ -118,12 +118,21 @@ def _simulated(settings: Settings) -> bool:
 
 
 LOCAL_WEBHOOK_PORT = 8765
+SIMULATOR_BACKFILL_S = 3 * 3600
 
 
 def _local_chat(settings: Settings) -> bool:
     # No chat route configured: alerts go to a local webhook receiver so a demo shows them.
     chat = settings.sinks.chat
     return chat.default is None and not chat.users and not chat.teams
+
+
+def _processors_argv(settings: Settings, _: Progress) -> list[str]:
+    if _simulated(settings):
+        # The simulator replays hours of history at start-up: event time alone closes its windows,
+        # or the wall clock would call all that history late.
+        return gpuledger_argv("processors", "run", "--event-time")
+    return gpuledger_argv("processors", "run")
 
 
 def _chat_argv(settings: Settings, _: Progress) -> list[str]:
@@ -161,7 +170,7 @@ COMPONENTS: list[Component] = [
     Component(
         name="processors",
         description="faust workers: allocations, attribution, idle, coverage",
-        argv=lambda s, _: gpuledger_argv("processors", "run"),
+        argv=_processors_argv,
         command=("processors", "run"),
     ),
     Component(
@@ -169,6 +178,13 @@ COMPONENTS: list[Component] = [
         description="apply the ClickHouse migrations",
         argv=lambda s, _: gpuledger_argv("db", "migrate"),
         command=("db", "migrate"),
+        oneshot=True,
+    ),
+    Component(
+        name="ratecard",
+        description="load the rate card into ClickHouse",
+        argv=lambda s, _: gpuledger_argv("ratecard", "load"),
+        command=("ratecard", "load"),
         oneshot=True,
     ),
     Component(
@@ -201,7 +217,8 @@ COMPONENTS: list[Component] = [
     Component(
         name="simulator",
         description="simulated cluster (no real source configured)",
-        argv=lambda s, _: gpuledger_argv("simulate", "run"),
+        # Three hours of history first (reports and idle alerts to look at at once), then real time.
+        argv=lambda s, _: gpuledger_argv("simulate", "run", "--backfill", str(SIMULATOR_BACKFILL_S)),
         enabled=_simulated,
         command=("simulate", "run"),
     ),

@@ -96,6 +96,58 @@ def _print_status(st: StackStatus) -> None:
     console.print("[green]healthy[/]" if st.healthy else "[yellow]not all components are healthy[/]")
 
 
+def _device_minute_rows(settings: Settings) -> int:
+    import clickhouse_connect
+
+    ch = settings.clickhouse
+    try:
+        client = clickhouse_connect.get_client(
+            host=ch.host,
+            port=ch.port,
+            username=ch.user,
+            password=ch.password.get_secret_value(),
+            database=ch.database,
+            connect_timeout=2,
+            send_receive_timeout=5,
+        )
+        return int(client.command("SELECT count() FROM job_minutes"))  # type: ignore[arg-type]
+    except Exception:  # not there yet (migrations, first window): keep waiting
+        return 0
+
+
+def _wait_for_first_rollups(settings: Settings, wait_s: float) -> None:
+    """The first five minutes: show the ledger filling instead of leaving the user at a blank report."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    with console.status("replaying three hours of simulated history into the ledger…") as spinner:
+        while time.monotonic() < deadline:
+            rows = _device_minute_rows(settings)
+            spinner.update(f"replaying three hours of simulated history into the ledger… {rows:,} job-minutes")
+            if rows >= 1000:
+                break
+            time.sleep(2)
+
+
+def _print_next_steps(settings: Settings, state_dir: Path | None) -> None:
+    from datetime import UTC, datetime
+
+    period = datetime.now(UTC).strftime("%Y-%m")
+    sd = f" --state-dir {state_dir}" if state_dir else ""
+    steps = [
+        (f"gpuledger report chargeback --period {period}{sd}", "per team: allocated vs consumed, charge, coverage"),
+        (f"gpuledger report chargeback --period {period} --by project{sd}", "the same per project"),
+        (f"gpuledger alerts{sd}", "idle warnings, reclaim notices (dry-run), coverage gaps"),
+        (f"tail -f {settings.state_dir / 'webhook.jsonl'}", "what chat received (local webhook)"),
+        (f'gpuledger sql "SELECT * FROM v_utilisation_daily LIMIT 10"{sd}', "SQL, as an analyst would"),
+        (f"gpuledger status{sd}", "health, consumer lag, row counts"),
+        (f"gpuledger down{sd}", "stop everything"),
+    ]
+    console.print("\n[bold]A simulated cluster is running.[/] Look at:")
+    for command, what in steps:
+        console.print(f"  [cyan]{command}[/]\n      [dim]{what}[/]", highlight=False, soft_wrap=True)
+
+
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     """Add `up`, `down` and `status` to the `gpuledger` command."""
 
@@ -111,6 +163,9 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     def up(
         state_dir: Path | None = STATE_DIR_OPTION,
         only: str | None = typer.Option(None, "--only", help="Comma-separated components to start."),
+        wait_s: float = typer.Option(
+            180, "--wait", help="Seconds to wait for the simulated cluster's first rollups (0: don't wait)."
+        ),
     ) -> None:
         """Start the local stack in the background (broker, ClickHouse, topics, pipeline)."""
         sup = supervisor(state_dir)
@@ -120,6 +175,10 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
             results = sup.up(wanted)
         console.print(_components_table(results))
         console.print(f"state: {sup.settings.state_dir}   logs: {sup.log_dir}   stop: gpuledger down")
+        running = {c.name for c in results if c.state in ("ready", "running", "done")}
+        if {"simulator", "sinks"} <= running:
+            _wait_for_first_rollups(sup.settings, wait_s)
+            _print_next_steps(sup.settings, state_dir)
 
     @app.command("down")
     def down(state_dir: Path | None = STATE_DIR_OPTION) -> None:

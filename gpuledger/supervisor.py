@@ -401,7 +401,8 @@ def _probe_clickhouse(settings: Settings, result: StackStatus) -> None:
             send_receive_timeout=10,
         )
         rows = client.query(
-            "SELECT name, total_rows FROM system.tables WHERE database = {db:String} ORDER BY name",
+            "SELECT name, total_rows FROM system.tables WHERE database = {db:String} "
+            "AND engine NOT IN ('View', 'MaterializedView') AND NOT startsWith(name, '.inner') ORDER BY name",
             parameters={"db": ch.database},
         ).result_rows
         result.clickhouse_rows = {str(name): int(n or 0) for name, n in rows}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,12 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
             help="Write the expected ledger here (.json or .csv). Default: <state-dir>/simulator/expected-ledger.json.",
         ),
         cluster: str | None = typer.Option(None, "--cluster", help="Cluster name (default: the settings')."),
+        backfill: int = typer.Option(
+            0,
+            "--backfill",
+            min=0,
+            help="Real time only: start this many seconds in the past and publish that history at once.",
+        ),
         state_dir: Path | None = STATE_DIR_OPTION,
     ) -> None:
         """Publish a simulated cluster's inventory, job events and device samples to Kafka."""
@@ -185,6 +192,10 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
         from producers.simulator import run, write_ledger
 
         cfg, settings = _config(seed, nodes, duration, start, realtime, cluster, state_dir)
+        if backfill:
+            if not realtime or start is not None:
+                raise ConfigError("--backfill goes with --realtime and no --start (it starts in the past itself)")
+            cfg = replace(cfg, start_ms=cfg.start_ms - backfill * 1000)
         path = ledger or settings.state_dir / "simulator" / "expected-ledger.json"
         # The ledger of a long run takes a while: write it beside the publishing, not before it.
         import threading
@@ -201,6 +212,7 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
             cfg,
             publisher,
             realtime=realtime,
+            backfill_s=backfill,
             progress=lambda t, s: (
                 err.print(f"  t={t}s {sum(s.records.values())} records", highlight=False) if not realtime else None
             ),

@@ -33,15 +33,20 @@ def run(
     sleep: Callable[[float], None] = time.sleep,
     chunk_s: int = 60,
     progress: Callable[[int, RunStats], None] | None = None,
+    backfill_s: int = 0,
 ) -> RunStats:
-    """Publish every record of the run. Real time: the records of second t go out at start + t."""
+    """Publish every record of the run. Real time: the records of second t go out at start + t.
+
+    With `backfill_s`, real time runs that many seconds behind the start: the first `backfill_s`
+    seconds of cluster time go out at once (history to look at), the rest at the wall clock's pace.
+    """
     stats = RunStats()
     began = clock()
     base_s = config.start_ms / 1000
     for chunk_start in range(0, config.duration_s, chunk_s):
         for topic, key, record in simulate(config, start_s=chunk_start, end_s=chunk_start + chunk_s):
             if realtime:
-                due = record["ts_ms"] / 1000 - base_s + began
+                due = record["ts_ms"] / 1000 - base_s + began - backfill_s
                 delay = due - clock()
                 if delay > 0:
                     sleep(delay)
