@@ -165,6 +165,17 @@ class BrokerSettings(BaseModel):
     security: Literal["plaintext", "sasl_ssl"] = "plaintext"
 
 
+class MetricsSettings(BaseModel):
+    """Each long-running process serves Prometheus metrics (gpuledger/metrics.py, docs/operations.md)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    # Component ports are base_port + a fixed offset (processors +1, sinks +2, chat +3, reclaim +4,
+    # simulator +5, dcgm +6); 0: any free port. The port bound is in <state_dir>/metrics/<component>.port.
+    base_port: int = 9470
+    lag_refresh_s: float = 2.0
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GPULEDGER_",
@@ -179,6 +190,7 @@ class Settings(BaseSettings):
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     sinks: SinksSettings = Field(default_factory=SinksSettings)
     processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     # Extra sections owned by later components (producers, processors, sinks) live here as they land.
     extra: dict[str, Any] = Field(default_factory=dict)
 
