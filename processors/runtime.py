@@ -157,6 +157,7 @@ class ProcessorRuntime:
             log.warning("lean device-minute decoder unavailable (%s): using the general codec", exc)
             self.fast_rows = None
         self.stats = Stats()
+        self.observer: Any = None  # gpuledger.metrics.ProcessorObserver while /metrics is served (run)
         self._stop = False
         gid = self.ps.group_id
         self.rekey_c = Consumer(_consumer_conf(settings, f"{gid}.rekey", instance)) if "rekey" in self.stages else None
@@ -490,6 +491,8 @@ class ProcessorRuntime:
                 self._send(self.t_cov, COVERAGE_MINUTES.subject, node_key(cov["cluster"], cov["node"]), cov)
             self.stats.device_minutes += len(out.device_minutes)
             self.stats.coverage_minutes += len(out.coverage_minutes)
+            if self.observer is not None and out.coverage_minutes:
+                self.observer.coverage(out.coverage_minutes)
             for alert in part.tick(now):
                 self._emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
 
@@ -497,6 +500,8 @@ class ProcessorRuntime:
         alert["emitted_ts_ms"] = int(self.clock() * 1000)
         self._send(self.t_alerts, ALERTS.subject, key, alert)
         self.stats.alerts += 1
+        if self.observer is not None:
+            self.observer.alert(alert)
 
     def _poll_job(self) -> int:
         assert self.job_c is not None
@@ -674,6 +679,8 @@ class ProcessorRuntime:
             self.stats.lag_records = lag
         self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
         self.stats.extra["tracked_devices"] = sum(p.coverage.tracked_devices() for p in self.nodes.values())
+        if self.observer is not None:
+            self.observer.refresh()
         if self.stats_path is not None:
             tmp = self.stats_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.stats.as_dict(), sort_keys=True), encoding="utf-8")
@@ -681,6 +688,9 @@ class ProcessorRuntime:
 
     def run(self) -> Stats:
         self.start()
+        from gpuledger.metrics import instrument_processor
+
+        self.observer = instrument_processor(self)  # /metrics of this process (docs/operations.md)
         signal.signal(signal.SIGTERM, self.stop)
         t0 = time.monotonic()
         last_log = last_stats = t0
