@@ -434,6 +434,24 @@ class ProcessorObserver:
         metrics.add_source(self._counters)
 
     def alert(self, alert: Mapping[str, Any]) -> None:
+        try:
+            self._alert(alert)
+        except Exception as exc:  # metrics never stop the pipeline
+            log.debug("alert metrics: %s", exc)
+
+    def coverage(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            self._coverage(rows)
+        except Exception as exc:
+            log.debug("coverage metrics: %s", exc)
+
+    def refresh(self) -> None:
+        try:
+            self._refresh()
+        except Exception as exc:
+            log.debug("metrics refresh: %s", exc)
+
+    def _alert(self, alert: Mapping[str, Any]) -> None:
         emitted, ts = alert.get("emitted_ts_ms"), alert.get("ts_ms")
         if emitted is None or ts is None:
             return
@@ -441,7 +459,7 @@ class ProcessorObserver:
         due_ms = ts + (self.rt.ps.grace_ms if kind in IDLE_ALERT_KINDS else 0)
         self.m.alert_latency(kind, max(0.0, (emitted - due_ms) / 1000))
 
-    def coverage(self, rows: list[dict[str, Any]]) -> None:
+    def _coverage(self, rows: list[dict[str, Any]]) -> None:
         """Coverage minutes just closed: the ratio of each cluster's latest minute among them."""
         latest: dict[str, int] = {}
         for r in rows:
@@ -475,7 +493,7 @@ class ProcessorObserver:
             "late_samples": {(): float(late)},
         }
 
-    def refresh(self) -> None:
+    def _refresh(self) -> None:
         """Records read (from consumed positions) and lag per group and topic; runs in the worker thread."""
         rt = self.rt
         gid = rt.ps.group_id

@@ -67,6 +67,17 @@ def _parse_start(text: str | None, realtime: bool) -> int:
     return int(dt.timestamp()) * 1000
 
 
+def _metered(publisher: Any, settings: Settings, component: str) -> Any:
+    """Count records out per topic and serve them on this process's /metrics (gpuledger/metrics.py)."""
+    if not settings.metrics.enabled:
+        return publisher
+    from gpuledger import metrics
+
+    counted = metrics.CountingPublisher(publisher, metrics.component(component), settings.kafka.topic_prefix)
+    metrics.start_metrics_server(settings, component)
+    return counted
+
+
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     """Add the telemetry producers' commands to the `gpuledger` command."""
 
@@ -207,7 +218,7 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
             f"simulator: {cfg.nodes} nodes, {cfg.duration_s} s from "
             f"{datetime.fromtimestamp(cfg.start_ms / 1000, UTC).isoformat()}, expected ledger {path}"
         )
-        publisher = RecordPublisher(settings.kafka)
+        publisher = _metered(RecordPublisher(settings.kafka), settings, "simulator")
         stats = run(
             cfg,
             publisher,
@@ -301,7 +312,7 @@ def register_producers(app: typer.Typer) -> None:
         targets = _targets_from(targets_file, target, settings, inventory, inventory_kind, url_template)
         if not targets:
             raise ConfigError("no dcgm targets: give --targets FILE, --target URL, or extra.dcgm.targets in settings")
-        publisher = RecordPublisher(settings.kafka)
+        publisher = _metered(RecordPublisher(settings.kafka), settings, "dcgm")
         scraper = DcgmScraper(targets, publisher, settings.cluster, interval_s=interval_s, timeout_s=timeout_s)
         try:
             stats = asyncio.run(scraper.run(duration_s))

@@ -117,9 +117,35 @@ def sink_run(
 
     _logging(verbose)
     settings = _settings(state_dir)
-    sink = LedgerSink(settings.kafka, settings.sinks, LedgerWriter(_client(settings)), topics=list(topic) or None)
+    sink_cls = _metered_sink_class(settings) if settings.metrics.enabled else LedgerSink
+    sink = sink_cls(settings.kafka, settings.sinks, LedgerWriter(_client(settings)), topics=list(topic) or None)
     stats = sink.run(_stop_flag(), max_idle_s=max_idle_s)
     typer.echo(json.dumps({"sink": dataclasses.asdict(stats)}))
+
+
+def _metered_sink_class(settings: Settings) -> Any:
+    """LedgerSink that reports to /metrics: records in per topic and lag (per batch, from its
+    consumer), rows written per table, dead letters by topic and error class."""
+    from gpuledger import metrics
+    from sinks.consumer import LedgerSink
+
+    m = metrics.component("sinks")
+
+    class MeteredSink(LedgerSink):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            group = self._cfg.group_id
+            self._consumer = metrics.MeteredConsumer(self._consumer, m, group, settings.metrics.lag_refresh_s)  # type: ignore[assignment]
+            metrics.count_dead_letters(self._publisher, m)
+            metrics.start_metrics_server(settings, "sinks")
+
+        def _write_with_retry(self, pending: list[Any]) -> Any:
+            result = super()._write_with_retry(pending)
+            for table, n in result.inserted.items():
+                m.records_out(table, n)
+            return result
+
+    return MeteredSink
 
 
 # -- rate card ------------------------------------------------------------------------------------
@@ -325,7 +351,16 @@ def chat_run(
                 column_names=["alert_id", "ts_ms", "status", "channel", "destination"],
             )
 
-    consume_records(settings, ALERTS, f"{settings.sinks.group_id}-chat", handle, _stop_flag(), max_idle_s)
+    consume_records(
+        settings,
+        ALERTS,
+        f"{settings.sinks.group_id}-chat",
+        handle,
+        _stop_flag(),
+        max_idle_s,
+        metrics_component="chat",
+        out_label="chat",
+    )
 
 
 # -- reclaim --------------------------------------------------------------------------------------
@@ -385,7 +420,14 @@ def reclaim_run(
     settings = _settings(state_dir)
     executor = _executor(settings, execute)
     consume_records(
-        settings, RECLAIM_ACTIONS, f"{settings.sinks.group_id}-reclaim", executor.execute, _stop_flag(), max_idle_s
+        settings,
+        RECLAIM_ACTIONS,
+        f"{settings.sinks.group_id}-reclaim",
+        executor.execute,
+        _stop_flag(),
+        max_idle_s,
+        metrics_component="reclaim",
+        out_label="actions",
     )
 
 

@@ -28,9 +28,14 @@ def consume_records(
     handle: Callable[[dict[str, Any]], Any],
     should_stop: Callable[[], bool],
     max_idle_s: float | None = None,
+    *,
+    metrics_component: str | None = None,
+    out_label: str = "handled",
 ) -> int:
+    """Handle every record of `topic` until `should_stop()`; with `metrics_component`, count records
+    in (per topic) and handled (`records_out{topic=out_label}`) per batch and serve /metrics."""
     codec = AvroCodec.from_settings(settings.kafka)
-    consumer = Consumer(
+    consumer: Any = Consumer(
         {
             **settings.kafka.client_config(),
             "group.id": group_id,
@@ -38,6 +43,13 @@ def consume_records(
             "auto.offset.reset": "earliest",
         }
     )
+    meter = None
+    if metrics_component is not None and settings.metrics.enabled:
+        from gpuledger import metrics
+
+        meter = metrics.component(metrics_component)
+        consumer = metrics.MeteredConsumer(consumer, meter, group_id, settings.metrics.lag_refresh_s)
+        metrics.start_metrics_server(settings, metrics_component)
     consumer.subscribe([settings.kafka.topic(topic.name)])
     handled = 0
     idle_since = time.monotonic()
@@ -51,6 +63,7 @@ def consume_records(
                     break
                 continue
             idle_since = time.monotonic()
+            before = handled
             for msg in messages:
                 err = msg.error()
                 if err is not None:
@@ -65,6 +78,8 @@ def consume_records(
                 handle(record)
                 handled += 1
             consumer.commit(asynchronous=False)
+            if meter is not None and handled > before:
+                meter.records_out(out_label, handled - before)
     finally:
         consumer.close()
     return handled
