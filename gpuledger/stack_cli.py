@@ -73,6 +73,31 @@ def _components_table(rows: list[ComponentStatus]) -> Table:
     return table
 
 
+def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
+    """Each running component's own metrics (its /metrics endpoint), in a few numbers."""
+    table = Table(title="pipeline (metrics endpoints)", title_justify="left")
+    for col in ("component", "endpoint", "records in", "records out", "dead letters", "lag", "alert p99", "coverage"):
+        table.add_column(col, justify="left" if col in ("component", "endpoint", "coverage") else "right")
+    for row in rows:
+        if not row["reachable"]:
+            table.add_row(row["component"], f"[yellow]{row['url'] or '-'}[/]", f"[yellow]{row['detail']}[/]")
+            continue
+        m = row["metrics"]
+        p99 = m.get("alert_latency_p99_s")
+        cov = ", ".join(f"{c} {v:.1%}" for c, v in m.get("coverage", {}).items())
+        table.add_row(
+            row["component"],
+            row["url"],
+            f"{m['records_in']:,}",
+            f"{m['records_out']:,}",
+            f"[red]{m['dead_letters']:,}[/]" if m["dead_letters"] else "0",
+            f"{m['consumer_lag']:,}",
+            "" if p99 is None else f"{p99:.2f} s",
+            cov,
+        )
+    return table
+
+
 def _print_status(st: StackStatus) -> None:
     console.print(_components_table(st.components))
     kafka = Table(title="kafka", title_justify="left", show_header=False)
@@ -93,6 +118,8 @@ def _print_status(st: StackStatus) -> None:
     for name, n in (st.clickhouse_rows or {}).items():
         ch.add_row(name, f"{n:,} rows")
     console.print(ch)
+    if st.pipeline:
+        console.print(_pipeline_table(st.pipeline))
     console.print("[green]healthy[/]" if st.healthy else "[yellow]not all components are healthy[/]")
 
 

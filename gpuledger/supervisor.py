@@ -73,6 +73,9 @@ class StackStatus:
     clickhouse_reachable: bool = False
     clickhouse_detail: str = ""
     clickhouse_rows: dict[str, int] | None = None
+    # Each running component's /metrics, summarised (gpuledger/metrics.py); informative only, an
+    # unreachable endpoint is reported here and does not make the stack unhealthy.
+    pipeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -325,6 +328,7 @@ class Supervisor:
         if probe:
             _probe_kafka(self.settings, result)
             _probe_clickhouse(self.settings, result)
+            _probe_pipeline(self.settings, result)
         return result
 
 
@@ -370,6 +374,18 @@ def _probe_kafka(settings: Settings, result: StackStatus) -> None:
             result.consumer_lag.append(GroupLag(g.group_id, lag, len(committed)))
     except KafkaException as exc:
         result.broker_detail += f"; consumer lag unknown: {exc.args[0]}"
+
+
+def _probe_pipeline(settings: Settings, result: StackStatus) -> None:
+    """Scrape the metrics endpoint of every running component that serves one; never raises."""
+    from gpuledger import metrics
+
+    live = [c.name for c in result.components if c.state in ("running", "ready") and c.name in metrics.PORT_OFFSETS]
+    try:
+        result.pipeline = [asdict(e) for e in metrics.pipeline_summary(settings, live, timeout_s=1.5)]
+    except Exception as exc:  # status reports, it does not fail
+        detail = f"metrics summary failed: {type(exc).__name__}"
+        result.pipeline = [{"component": "*", "url": None, "reachable": False, "detail": detail, "metrics": {}}]
 
 
 def expected_topics(settings: Settings) -> list[str]:
