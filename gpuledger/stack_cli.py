@@ -73,27 +73,30 @@ def _components_table(rows: list[ComponentStatus]) -> Table:
     return table
 
 
+def _seconds(v: float) -> str:
+    return f"{v:.2f} s" if v < 10 else f"{v:,.0f} s" if v < 600 else f"{v / 60:,.0f} min"
+
+
 def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
     """Each running component's own metrics (its /metrics endpoint), in a few numbers."""
-    table = Table(title="pipeline (metrics endpoints)", title_justify="left")
-    for col in ("component", "endpoint", "records in", "records out", "dead letters", "lag", "alert p99", "coverage"):
-        table.add_column(col, justify="left" if col in ("component", "endpoint", "coverage") else "right")
+    table = Table(title="pipeline (each component's /metrics)", title_justify="left")
+    for col in ("component", "in", "out", "dead letters", "lag", "alert p99", "coverage / note"):
+        table.add_column(col, justify="left" if col in ("component", "coverage / note") else "right")
     for row in rows:
         if not row["reachable"]:
-            table.add_row(row["component"], f"[yellow]{row['url'] or '-'}[/]", f"[yellow]{row['detail']}[/]")
+            where = f" ({row['url']})" if row["url"] else ""
+            table.add_row(row["component"], "", "", "", "", "", f"[yellow]{row['detail']}{where}[/]")
             continue
         m = row["metrics"]
         p99 = m.get("alert_latency_p99_s")
-        cov = ", ".join(f"{c} {v:.1%}" for c, v in m.get("coverage", {}).items())
         table.add_row(
             row["component"],
-            row["url"],
             f"{m['records_in']:,}",
             f"{m['records_out']:,}",
             f"[red]{m['dead_letters']:,}[/]" if m["dead_letters"] else "0",
             f"{m['consumer_lag']:,}",
-            "" if p99 is None else f"{p99:.2f} s",
-            cov,
+            "" if p99 is None else _seconds(p99),
+            ", ".join(f"{c} {v:.1%}" for c, v in m.get("coverage", {}).items()),
         )
     return table
 

@@ -290,6 +290,11 @@ def test_status_reports_unreachable_endpoints_without_failing(tmp_path: Path) ->
     assert not by["chat"]["reachable"] and "no metrics port" in by["chat"]["detail"]
     assert st.healthy  # metrics are informative: the stack is as healthy as its components
     assert st.to_json()["pipeline"] == st.pipeline
+    from gpuledger.stack_cli import _pipeline_table
+
+    console = Console(record=True, width=100)
+    console.print(_pipeline_table(st.pipeline))
+    assert "unreachable: ConnectError" in console.export_text()
 
 
 def test_status_summarises_a_live_endpoint(tmp_path: Path) -> None:
@@ -307,9 +312,9 @@ def test_status_summarises_a_live_endpoint(tmp_path: Path) -> None:
         _probe_pipeline(_settings(tmp_path), st)
         [row] = st.pipeline
         assert row["reachable"] and row["metrics"]["records_in"] == 3 and row["metrics"]["records_out"] == 3
-        console = Console(record=True, width=200)
+        console = Console(record=True, width=80)
         console.print(_pipeline_table(st.pipeline))
         text = console.export_text()
-        assert "chat" in text and server.url in text
+        assert "chat" in text and "3" in text
     finally:
         server.close()
