@@ -430,7 +430,7 @@ class ProcessorObserver:
         self.m = metrics
         self.grace_s = runtime.ps.grace_ms / 1000
         self._seen: dict[tuple[str, int], int] = {}
-        self._last_minute: dict[str, int] = {}
+        self._minutes: dict[str, dict[int, list[int]]] = {}  # cluster -> minute -> [expected, reporting] s
         metrics.add_source(self._counters)
 
     def alert(self, alert: Mapping[str, Any]) -> None:
@@ -460,20 +460,18 @@ class ProcessorObserver:
         self.m.alert_latency(kind, max(0.0, (emitted - due_ms) / 1000))
 
     def _coverage(self, rows: list[dict[str, Any]]) -> None:
-        """Coverage minutes just closed: the ratio of each cluster's latest minute among them."""
-        latest: dict[str, int] = {}
+        """Coverage minutes just closed (one partition's nodes per call): summed per cluster and minute
+        across the partitions of this process; the ratio shown is the cluster's latest minute."""
         for r in rows:
-            latest[r["cluster"]] = max(latest.get(r["cluster"], r["minute_start_ms"]), r["minute_start_ms"])
-        for cluster, minute in latest.items():
-            if minute < self._last_minute.get(cluster, minute):
-                continue
-            self._last_minute[cluster] = minute
-            expected = sum(
-                r["expected_device_s"] for r in rows if r["cluster"] == cluster and r["minute_start_ms"] == minute
-            )
-            reporting = sum(
-                r["reporting_device_s"] for r in rows if r["cluster"] == cluster and r["minute_start_ms"] == minute
-            )
+            per_minute = self._minutes.setdefault(r["cluster"], {})
+            acc = per_minute.setdefault(r["minute_start_ms"], [0, 0])
+            acc[0] += r["expected_device_s"]
+            acc[1] += r["reporting_device_s"]
+        for cluster in {r["cluster"] for r in rows}:
+            per_minute = self._minutes[cluster]
+            for old in sorted(per_minute)[:-5]:  # a lagging partition may still close a recent minute
+                del per_minute[old]
+            expected, reporting = per_minute[max(per_minute)]
             if expected > 0:
                 self.m.set_coverage(cluster, min(1.0, reporting / expected))
 

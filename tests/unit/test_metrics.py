@@ -233,6 +233,9 @@ def test_processor_observer_alert_latency_coverage_and_counters() -> None:
     assert m.coverage_ == {"sim": 0.75}  # the latest closed minute only
     obs.coverage(rows[:1])  # an older minute never replaces a newer one
     assert m.coverage_ == {"sim": 0.75}
+    # Another partition's nodes closing the same minute add to it.
+    obs.coverage([{"cluster": "sim", "minute_start_ms": 60_000, "expected_device_s": 480, "reporting_device_s": 0}])
+    assert m.coverage_ == {"sim": 0.5}
     s = _exposed(coll)
     assert _value(s, P + "records_out_total", topic="dm") == 5
     assert _value(s, P + "late_samples_total") == 1
