@@ -280,7 +280,7 @@ def start_metrics_server(
         except OSError as exc:
             if wanted == 0:
                 raise
-            log.warning("metrics port %s:%d unavailable (%s): using any free port", cfg.host, wanted, exc.strerror)
+            log.info("metrics port %s:%d unavailable (%s): using any free port", cfg.host, wanted, exc.strerror)
             httpd, _ = start_http_server(0, addr=cfg.host, registry=registry)
     except OSError as exc:
         log.warning("metrics endpoint not started: %s", exc)
