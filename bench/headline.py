@@ -20,7 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpuledger import broker
+from gpuledger.metrics import port_file
 from gpuledger.settings import Settings
 from gpuledger.supervisor import Supervisor
 
@@ -48,6 +52,23 @@ def _rss_mib(pid: int) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _processing_lag(settings: Settings, components: list[str]) -> dict[str, float]:
+    """Records behind the log end from each component's own consumer positions (its /metrics)."""
+    lag: dict[str, float] = {}
+    for name in components:
+        try:
+            port = int(port_file(settings, name).read_text().strip())
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except (OSError, ValueError, httpx.HTTPError):
+            continue
+        for family in text_string_to_metric_families(text):
+            if family.name == "gpuledger_consumer_lag_records":
+                for sample in family.samples:
+                    key = f"{name}:{sample.labels.get('topic', '')}"
+                    lag[key] = lag.get(key, 0.0) + sample.value
+    return lag
 
 
 def main() -> None:
@@ -86,6 +107,7 @@ def main() -> None:
     cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
     began = time.monotonic()
     lags: dict[str, list[int]] = {}
+    proc_lags: dict[str, list[float]] = {}
     rss_max: dict[str, float] = {}
     cpu_last: dict[str, float] = {}
     try:
@@ -94,11 +116,17 @@ def main() -> None:
             st = sup.status()
             for g in st.consumer_lag:
                 lags.setdefault(g.group, []).append(g.lag)
+            for key, value in _processing_lag(settings, ["processors", "sinks"]).items():
+                proc_lags.setdefault(key, []).append(value)
             for name, pid in pids.items():
                 rss_max[name] = max(rss_max.get(name, 0.0), _rss_mib(pid))
                 cpu_last[name] = max(cpu_last.get(name, 0.0), _cpu_s(pid))  # a process that exited reads 0
-            worst = max((g.lag for g in st.consumer_lag), default=0)
-            print(f"  t={time.monotonic() - began:5.0f}s  worst group lag {worst:,} records", flush=True)
+            samples_lag = sum(v[-1] for k, v in proc_lags.items() if k.endswith("telemetry.device-samples.v1"))
+            print(
+                f"  t={time.monotonic() - began:5.0f}s  device-samples not yet processed: {samples_lag:,.0f} scrapes "
+                f"({samples_lag / args.nodes:.1f} s of input)",
+                flush=True,
+            )
         wall = time.monotonic() - began
         cpu = {name: max(cpu_last.get(name, 0.0), _cpu_s(pid)) - cpu0.get(name, 0.0) for name, pid in pids.items()}
     finally:
@@ -108,16 +136,21 @@ def main() -> None:
 
     # Input rates: one scrape record per node per second feeds the node stage; the rest is smaller.
     print(f"\n{gpus:,} GPUs ({args.nodes} nodes) at 1 Hz for {wall:.0f} s of real time, whole stack on this machine")
+    print("processing lag (records between a consumer's position and the log end, from its /metrics):")
+    print(f"{'component:topic':52} {'max':>9} {'p99':>9} {'mean':>9} {'max s':>7}")
+    for key, fvalues in sorted(proc_lags.items()):
+        fvalues = sorted(fvalues)
+        p99f = fvalues[min(len(fvalues) - 1, int(0.99 * len(fvalues)))]
+        per_s = args.nodes if key.endswith("telemetry.device-samples.v1") else None
+        max_s = f"{fvalues[-1] / per_s:7.1f}" if per_s else "      -"
+        print(f"{key:52} {fvalues[-1]:>9,.0f} {p99f:>9,.0f} {statistics.fmean(fvalues):>9,.0f} {max_s}")
+    print("\ncommitted-offset lag (commits are held until the windows using a record are emitted, so this")
+    print("includes up to a minute plus grace of input by design):")
     print(f"{'consumer group':34} {'max lag':>10} {'p99 lag':>10} {'mean lag':>10}  (records behind log end)")
     for group, values in sorted(lags.items()):
         values = sorted(values)
         p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
         print(f"{group:34} {values[-1]:>10,} {p99:>10,} {statistics.fmean(values):>10,.0f}")
-    scrape_lag = lags.get(f"{settings.processor.group_id}.node", [0])
-    print(
-        f"node stage lag in seconds of input (÷ {args.nodes} scrapes/s): max {max(scrape_lag) / args.nodes:.1f} s, "
-        f"mean {statistics.fmean(scrape_lag) / args.nodes:.1f} s"
-    )
     print(f"\n{'process':12} {'CPU s':>8} {'cores':>6} {'max RSS MiB':>12}")
     for name in sorted(cpu):
         print(f"{name:12} {cpu[name]:>8.1f} {cpu[name] / wall:>6.2f} {rss_max.get(name, 0.0):>12.0f}")
