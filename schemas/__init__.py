@@ -13,6 +13,7 @@ To evolve a subject: copy `<subject>.avsc` to `history/<subject>/<k+1>.avsc`, th
 
 from __future__ import annotations
 
+import copy
 import json
 from functools import cache
 from pathlib import Path
@@ -87,9 +88,17 @@ def subjects() -> list[str]:
 
 
 @cache
-def load_schema(subject: str, version: int | None = None) -> dict[str, Any]:
-    """The schema of `subject` as JSON data (with docs and logical types); the latest unless `version`."""
+def _load_cached(subject: str, version: int | None) -> dict[str, Any]:
     return DEFAULT_STORE.load(subject, version)
+
+
+def load_schema(subject: str, version: int | None = None) -> dict[str, Any]:
+    """The schema of `subject` as JSON data (with docs and logical types); the latest unless `version`.
+
+    Each call gets its own copy: a caller that reshapes it (a decoder's plan, a test) cannot change
+    what the next caller reads.
+    """
+    return copy.deepcopy(_load_cached(subject, version))
 
 
 def latest_version(subject: str) -> int:
