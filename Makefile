@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: up down status test lint setup bench
+.PHONY: up down status test lint setup bench fault
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuledger needs Python >= 3.11; run make PYTHON=python3.11 ...")'
@@ -34,6 +34,12 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
+
+# The fault injection suite (tests/fault, marker `fault`, excluded from `make test`): the real pipeline
+# as processes (own broker, embedded ClickHouse, simulator, processors, sinks) under kill -9, broker
+# restart, ClickHouse outage (GPULEDGER_FAULT_OUTAGE_S, default 60), duplicates and late events.
+fault: $(STAMP)
+	$(VENV)/bin/pytest -m fault tests/fault --durations=0
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/broker_startup.py
