@@ -73,13 +73,19 @@ class StackStatus:
     clickhouse_reachable: bool = False
     clickhouse_detail: str = ""
     clickhouse_rows: dict[str, int] | None = None
+    clickhouse_queries_ok: bool | None = None  # None: not probed
     # Each running component's /metrics, summarised (gpuledger/metrics.py); informative only, an
     # unreachable endpoint is reported here and does not make the stack unhealthy.
     pipeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
-        return all(c.healthy for c in self.components) and not self.missing_topics
+        # A warehouse that answers /ping but refuses our queries (wrong password, say) is not healthy.
+        return (
+            all(c.healthy for c in self.components)
+            and not self.missing_topics
+            and self.clickhouse_queries_ok is not False
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -422,7 +428,9 @@ def _probe_clickhouse(settings: Settings, result: StackStatus) -> None:
             parameters={"db": ch.database},
         ).result_rows
         result.clickhouse_rows = {str(name): int(n or 0) for name, n in rows}
+        result.clickhouse_queries_ok = True
         if not rows:
             result.clickhouse_detail += f"; no tables in database {ch.database!r} yet"
     except Exception as exc:  # any client or server error: report it, status must not fail
+        result.clickhouse_queries_ok = False
         result.clickhouse_detail += f"; row counts unavailable: {type(exc).__name__}: {str(exc)[:160]}"

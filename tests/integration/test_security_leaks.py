@@ -150,13 +150,16 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
         publisher.publish(ALERTS, job_key("sim", "89"), {**alert, "alert_id": f"idle2-{tag}", "job_id": "89",
                                                           "team": "vision"})  # fmt: skip
         publisher.flush()
-        chat = cli.run("chat", "run", "--max-idle-s", "4", timeout=120)
-        assert chat.returncode == 0, chat.stdout + chat.stderr
-        deadline = time.monotonic() + 10
-        while not receiver.received and time.monotonic() < deadline:
-            time.sleep(0.2)
+        # The stack's own `chat` component (started by `up`) delivers them; its log is searched below too.
+        chat_log = state / "logs" / "chat.log"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            text = chat_log.read_text(errors="replace") if chat_log.exists() else ""
+            if receiver.received and "FAILED" in text and "sent" in text:
+                break
+            time.sleep(0.5)
         assert receiver.received  # the reachable route got its alert through the SASL_SSL pipeline
-        assert "FAILED" in chat.stderr and "sent" in chat.stderr, chat.stderr  # both routes were tried
+        assert "FAILED" in text and "sent" in text, text[-2000:]  # both routes were tried
         # What the chat sink recorded (ClickHouse parts are compressed, so read them back as text).
         recorded = cli.run("sql", "SELECT * FROM chat_deliveries FINAL", "--format", "csv")
         assert recorded.returncode == 0 and f"idle-{tag}" in recorded.stdout, recorded.stdout + recorded.stderr
