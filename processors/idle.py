@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -216,9 +217,9 @@ def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[I
                 "IDLE_WARNING",
                 end,
                 policy,
-                f"Job {job.job_id} ({len(state.devices) or jm.get('device_count')} devices) has been idle for "
-                f"{state.idle_minutes} minutes (no device active or starved; judged over the whole job). "
-                f"Idle cost so far: {cost}. If it stays idle, {action} at {action_at} ms ({mode}). "
+                f"Job {job.job_id} ({_devices(len(state.devices) or int(jm.get('device_count') or 0))}) has been "
+                f"idle for {state.idle_minutes} minutes (no device active or starved; judged over the whole job). "
+                f"Idle cost so far: {cost}. If it stays idle, {action} at {_utc(action_at)} ({mode}). "
                 f"Appeal: {policy.appeal_route}",
                 action=action,
                 action_at_ms=action_at,
@@ -227,7 +228,7 @@ def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[I
     elif state.status is Status.IDLE_WARNED and state.action_at_ms is not None and end >= state.action_at_ms:
         state = replace(state, status=Status.RECLAIMED)
         reason = (
-            f"idle {state.idle_minutes} min since {idle_since} ms on {len(state.devices)} devices; "
+            f"idle {state.idle_minutes} min since {_utc(idle_since)} on {_devices(len(state.devices))}; "
             f"idle device-seconds {idle_s}; cost so far "
             f"{'unknown' if state.cost_so_far is None else f'{state.cost_so_far:.2f}'}"
         )
@@ -273,3 +274,12 @@ def on_tick(state: IdleState, now_ms: int, policy: IdlePolicy) -> tuple[IdleStat
     if state.ended_ms is not None and now_ms >= state.ended_ms + FORGET_AFTER_END_MS:
         return None, []
     return state, []
+
+
+def _utc(ms: int) -> str:
+    """An event time as people read it in a message (UTC, to the minute); records keep epoch ms."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _devices(n: int) -> str:
+    return f"{n} device" if n == 1 else f"{n} devices"
