@@ -145,6 +145,16 @@ class ProcessorRuntime:
         self.t_state = k.topic(IDLE_STATE_TOPIC)
         self.producer = Producer({**PRODUCER_DEFAULTS, **k.client_config(), "linger.ms": "5"})
         self._delivery_errors: list[str] = []
+        # Allocations partition -> offset after the last allocation this process re-keyed (from delivery
+        # reports): the node stage holds its watermark until it has read them, so a job event re-keyed
+        # after the samples it bounds cannot miss their window (the rekey hop is not source lateness).
+        self.allocs_sent: dict[int, int] = {}
+        # Job events not yet read by the rekey stage (fresh broker watermarks, checked at most every
+        # 0.2 s): allocations may still be missing, so node windows wait (e.g. after a broker restart
+        # the samples consumer can reconnect and race ahead of the job-events one).
+        self._jobs_checked = 0.0
+        self._jobs_lagging = False
+        self._node_w: dict[int, int] = {}  # node partition -> the watermark it last advanced to
         self.decoder = Decoder(self.codec, self, k.topic_prefix, lambda: int(self.clock() * 1000))
         try:
             self.fast_scrapes: ScrapeDecoder | None = ScrapeDecoder(load_schema(DEVICE_SAMPLES.subject))
@@ -191,6 +201,20 @@ class ProcessorRuntime:
     ) -> None:
         """Dead-letter sink for `gpuledger.consumer` (delivered before the next offset commit)."""
         self._send_raw(topic_name, key, value or b"", headers)
+
+    def _send_allocation(self, key: bytes, value: bytes) -> None:
+        def delivered(err: Any, msg: Any) -> None:
+            self._on_delivery(err, msg)
+            if err is None:
+                _, p, off = _coords(msg)
+                self.allocs_sent[p] = max(self.allocs_sent.get(p, 0), off + 1)
+
+        while True:
+            try:
+                self.producer.produce(self.t_allocs, value=value, key=key, on_delivery=delivered)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -387,6 +411,7 @@ class ProcessorRuntime:
     def _poll_rekey(self) -> int:
         assert self.rekey_c is not None
         msgs = self.rekey_c.consume(self.ps.batch_size, 0.0 if not self.rekey_ready else 0.01)
+        routed = False
         for msg in msgs:
             if msg.error():
                 log.warning("rekey consumer: %s", msg.error())
@@ -398,7 +423,10 @@ class ProcessorRuntime:
             if ev is None or stage is None:
                 continue
             for nk in stage.route(ev, off):
-                self._send_raw(self.t_allocs, nk.encode(), msg.value() or b"")
+                self._send_allocation(nk.encode(), msg.value() or b"")
+                routed = True
+        if routed:
+            self.producer.flush(30)  # delivery reports set allocs_sent before the node stage polls
         if not self.rekey_ready and self._all_caught_up(self.rekey_c, "rekey"):
             self.producer.flush(30)
             self.rekey_ready = True
@@ -454,6 +482,27 @@ class ProcessorRuntime:
                     part.on_inventory(inv)
         return len(msgs)
 
+    def _jobs_lagging_now(self, fresh: bool = False) -> bool:
+        if self.rekey_c is None:
+            return False
+        now = time.monotonic()
+        if not fresh and now - self._jobs_checked < 0.2:
+            return self._jobs_lagging
+        self._jobs_checked = now
+        lagging = False
+        for tp in self.assigned["rekey"]:
+            try:
+                lo, hi = self.rekey_c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2)
+            except KafkaException:
+                lagging = True
+                break
+            pos = self.pos.get((tp.topic, tp.partition), self.start_pos.get((tp.topic, tp.partition)))
+            if (lo if pos is None else pos) < hi:
+                lagging = True
+                break
+        self._jobs_lagging = lagging
+        return lagging
+
     def _node_watermarks(self, drain_to: int | None) -> dict[int, tuple[int, int]]:
         """Partition -> (window watermark, coverage clock)."""
         assert self.node_c is not None
@@ -463,12 +512,23 @@ class ProcessorRuntime:
         )
         wall = int(self.clock() * 1000) if self.ps.realtime else NEG_INF
         out: dict[int, tuple[int, int]] = {}
+        jobs_lagging = self._jobs_lagging_now()
+        # A watermark about to close a minute asks the broker afresh whether job events are unread.
+        closing = any(
+            (max(global_max, wall) - self.ps.grace_ms) // MINUTE_MS
+            > (self._node_w.get(p, NEG_INF) - self.ps.grace_ms) // MINUTE_MS
+            for p in self.nodes
+        )
+        if closing and not jobs_lagging:
+            jobs_lagging = self._jobs_lagging_now(fresh=True)
         for p, part in self.nodes.items():
             if not self._caught_up(self.node_c, self.t_inventory, p):
                 out[p] = (NEG_INF, NEG_INF)  # rows carry inventory facts (model, generation): read it first
                 continue
-            inputs = ((self.t_samples, part.max_sample_ts), (self.t_allocs, part.max_alloc_ts))
-            behind = [ts for topic, ts in inputs if not self._caught_up(self.node_c, topic, p)]
+            read = self.pos.get((self.t_allocs, p), self.start_pos.get((self.t_allocs, p)))
+            allocs_behind = jobs_lagging or (read or 0) < self.allocs_sent.get(p, 0)  # re-keyed, not read back
+            inputs = ((self.t_samples, part.max_sample_ts, False), (self.t_allocs, part.max_alloc_ts, allocs_behind))
+            behind = [ts for topic, ts, held in inputs if held or not self._caught_up(self.node_c, topic, p)]
             if behind:
                 w = min(NEG_INF if ts is None else ts for ts in behind)
                 out[p] = (w, w)
@@ -482,6 +542,7 @@ class ProcessorRuntime:
             part = self.nodes[p]
             if w <= NEG_INF:
                 continue
+            self._node_w[p] = max(w, self._node_w.get(p, NEG_INF))
             out = part.advance(w)
             for row in out.device_minutes:
                 jid = row["job_id"]
