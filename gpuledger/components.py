@@ -169,7 +169,7 @@ COMPONENTS: list[Component] = [
     ),
     Component(
         name="processors",
-        description="faust workers: allocations, attribution, idle, coverage",
+        description="stream processors: allocations, attribution, windows, idle, coverage",
         argv=_processors_argv,
         command=("processors", "run"),
     ),
