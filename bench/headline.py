@@ -32,7 +32,7 @@ STACK = "broker,clickhouse,topics,processors,db-migrate,ratecard,sinks"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _gpuledger(*args: str, env: dict[str, str]) -> list[str]:
+def _gpuledger(*args: str) -> list[str]:
     return [sys.executable, "-c", "from gpuledger.cli import main; main()", *args]
 
 
@@ -93,11 +93,11 @@ def main() -> None:
     settings = Settings()
     sup = Supervisor(settings)
     print(f"state {state}; starting the stack ({STACK})", flush=True)
-    subprocess.run(_gpuledger("up", "--only", STACK, "--wait", "0", env=env), env=env, check=True)
+    subprocess.run(_gpuledger("up", "--only", STACK, "--wait", "0"), env=env, check=True)
     gpus = args.nodes * 8
     print(f"simulating {args.nodes} nodes x 8 GPUs = {gpus:,} GPUs at 1 Hz for {args.duration} s", flush=True)
     sim = subprocess.Popen(
-        _gpuledger("simulate", "run", "--nodes", str(args.nodes), "--duration", str(args.duration), env=env),
+        _gpuledger("simulate", "run", "--nodes", str(args.nodes), "--duration", str(args.duration)),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=open(state / "simulator.log", "w"),  # noqa: SIM115
@@ -132,7 +132,7 @@ def main() -> None:
     finally:
         if sim.poll() is None:
             sim.terminate()
-        subprocess.run(_gpuledger("down", env=env), env=env, check=False, capture_output=True)
+        subprocess.run(_gpuledger("down"), env=env, check=False, capture_output=True)
 
     # Input rates: one scrape record per node per second feeds the node stage; the rest is smaller.
     print(f"\n{gpus:,} GPUs ({args.nodes} nodes) at 1 Hz for {wall:.0f} s of real time, whole stack on this machine")

@@ -126,21 +126,12 @@ def _print_status(st: StackStatus) -> None:
     console.print("[green]healthy[/]" if st.healthy else "[yellow]not all components are healthy[/]")
 
 
-def _device_minute_rows(settings: Settings) -> int:
-    import clickhouse_connect
+def _job_minute_rows(settings: Settings) -> int:
+    from sinks.db import connect
 
-    ch = settings.clickhouse
     try:
-        client = clickhouse_connect.get_client(
-            host=ch.host,
-            port=ch.port,
-            username=ch.user,
-            password=ch.password.get_secret_value(),
-            database=ch.database,
-            connect_timeout=2,
-            send_receive_timeout=5,
-        )
-        return int(client.command("SELECT count() FROM job_minutes"))  # type: ignore[arg-type]
+        client = connect(settings.clickhouse, connect_timeout=2, send_receive_timeout=5)
+        return int(client.command("SELECT count() FROM job_minutes"))
     except Exception:  # not there yet (migrations, first window): keep waiting
         return 0
 
@@ -152,7 +143,7 @@ def _wait_for_first_rollups(settings: Settings, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     with console.status("replaying three hours of simulated history into the ledger…") as spinner:
         while time.monotonic() < deadline:
-            rows = _device_minute_rows(settings)
+            rows = _job_minute_rows(settings)
             spinner.update(f"replaying three hours of simulated history into the ledger… {rows:,} job-minutes")
             if rows >= 1000:
                 break
