@@ -533,12 +533,19 @@ class ProcessorRuntime:
                 continue
             read = self.pos.get((self.t_allocs, p), self.start_pos.get((self.t_allocs, p)))
             allocs_behind = (
-                jobs_lagging or self._allocs_in_flight > 0 or (read or 0) < self.allocs_sent.get(p, 0)
-            )  # re-keyed and not yet delivered, or delivered and not read back
-            inputs = ((self.t_samples, part.max_sample_ts, False), (self.t_allocs, part.max_alloc_ts, allocs_behind))
-            behind = [ts for topic, ts, held in inputs if held or not self._caught_up(self.node_c, topic, p)]
-            if behind:
-                w = min(NEG_INF if ts is None else ts for ts in behind)
+                jobs_lagging
+                or self._allocs_in_flight > 0
+                or (read or 0) < self.allocs_sent.get(p, 0)  # re-keyed and not yet delivered, or not read back
+                or not self._caught_up(self.node_c, self.t_allocs, p)
+            )
+            if allocs_behind:
+                # Hold: allocations are few, so this is brief. Their event times are no watermark: the
+                # rekey stage interleaves several job-event partitions (and replays after a restart), so
+                # an older job end can still be unread behind a newer event.
+                out[p] = (NEG_INF, NEG_INF)
+                continue
+            if not self._caught_up(self.node_c, self.t_samples, p):
+                w = NEG_INF if part.max_sample_ts is None else part.max_sample_ts
                 out[p] = (w, w)
             else:
                 w = max(global_max, wall)

@@ -9,13 +9,38 @@ from typing import Any, Protocol
 
 from producers.simulator.model import SimConfig
 from producers.simulator.stream import simulate
-from schemas.topics import Topic
+from schemas.topics import DEVICE_SAMPLES, JOB_EVENTS, Topic
+
+# A producer keeps order per partition only: a job event's batch can linger while later samples'
+# batches fill and go out first. Published faster than real time, that puts samples more than the
+# processors' grace ahead of the job event that bounds them, and their minute closes without it.
+# So job events are flushed before any sample this far past them leaves.
+EVENTS_AHEAD_MS = 5_000
 
 
 class Publisher(Protocol):
     def publish(self, topic: Topic, key: bytes, record: dict[str, Any]) -> None: ...
 
     def flush(self, timeout_s: float = 30.0) -> None: ...
+
+
+class EventsBeforeSamples:
+    """Publishes through `publisher`, flushing job events before samples EVENTS_AHEAD_MS past them."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+        self._unflushed_event_ms: int | None = None  # the oldest job event not yet known delivered
+
+    def publish(self, topic: Topic, key: bytes, record: dict[str, Any]) -> None:
+        ts_ms: int = record["ts_ms"]
+        if topic is JOB_EVENTS:
+            if self._unflushed_event_ms is None:
+                self._unflushed_event_ms = ts_ms
+        elif topic is DEVICE_SAMPLES and self._unflushed_event_ms is not None:
+            if ts_ms >= self._unflushed_event_ms + EVENTS_AHEAD_MS:
+                self.publisher.flush()
+                self._unflushed_event_ms = None
+        self.publisher.publish(topic, key, record)
 
 
 @dataclass(slots=True)
@@ -43,6 +68,7 @@ def run(
     stats = RunStats()
     began = clock()
     base_s = config.start_ms / 1000
+    ordered = EventsBeforeSamples(publisher)
     for chunk_start in range(0, config.duration_s, chunk_s):
         for topic, key, record in simulate(config, start_s=chunk_start, end_s=chunk_start + chunk_s):
             if realtime:
@@ -50,7 +76,7 @@ def run(
                 delay = due - clock()
                 if delay > 0:
                     sleep(delay)
-            publisher.publish(topic, key, record)
+            ordered.publish(topic, key, record)
             stats.records[topic.name] = stats.records.get(topic.name, 0) + 1
         if progress is not None:
             progress(min(chunk_start + chunk_s, config.duration_s), stats)

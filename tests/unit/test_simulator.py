@@ -299,3 +299,34 @@ def test_device_minutes_sum_to_the_ledger() -> None:
             sums[r.job_id][k] += getattr(r, k)
     for job_id, led in ledger.items():
         assert {k: getattr(led, k) for k in sums[job_id]} == dict(sums[job_id])
+
+
+def test_fast_run_never_lets_samples_run_ahead_of_an_undelivered_job_event() -> None:
+    """A producer orders records per partition only, so job events are flushed before samples more
+    than EVENTS_AHEAD_MS later are handed over: otherwise their minute could close without them."""
+    from producers.simulator import run
+    from producers.simulator.run import EVENTS_AHEAD_MS
+
+    pending: list[int] = []  # job event times handed over since the last flush
+    worst = 0
+    flushes = 0
+
+    class Pub:
+        def publish(self, topic: Any, key: bytes, record: dict[str, Any]) -> None:
+            nonlocal worst
+            if topic is JOB_EVENTS:
+                pending.append(record["ts_ms"])
+            elif topic is DEVICE_SAMPLES and pending:
+                worst = max(worst, record["ts_ms"] - min(pending))
+
+        def flush(self, timeout_s: float = 30.0) -> None:
+            nonlocal flushes
+            flushes += 1
+            pending.clear()
+
+    cfg = SimConfig(seed=6, nodes=3, duration_s=1800)
+    run(cfg, Pub())
+    events = sum(1 for r in simulate(cfg) if r[0] is JOB_EVENTS)
+    assert events > 10
+    assert 0 < worst < EVENTS_AHEAD_MS
+    assert flushes <= events + 1  # one per batch of events at most, not one per record
