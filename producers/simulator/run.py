@@ -36,10 +36,13 @@ class EventsBeforeSamples:
         if topic is JOB_EVENTS:
             if self._unflushed_event_ms is None:
                 self._unflushed_event_ms = ts_ms
-        elif topic is DEVICE_SAMPLES and self._unflushed_event_ms is not None:
-            if ts_ms >= self._unflushed_event_ms + EVENTS_AHEAD_MS:
-                self.publisher.flush()
-                self._unflushed_event_ms = None
+        elif (
+            topic is DEVICE_SAMPLES
+            and self._unflushed_event_ms is not None
+            and ts_ms >= self._unflushed_event_ms + EVENTS_AHEAD_MS
+        ):
+            self.publisher.flush()
+            self._unflushed_event_ms = None
         self.publisher.publish(topic, key, record)
 
 
