@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second
 from processors.classify import MinuteClass, classify_minute
@@ -133,6 +133,9 @@ def _row(
     }
 
 
+_CLASS_FIELD = {MinuteClass.ACTIVE: "active_s", MinuteClass.STARVED: "starved_s", MinuteClass.IDLE: "idle_s"}
+
+
 def allocated_row(
     base: dict[str, Any], seconds: set[int], secs: Mapping[int, Second], thresholds: Thresholds
 ) -> dict[str, Any]:
@@ -144,13 +147,10 @@ def allocated_row(
     row["sample_count"] = len(cells)
     row["dark_s"] = len(seconds) - len(with_act)
     if with_act:
-        total = 0.0
-        for c in with_act:
-            total += c[0]  # type: ignore[operator]
+        total = sum(cast(float, c[0]) for c in with_act)
         fb = [c[1] for c in with_act if c[1] is not None]
         cls = classify_minute(total / len(with_act), max(fb) if fb else None, thresholds)
-        field_name = {MinuteClass.ACTIVE: "active_s", MinuteClass.STARVED: "starved_s", MinuteClass.IDLE: "idle_s"}[cls]
-        row[field_name] = len(with_act)
+        row[_CLASS_FIELD[cls]] = len(with_act)
         row["sm_weighted_s"] = total
     row.update(_stats(cells))
     return row
@@ -158,46 +158,41 @@ def allocated_row(
 
 def full_minute_row(base: dict[str, Any], win: DeviceWindow, thresholds: Thresholds) -> dict[str, Any]:
     """`allocated_row` for the common case (one job holds the device the whole minute), read straight
-    from the window's arrays. Same arithmetic in the same order, so the same bytes."""
+    from the window's arrays with C-level list operations (NaN = absent). Same sums in the same
+    second order, so the same bytes."""
     act, fb, pw = win.act.tolist(), win.fb.tolist(), win.pw.tolist()
-    n_seen = n_act = n_pw = 0
-    total = 0.0
-    pw_total = 0.0
-    a_max: float | None = None
-    fb_max: float | None = None
-    fb_act_max: float | None = None
-    for i, flag in enumerate(win.seen):
-        if not flag:
-            continue
-        n_seen += 1
-        f = fb[i]
-        if f == f and (fb_max is None or f > fb_max):
-            fb_max = f
-        p = pw[i]
-        if p == p:
-            pw_total += p
-            n_pw += 1
-        a = act[i]
-        if a == a:
-            n_act += 1
-            total += a
-            if a_max is None or a > a_max:
-                a_max = a
-            if f == f and (fb_act_max is None or f > fb_act_max):
-                fb_act_max = f
+    seen = win.seen
+    if seen.count(1) != 60:  # seconds with no sample are dark: leave them out
+        idx = [i for i, flag in enumerate(seen) if flag]
+        act, fb, pw = [act[i] for i in idx], [fb[i] for i in idx], [pw[i] for i in idx]
+    n_seen = len(act)
+    total = sum(act)
+    if total != total:  # some sample without an activity metric
+        fb_act = [f for a, f in zip(act, fb, strict=True) if a == a]
+        act = [a for a in act if a == a]
+        total = sum(act)
+    else:
+        fb_act = fb
+    fb_sum = sum(fb)
+    fbs = fb if fb_sum == fb_sum else [f for f in fb if f == f]
+    fbs_act = fbs if fb_act is fb else [f for f in fb_act if f == f]
+    pw_total = sum(pw)
+    if pw_total != pw_total:
+        pw = [p for p in pw if p == p]
+        pw_total = sum(pw)
+    n_act = len(act)
     row = dict(base)
     row["allocated_s"] = 60
     row["sample_count"] = n_seen
     row["dark_s"] = 60 - n_act
     if n_act:
-        cls = classify_minute(total / n_act, fb_act_max, thresholds)
-        field_name = {MinuteClass.ACTIVE: "active_s", MinuteClass.STARVED: "starved_s", MinuteClass.IDLE: "idle_s"}[cls]
-        row[field_name] = n_act
+        cls = classify_minute(total / n_act, max(fbs_act) if fbs_act else None, thresholds)
+        row[_CLASS_FIELD[cls]] = n_act
         row["sm_weighted_s"] = total
     row["activity_mean_ratio"] = total / n_act if n_act else None
-    row["activity_max_ratio"] = a_max
-    row["fb_used_mib_max"] = fb_max
-    row["power_w_mean"] = pw_total / n_pw if n_pw else None
+    row["activity_max_ratio"] = max(act) if act else None
+    row["fb_used_mib_max"] = max(fbs) if fbs else None
+    row["power_w_mean"] = pw_total / len(pw) if pw else None
     return row
 
 

@@ -173,13 +173,16 @@ def test_whole_minute_fast_path_equals_the_general_path() -> None:
 
     rng = random.Random(11)
     th = Thresholds()
-    for _ in range(300):
+    for i in range(600):
+        # every second seen or some dark (or none); metrics always there, sometimes or never
+        p_seen = (1.0, 0.8, 0.0)[i % 3]
+        p_none = (0.0, 0.15, 1.0)[(i // 3) % 3]
         win = DeviceWindow(0, None, None, T0 // 1000)
         for s in range(60):
-            if rng.random() < 0.8:
+            if rng.random() < p_seen:
 
                 def maybe(v: float) -> float | None:
-                    return None if rng.random() < 0.15 else v
+                    return None if rng.random() < p_none else v
 
                 win.put(
                     T0 // 1000 + s, maybe(rng.random() * 0.4), maybe(rng.random() * 3000), maybe(rng.random() * 700)
