@@ -15,6 +15,7 @@ Families (all with the `gpuledger_` prefix, besides prometheus_client's `process
     gpuledger_alert_latency_seconds{component,kind}           histogram: emitted wall time - moment the alert was due
     gpuledger_coverage_ratio{cluster}                         reporting / expected device-seconds, last closed minute
     gpuledger_late_samples_total{component}                   samples that arrived after their window closed
+    gpuledger_late_job_events_total{component}                job events that arrived after a minute they bound closed
 
 Cost on the hot path: callers add whole batches (`records_in(topic, n)`), or expose counters they
 already keep through a pull source read at scrape time; a metered consumer counts a batch's topics
@@ -150,6 +151,11 @@ class PipelineCollector(Collector):
         late = CounterMetricFamily(
             PREFIX + "late_samples", "Samples that arrived after their window closed.", labels=["component"]
         )
+        late_events = CounterMetricFamily(
+            PREFIX + "late_job_events",
+            "Job events that reached the node stage after a minute they bound had closed (beyond the grace).",
+            labels=["component"],
+        )
         lat = HistogramMetricFamily(
             PREFIX + "alert_latency_seconds",
             "Alert emitted (wall clock) minus the moment it became due (window end + grace).",
@@ -184,13 +190,15 @@ class PipelineCollector(Collector):
             late_total = m.late_ + sum(pulled.get("late_samples", {}).values())
             if late_total or "late_samples" in pulled:
                 late.add_metric([name], late_total)
+            if "late_job_events" in pulled:
+                late_events.add_metric([name], sum(pulled["late_job_events"].values()))
             for kind, hist in sorted(dict(m.latency_).items()):
                 counts, cum, buckets = list(hist.counts), 0, []
                 for bound, n in zip((*LATENCY_BUCKETS, math.inf), counts, strict=True):
                     cum += n
                     buckets.append(("+Inf" if bound == math.inf else repr(bound), cum))
                 lat.add_metric([name, kind], buckets, hist.sum)
-        yield from (rin, rout, dlq, lag, cov, late, lat)
+        yield from (rin, rout, dlq, lag, cov, late, late_events, lat)
 
 
 def _merge(pushed: Mapping[Any, float], pulled: Mapping[Labels, float]) -> dict[Labels, float]:
@@ -489,6 +497,7 @@ class ProcessorObserver:
         return {
             "records_out": {(topic,): float(n) for topic, n in out.items() if n},
             "late_samples": {(): float(late)},
+            "late_job_events": {(): float(s.extra.get("late_job_events_total", 0))},
         }
 
     def _refresh(self) -> None:
@@ -602,6 +611,7 @@ def summarise(samples: list[Sample]) -> dict[str, Any]:
         "dead_letters_by_topic": {k: int(v) for k, v in sorted(dlq.items())},
         "consumer_lag": int(total(PREFIX + "consumer_lag_records")),
         "late_samples": int(total(PREFIX + "late_samples_total")),
+        "late_job_events": int(total(PREFIX + "late_job_events_total")),
         "alerts": int(total(PREFIX + "alert_latency_seconds_count")),
         "alert_latency_p99_s": None if p99 is None else round(p99, 3),
         "coverage": {k: round(v, 4) for k, v in sorted(coverage.items())},

@@ -754,6 +754,18 @@ class ProcessorRuntime:
                     lag += max(0, hi - pos)
             self.stats.lag_records = lag
         self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
+        late_events = sum(p.late_allocations for p in self.nodes.values())
+        if late_events > self.stats.extra.get("late_job_events_total", 0):
+            job, ts, closed = max(
+                (p.last_late_allocation for p in self.nodes.values() if p.last_late_allocation), key=lambda x: x[1]
+            )
+            log.warning(
+                "%d job event(s) arrived after the minute they bound had closed (latest: %s at %d ms, minutes "
+                "closed up to %d ms): applied from arrival, closed minutes keep their attribution; raise "
+                "processor.grace_ms if the scheduler's events are routinely this late",
+                late_events - self.stats.extra.get("late_job_events_total", 0), job, ts, closed,
+            )
+        self.stats.extra["late_job_events_total"] = late_events
         self.stats.extra["tracked_devices"] = sum(p.coverage.tracked_devices() for p in self.nodes.values())
         if self.observer is not None:
             self.observer.refresh()

@@ -109,11 +109,21 @@ class NodePartition:
         self.allocs_next_offset = 0
         self.emitted_minutes = 0
         self._next_tick_ms = -(2**62)
+        # Job events that reached this stage after a minute they bound had closed (beyond the grace):
+        # applied from then on, the closed minute keeps its attribution. Events below `_replay_below`
+        # were read before the restored commit: replays, not counted again.
+        self.late_allocations = 0
+        self.last_late_allocation: tuple[str, int, int] | None = None  # (job, event ms, closed-until ms)
+        self._replay_below = 0
 
     # -- inputs
     def on_allocation(self, key: str, ev: Mapping[str, Any], offset: int) -> None:
-        self.table.apply(key, _with_node_keys(ev), offset)
+        applied = self.table.apply(key, _with_node_keys(ev), offset)
         ts = ev["ts_ms"]
+        closed_until = self.windows.next_close_ms
+        if applied and closed_until is not None and ts < closed_until and offset >= self._replay_below:
+            self.late_allocations += 1
+            self.last_late_allocation = (job_key_of(ev), ts, closed_until)
         if self.max_alloc_ts is None or ts > self.max_alloc_ts:
             self.max_alloc_ts = ts
         self.allocs_next_offset = offset + 1
@@ -198,7 +208,13 @@ class NodePartition:
     def metadata(self) -> str:
         """What a restart needs besides the replayed input: which minutes are closed, and where."""
         w = self.windows
-        return json.dumps({"nc": w.next_close_ms, "co": {str(k): v for k, v in sorted(w.close_offsets.items())}})
+        return json.dumps(
+            {
+                "nc": w.next_close_ms,
+                "co": {str(k): v for k, v in sorted(w.close_offsets.items())},
+                "ao": max(self.allocs_next_offset, self._replay_below),
+            }
+        )
 
     def restore(self, metadata: str | None) -> None:
         if not metadata:
@@ -206,6 +222,7 @@ class NodePartition:
         data = json.loads(metadata)
         self.windows.next_close_ms = data.get("nc")
         self.windows.close_offsets = {int(k): int(v) for k, v in data.get("co", {}).items()}
+        self._replay_below = int(data.get("ao", 0))
 
     def committed(self, samples_offset: int) -> None:
         self.windows.forget_close_offsets(samples_offset)

@@ -205,8 +205,9 @@ def test_counting_publisher_counts_records_out_per_topic() -> None:
 
 def _runtime() -> Any:
     stats = SimpleNamespace(
-        device_minutes=5, job_minutes=2, coverage_minutes=4, alerts=1, actions=0, late_scrapes=1, extra={}
-    )
+        device_minutes=5, job_minutes=2, coverage_minutes=4, alerts=1, actions=0, late_scrapes=1,
+        extra={"late_job_events_total": 3},
+    )  # fmt: skip
     return SimpleNamespace(
         ps=SimpleNamespace(grace_ms=10_000, group_id="gp"),
         stats=stats,
@@ -239,6 +240,7 @@ def test_processor_observer_alert_latency_coverage_and_counters() -> None:
     s = _exposed(coll)
     assert _value(s, P + "records_out_total", topic="dm") == 5
     assert _value(s, P + "late_samples_total") == 1
+    assert _value(s, P + "late_job_events_total") == 3
 
 
 def test_processor_observer_counts_records_read_from_positions() -> None:

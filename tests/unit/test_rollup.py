@@ -178,15 +178,46 @@ def test_whole_minute_fast_path_equals_the_general_path() -> None:
         p_seen = (1.0, 0.8, 0.0)[i % 3]
         p_none = (0.0, 0.15, 1.0)[(i // 3) % 3]
         win = DeviceWindow(0, None, None, T0 // 1000)
+
+        def maybe(v: float, p_none: float = p_none) -> float | None:
+            return None if rng.random() < p_none else v
+
         for s in range(60):
             if rng.random() < p_seen:
-
-                def maybe(v: float) -> float | None:
-                    return None if rng.random() < p_none else v
-
                 win.put(
                     T0 // 1000 + s, maybe(rng.random() * 0.4), maybe(rng.random() * 3000), maybe(rng.random() * 700)
                 )
         base = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0, "sm_weighted_s": 0.0}
         general = allocated_row(base, set(range(T0 // 1000, T0 // 1000 + 60)), win.secs, th)
         assert full_minute_row(base, win, th) == general
+
+
+def test_job_events_after_their_minute_closed_are_counted_once_and_not_on_replay() -> None:
+    """A job event later than the grace is applied from arrival (the closed minute keeps its owner) and
+    counted; a duplicate is not; after a restart, events read before the restored commit are replays."""
+    from processors.config import ProcessorSettings
+    from processors.stages import NodePartition
+
+    def run(part: NodePartition, first_offset: int) -> None:
+        part.on_allocation("c1/n1", job_event("STARTED", "j1", T0, {"n1": ["GPU-a"]}), first_offset)
+        for s in range(75):
+            part.on_scrape(scrape("n1", T0 + s * 1000, [device("GPU-a", 0, sm=0.9)]), s)
+        part.advance(T0 + 60_000 + 10_000)  # minute T0 closes with j1 holding the device throughout
+
+    part = NodePartition(ProcessorSettings())
+    run(part, 0)
+    assert part.windows.next_close_ms == T0 + 60_000 and part.late_allocations == 0
+    ended = job_event("ENDED", "j1", T0 + 30_000, {"n1": ["GPU-a"]})
+    part.on_allocation("c1/n1", ended, 1)
+    part.on_allocation("c1/n1", ended, 2)  # the same event again
+    assert part.late_allocations == 1 and part.last_late_allocation == ("c1/j1", T0 + 30_000, T0 + 60_000)
+    # A restart restores the commit (metadata) and replays from before the late event: not counted.
+    restarted = NodePartition(ProcessorSettings())
+    restarted.restore(part.metadata())
+    run(restarted, 0)
+    restarted.on_allocation("c1/n1", ended, 1)
+    assert restarted.late_allocations == 0
+    late_again = job_event("ENDED", "j1", T0 + 40_000, {"n1": ["GPU-a"]})  # read for the first time
+    late_again["event_id"] = "another"
+    restarted.on_allocation("c1/n1", late_again, 3)
+    assert restarted.late_allocations == 1
