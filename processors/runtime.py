@@ -155,6 +155,7 @@ class ProcessorRuntime:
         # the samples consumer can reconnect and race ahead of the job-events one).
         self._jobs_checked = 0.0
         self._jobs_lagging = False
+        self._offsets_client: Consumer | None = None
         self._node_w: dict[int, int] = {}  # node partition -> the watermark it last advanced to
         self.decoder = Decoder(self.codec, self, k.topic_prefix, lambda: int(self.clock() * 1000))
         try:
@@ -498,7 +499,7 @@ class ProcessorRuntime:
         lagging = False
         for tp in self.assigned["rekey"]:
             try:
-                lo, hi = self.rekey_c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2)
+                lo, hi = self._offsets_c().get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2)
             except KafkaException:
                 lagging = True
                 break
@@ -509,6 +510,16 @@ class ProcessorRuntime:
         self._jobs_lagging = lagging
         return lagging
 
+    def _offsets_c(self) -> Consumer:
+        """A client used only for broker offset queries: on the rekey consumer's own connection a query
+        waits behind its long-polling fetch (up to fetch.wait.max.ms, 500 ms), which throttled the
+        node loop to a few rounds a second."""
+        if self._offsets_client is None:
+            self._offsets_client = Consumer(
+                {**self.settings.kafka.client_config(), "group.id": f"{self.ps.group_id}.offsets"}
+            )
+        return self._offsets_client
+
     def _node_watermarks(self, drain_to: int | None) -> dict[int, tuple[int, int]]:
         """Partition -> (window watermark, coverage clock)."""
         assert self.node_c is not None
@@ -517,20 +528,28 @@ class ProcessorRuntime:
             default=NEG_INF,
         )
         wall = int(self.clock() * 1000) if self.ps.realtime else NEG_INF
-        out: dict[int, tuple[int, int]] = {}
+        candidates: dict[int, tuple[int, int]] = {}
+        for p, part in self.nodes.items():
+            if not self._caught_up(self.node_c, self.t_inventory, p):
+                candidates[p] = (NEG_INF, NEG_INF)  # rows carry inventory facts (model, generation): read it first
+            elif not self._caught_up(self.node_c, self.t_samples, p):
+                w = NEG_INF if part.max_sample_ts is None else part.max_sample_ts
+                candidates[p] = (w, w)
+            else:
+                w = max(global_max, wall)
+                candidates[p] = (w if drain_to is None else max(w, drain_to), w)
         jobs_lagging = self._jobs_lagging_now()
         # A watermark about to close a minute asks the broker afresh whether job events are unread.
+        grace = self.ps.grace_ms
         closing = any(
-            (max(global_max, wall) - self.ps.grace_ms) // MINUTE_MS
-            > (self._node_w.get(p, NEG_INF) - self.ps.grace_ms) // MINUTE_MS
-            for p in self.nodes
+            (w - grace) // MINUTE_MS > (self._node_w.get(p, NEG_INF) - grace) // MINUTE_MS
+            for p, (w, _) in candidates.items()
+            if w > NEG_INF
         )
         if closing and not jobs_lagging:
             jobs_lagging = self._jobs_lagging_now(fresh=True)
-        for p, part in self.nodes.items():
-            if not self._caught_up(self.node_c, self.t_inventory, p):
-                out[p] = (NEG_INF, NEG_INF)  # rows carry inventory facts (model, generation): read it first
-                continue
+        out: dict[int, tuple[int, int]] = {}
+        for p, cand in candidates.items():
             read = self.pos.get((self.t_allocs, p), self.start_pos.get((self.t_allocs, p)))
             allocs_behind = (
                 jobs_lagging
@@ -538,18 +557,10 @@ class ProcessorRuntime:
                 or (read or 0) < self.allocs_sent.get(p, 0)  # re-keyed and not yet delivered, or not read back
                 or not self._caught_up(self.node_c, self.t_allocs, p)
             )
-            if allocs_behind:
-                # Hold: allocations are few, so this is brief. Their event times are no watermark: the
-                # rekey stage interleaves several job-event partitions (and replays after a restart), so
-                # an older job end can still be unread behind a newer event.
-                out[p] = (NEG_INF, NEG_INF)
-                continue
-            if not self._caught_up(self.node_c, self.t_samples, p):
-                w = NEG_INF if part.max_sample_ts is None else part.max_sample_ts
-                out[p] = (w, w)
-            else:
-                w = max(global_max, wall)
-                out[p] = (w if drain_to is None else max(w, drain_to), w)
+            # Hold while allocations are unread: they are few, so this is brief. Their event times are
+            # no watermark: the rekey stage interleaves several job-event partitions (and replays after a
+            # restart), so an older job end can still be unread behind a newer event.
+            out[p] = (NEG_INF, NEG_INF) if allocs_behind else cand
         return out
 
     def _advance_nodes(self, drain_to: int | None = None) -> None:
@@ -797,7 +808,7 @@ class ProcessorRuntime:
             self.commit(force=True)
             self._write_stats()
         finally:
-            for c in (self.rekey_c, self.node_c, self.job_c):
+            for c in (self.rekey_c, self.node_c, self.job_c, self._offsets_client):
                 if c is not None:
                     try:
                         c.close()
