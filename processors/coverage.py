@@ -78,9 +78,13 @@ class CoverageTracker:
         self.gaps: dict[tuple[str, Expected], int] = {}  # open gap -> last seen before it
         self.flagged_unknown: set[SeenKey] = set()
         self.unchecked: list[SeenKey] = []  # devices not yet compared with their node's inventory
+        # node -> no device of it can time out before this: last-seen times only grow, so a node is
+        # rescanned about once per timeout instead of every tick (nodes with an open gap: every tick)
+        self._quiet_until: dict[str, int] = {}
 
     # -- inputs
     def set_inventory(self, cluster: str, node: str, ts_ms: int, devices: list[Mapping[str, Any]] | None) -> None:
+        self._quiet_until.pop(node, None)
         if devices is None:  # node retired
             self.expected.pop(node, None)
             self.tracking_since.pop(node, None)
@@ -122,11 +126,15 @@ class CoverageTracker:
         """Alerts due at `now_ms`: gaps past the timeout, recoveries, devices not in the inventory."""
         alerts: list[dict[str, Any]] = []
         for node in sorted(self.expected):
+            if now_ms < self._quiet_until.get(node, now_ms):
+                continue
             cluster = self.cluster.get(node, "")
+            quiet_until: int | None = None
             for exp in self.expected[node]:
                 last = self._last_seen(node, exp)
                 gap_key = (node, exp)
                 if gap_key in self.gaps:
+                    quiet_until = now_ms  # watch for its recovery every tick
                     if last is not None and last > self.gaps[gap_key]:
                         since = self.gaps.pop(gap_key)
                         alerts.append(
@@ -142,6 +150,8 @@ class CoverageTracker:
                         )
                     continue
                 ref = last if last is not None else self.tracking_since.get(node, now_ms)
+                due = ref + self.timeout_ms
+                quiet_until = due if quiet_until is None else min(quiet_until, due)
                 if now_ms - ref >= self.timeout_ms:
                     self.gaps[gap_key] = ref
                     alerts.append(
@@ -156,6 +166,7 @@ class CoverageTracker:
                             ref,
                         )
                     )
+            self._quiet_until[node] = now_ms if quiet_until is None else quiet_until
         pending, self.unchecked = self.unchecked, []
         for key in sorted(set(pending), key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
             node, uuid, mig = key

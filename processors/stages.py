@@ -242,6 +242,7 @@ class JobPartition:
         self.settings = settings
         self.table = AllocationTable()
         self.states: dict[str, IdleState] = {}
+        self._ended: dict[str, None] = {}  # jobs whose state has ended (in order): all `tick` looks at
         self.pending: dict[str, dict[int, dict[tuple[str, str, int], tuple[int, dict[str, Any]]]]] = {}
         self.rows_next_offset = 0
         self.events_next_offset = 0
@@ -250,8 +251,16 @@ class JobPartition:
     def restore_state(self, job_id: str, state: IdleState | None) -> None:
         if state is None:
             self.states.pop(job_id, None)
+            self._ended.pop(job_id, None)
         else:
-            self.states[job_id] = state
+            self._set_state(job_id, state)
+
+    def _set_state(self, job_id: str, state: IdleState) -> None:
+        self.states[job_id] = state
+        if state.ended_ms is not None:
+            self._ended[job_id] = None
+        else:
+            self._ended.pop(job_id, None)
 
     def on_job_event(self, ev: Mapping[str, Any], offset: int) -> None:
         self.events_next_offset = offset + 1
@@ -269,7 +278,7 @@ class JobPartition:
             st = replace(st, job=info, devices=tuple(self.table.job_devices(jid)) or st.devices)
         if ev["event_type"] == "ENDED":
             st = mark_ended(st, ev["ts_ms"])
-        self.states[jid] = st
+        self._set_state(jid, st)
 
     def on_device_minute(self, row: Mapping[str, Any], offset: int) -> None:
         self.rows_next_offset = offset + 1
@@ -312,7 +321,7 @@ class JobPartition:
                 st, emitted = step(st, jm, policy)
                 self._route(emitted, out)
                 del per_minute[m]
-            self.states[jid] = st
+            self._set_state(jid, st)
             out.states[jid] = st
             if not per_minute:
                 del self.pending[jid]
@@ -337,7 +346,7 @@ class JobPartition:
     def tick(self, now_ms: int) -> JobOutputs:
         """Forget jobs that ended once their last job-minute is out (`idle.on_tick` decides when)."""
         out = JobOutputs()
-        for jid in list(self.states):
+        for jid in list(self._ended):
             st = self.states[jid]
             if st.ended_ms is None or jid in self.pending:
                 continue
@@ -353,6 +362,7 @@ class JobPartition:
             self._route(emitted, out)
             if new is None:
                 del self.states[jid]
+                del self._ended[jid]
                 self.table.forget_job(jid)
                 self.table.mark_forgotten(jid, st.ended_ms)
                 out.states[jid] = None

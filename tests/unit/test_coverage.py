@@ -61,3 +61,29 @@ def test_coverage_minute_counts_expected_device_seconds() -> None:
         "reporting_device_s": 60,
         "unexpected_devices": 1,
     }
+
+
+def test_ticks_every_second_raise_each_gap_at_its_first_due_tick_and_skip_quiet_nodes() -> None:
+    """Nodes are rescanned only when a device could be due (last-seen only grows), yet each gap is
+    raised at the first tick at or after last seen + timeout, and recoveries on the next tick."""
+    c = tracker()
+    scans = 0
+    real = c._last_seen
+
+    def counting(node: str, exp: object) -> int | None:
+        nonlocal scans
+        scans += 1
+        return real(node, exp)  # type: ignore[arg-type]
+
+    c._last_seen = counting  # type: ignore[method-assign]
+    raised: dict[int, list[str]] = {}
+    for t in range(0, 120):
+        now = T0 + t * S
+        c.seen("c1", "n1", "GPU-A", 0, None, now)
+        if t < 10 or t >= 80:
+            c.seen("c1", "n1", "GPU-B", 1, None, now)  # B is silent from 10 s to 80 s
+        for alert in c.on_tick(now):
+            raised.setdefault(t, []).append(alert["kind"])
+    assert raised == {39: ["COVERAGE_GAP"], 80: ["COVERAGE_RECOVERED"]}
+    # without the skip: 2 devices x 120 ticks; with it, every tick only while B's gap is open
+    assert scans < 2 * 120 * 0.6, scans
