@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second
+from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, first_second, owners_by_second
 from processors.classify import MinuteClass, classify_minute
 from processors.config import Thresholds
 from processors.windows import DeviceWindow, Second
@@ -156,13 +156,13 @@ def allocated_row(
     return row
 
 
-def full_minute_row(base: dict[str, Any], win: DeviceWindow, thresholds: Thresholds) -> dict[str, Any]:
-    """`allocated_row` for the common case (one job holds the device the whole minute), read straight
-    from the window's arrays with C-level list operations (NaN = absent). Same sums in the same
-    second order, so the same bytes."""
-    act, fb, pw = win.act.tolist(), win.fb.tolist(), win.pw.tolist()
-    seen = win.seen
-    if seen.count(1) != 60:  # seconds with no sample are dark: leave them out
+def span_row(base: dict[str, Any], win: DeviceWindow, i0: int, i1: int, thresholds: Thresholds) -> dict[str, Any]:
+    """`allocated_row` for one job holding seconds [i0, i1) of the window's minute, read straight from
+    the window's arrays with C-level list operations (NaN = absent). Same sums in the same second
+    order, so the same bytes."""
+    act, fb, pw = win.act[i0:i1].tolist(), win.fb[i0:i1].tolist(), win.pw[i0:i1].tolist()
+    seen = win.seen[i0:i1]
+    if seen.count(1) != i1 - i0:  # seconds with no sample are dark: leave them out
         idx = [i for i, flag in enumerate(seen) if flag]
         act, fb, pw = [act[i] for i in idx], [fb[i] for i in idx], [pw[i] for i in idx]
     n_seen = len(act)
@@ -182,9 +182,9 @@ def full_minute_row(base: dict[str, Any], win: DeviceWindow, thresholds: Thresho
         pw_total = sum(pw)
     n_act = len(act)
     row = dict(base)
-    row["allocated_s"] = 60
+    row["allocated_s"] = i1 - i0
     row["sample_count"] = n_seen
-    row["dark_s"] = 60 - n_act
+    row["dark_s"] = i1 - i0 - n_act
     if n_act:
         cls = classify_minute(total / n_act, max(fbs_act) if fbs_act else None, thresholds)
         row[_CLASS_FIELD[cls]] = n_act
@@ -196,9 +196,24 @@ def full_minute_row(base: dict[str, Any], win: DeviceWindow, thresholds: Thresho
     return row
 
 
-def _whole_minute(ivs: list[Interval], minute_ms: int) -> bool:
-    iv = ivs[0]
-    return len(ivs) == 1 and iv.start_ms <= minute_ms and (iv.end_ms is None or iv.end_ms >= minute_ms + 60_000)
+def _unallocated_row(
+    cluster: str,
+    node: str,
+    facts: DeviceFacts,
+    mig: int | None,
+    minute_ms: int,
+    win: DeviceWindow,
+    free: list[int],
+    thresholds: Thresholds,
+) -> dict[str, Any]:
+    """The row of a device's sampled seconds `free` that no job held."""
+    secs = win.secs
+    cells = [secs[s] for s in free]
+    row = _row(cluster, node, facts, mig, minute_ms, None, win.mappings, thresholds)
+    row["unallocated_s"] = len(free)
+    row["sample_count"] = len(cells)
+    row.update(_stats(cells))
+    return row
 
 
 def node_minute_rows(
@@ -224,13 +239,17 @@ def node_minute_rows(
         ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
         matched.update(iv.ref for iv in ivs)
         facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model))
-        if ivs and _whole_minute(ivs, minute_ms):
-            job = table.job(ivs[0].job_id)
-            rows.append(
-                full_minute_row(
-                    _row(cluster, node, facts, mig, minute_ms, job, win.mappings, thresholds), win, thresholds
-                )
-            )
+        if len(ivs) == 1:  # the common case: one job, the whole minute or a span of it
+            iv = ivs[0]
+            i0 = min(60, max(0, first_second(iv.start_ms) - lo_s))
+            i1 = 60 if iv.end_ms is None else min(60, max(i0, first_second(iv.end_ms) - lo_s))
+            base = _row(cluster, node, facts, mig, minute_ms, table.job(iv.job_id), win.mappings, thresholds)
+            rows.append(span_row(base, win, i0, i1, thresholds))
+            if i0 > 0 or i1 < 60:
+                seen = win.seen
+                free = [lo_s + i for i in (*range(i0), *range(i1, 60)) if seen[i]]
+                if free:
+                    rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win, free, thresholds))
             continue
         secs = win.secs
         owners = owners_by_second(ivs, minute_ms)
@@ -240,12 +259,7 @@ def node_minute_rows(
         owned = set().union(*owners.values()) if owners else set()
         free = [s for s in sorted(secs) if s not in owned and lo_s <= s < lo_s + 60]
         if free:
-            cells = [secs[s] for s in free]
-            row = _row(cluster, node, facts, mig, minute_ms, None, win.mappings, thresholds)
-            row["unallocated_s"] = len(free)
-            row["sample_count"] = len(cells)
-            row.update(_stats(cells))
-            rows.append(row)
+            rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win, free, thresholds))
     by_ref: dict[DeviceRef, list[Interval]] = {}
     for iv in intervals:
         if iv.ref not in matched:

@@ -164,11 +164,11 @@ def test_coverage_minutes_and_gap(result: PipelineResult) -> None:
     assert next(a for a in result.alerts if a["kind"] == "COVERAGE_RECOVERED")["device_uuids"] == ["GPU-C"]
 
 
-def test_whole_minute_fast_path_equals_the_general_path() -> None:
+def test_single_job_fast_path_equals_the_general_path() -> None:
     import random
 
     from processors.config import Thresholds
-    from processors.rollup import allocated_row, full_minute_row
+    from processors.rollup import allocated_row, span_row
     from processors.windows import DeviceWindow
 
     rng = random.Random(11)
@@ -188,8 +188,9 @@ def test_whole_minute_fast_path_equals_the_general_path() -> None:
                     T0 // 1000 + s, maybe(rng.random() * 0.4), maybe(rng.random() * 3000), maybe(rng.random() * 700)
                 )
         base = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0, "sm_weighted_s": 0.0}
-        general = allocated_row(base, set(range(T0 // 1000, T0 // 1000 + 60)), win.secs, th)
-        assert full_minute_row(base, win, th) == general
+        i0, i1 = (0, 60) if i % 2 else sorted((rng.randint(0, 60), rng.randint(0, 60)))  # whole minute or a span
+        general = allocated_row(base, set(range(T0 // 1000 + i0, T0 // 1000 + i1)), win.secs, th)
+        assert span_row(base, win, i0, i1, th) == general
 
 
 def test_job_events_after_their_minute_closed_are_counted_once_and_not_on_replay() -> None:
