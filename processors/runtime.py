@@ -64,6 +64,7 @@ log = logging.getLogger("gpuledger.processors")
 IDLE_STATE_TOPIC = "processors.idle-state.v1"
 STAGES = ("rekey", "node", "job")
 NEG_INF = -(2**62)
+IDLE_WAIT_S = 0.01  # the longest one round of the loop waits for input when there is none
 
 
 @dataclass(slots=True)
@@ -412,9 +413,9 @@ class ProcessorRuntime:
         return all(self._caught_up(consumer, tp.topic, tp.partition) for tp in tps)
 
     # ------------------------------------------------------------------ stages
-    def _poll_rekey(self) -> int:
+    def _poll_rekey(self, wait_s: float) -> int:
         assert self.rekey_c is not None
-        msgs = self.rekey_c.consume(self.ps.batch_size, 0.0 if not self.rekey_ready else 0.01)
+        msgs = self.rekey_c.consume(self.ps.batch_size, wait_s if self.rekey_ready else 0.0)
         routed = False
         for msg in msgs:
             if msg.error():
@@ -439,9 +440,9 @@ class ProcessorRuntime:
             self.rekey_ready = True
         return len(msgs)
 
-    def _poll_node(self) -> int:
+    def _poll_node(self, wait_s: float) -> int:
         assert self.node_c is not None
-        msgs = self.node_c.consume(self.ps.batch_size, 0.01)
+        msgs = self.node_c.consume(self.ps.batch_size, wait_s)
         decode = self.codec.decode
         samples_subject = DEVICE_SAMPLES.subject
         # Fast path for the hot topic: current single-object framing read straight with fastavro
@@ -590,9 +591,9 @@ class ProcessorRuntime:
         if self.observer is not None:
             self.observer.alert(alert)
 
-    def _poll_job(self) -> int:
+    def _poll_job(self, wait_s: float) -> int:
         assert self.job_c is not None
-        msgs = self.job_c.consume(self.ps.batch_size, 0.01)
+        msgs = self.job_c.consume(self.ps.batch_size, wait_s)
         dm_header = SINGLE_OBJECT_MAGIC + self.codec.fingerprint(DEVICE_MINUTES.subject)
         for msg in msgs:
             if msg.error():
@@ -710,15 +711,20 @@ class ProcessorRuntime:
         self._stop = True
 
     def step(self) -> int:
-        """One round over every stage. Returns the number of input records read."""
+        """One round over every stage. Returns the number of input records read.
+
+        Only the round's last poll may wait for input, and only when nothing was read before it: a wait
+        on each consumer (10 ms on the idle job-events topic) took a sixth of the node loop at 100k
+        samples/s."""
         n = 0
+        last = "job" if self.job_c is not None else "node" if self.node_c is not None else "rekey"
         if self.rekey_c is not None:
-            n += self._poll_rekey()
+            n += self._poll_rekey(IDLE_WAIT_S if last == "rekey" else 0.0)
         if self.node_c is not None and self.rekey_ready:
-            n += self._poll_node()
+            n += self._poll_node(IDLE_WAIT_S if last == "node" and not n else 0.0)
             self._advance_nodes()
         if self.job_c is not None:
-            n += self._poll_job()
+            n += self._poll_job(0.0 if n else IDLE_WAIT_S)
             self._advance_jobs()
         self.producer.poll(0)
         self.commit()
