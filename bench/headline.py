@@ -21,10 +21,8 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger import broker
-from gpuledger.metrics import port_file
+from gpuledger import broker, metrics
 from gpuledger.settings import Settings
 from gpuledger.supervisor import Supervisor
 
@@ -58,16 +56,17 @@ def _processing_lag(settings: Settings, components: list[str]) -> dict[str, floa
     """Records behind the log end from each component's own consumer positions (its /metrics)."""
     lag: dict[str, float] = {}
     for name in components:
-        try:
-            port = int(port_file(settings, name).read_text().strip())
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        except (OSError, ValueError, httpx.HTTPError):
+        port = metrics.read_port(settings, name)
+        if port is None:
             continue
-        for family in text_string_to_metric_families(text):
-            if family.name == "gpuledger_consumer_lag_records":
-                for sample in family.samples:
-                    key = f"{name}:{sample.labels.get('topic', '')}"
-                    lag[key] = lag.get(key, 0.0) + sample.value
+        try:
+            samples = metrics.scrape(f"http://127.0.0.1:{port}/metrics")
+        except httpx.HTTPError:
+            continue
+        for sample in samples:
+            if sample.name == "gpuledger_consumer_lag_records":
+                key = f"{name}:{sample.labels.get('topic', '')}"
+                lag[key] = lag.get(key, 0.0) + sample.value
     return lag
 
 

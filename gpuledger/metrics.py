@@ -436,7 +436,6 @@ class ProcessorObserver:
     def __init__(self, runtime: Any, metrics: ComponentMetrics) -> None:
         self.rt = runtime
         self.m = metrics
-        self.grace_s = runtime.ps.grace_ms / 1000
         self._seen: dict[tuple[str, int], int] = {}
         self._minutes: dict[str, dict[int, list[int]]] = {}  # cluster -> minute -> [expected, reporting] s
         metrics.add_source(self._counters)

@@ -97,14 +97,18 @@ def first_second(ms: int) -> int:
     return -((-ms) // 1000)
 
 
+def seconds_span(iv: Interval, lo_s: int, hi_s: int) -> tuple[int, int]:
+    """The seconds [a, b) of [lo_s, hi_s) the interval covers (a == b: none)."""
+    a = min(hi_s, max(lo_s, first_second(iv.start_ms)))
+    b = hi_s if iv.end_ms is None else min(hi_s, first_second(iv.end_ms))
+    return a, max(a, b)
+
+
 def allocated_seconds(intervals: Iterable[Interval], lo_s: int, hi_s: int) -> set[int]:
     """Seconds in [lo_s, hi_s) covered by any of the intervals."""
     out: set[int] = set()
     for iv in intervals:
-        a = max(lo_s, first_second(iv.start_ms))
-        b = hi_s if iv.end_ms is None else min(hi_s, first_second(iv.end_ms))
-        if a < b:
-            out.update(range(a, b))
+        out.update(range(*seconds_span(iv, lo_s, hi_s)))
     return out
 
 

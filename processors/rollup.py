@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, first_second, owners_by_second
+from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second, seconds_span
 from processors.classify import MinuteClass, classify_minute
 from processors.config import Thresholds
 from processors.windows import DeviceWindow, Second
@@ -202,15 +202,13 @@ def _unallocated_row(
     facts: DeviceFacts,
     mig: int | None,
     minute_ms: int,
-    win: DeviceWindow,
-    free: list[int],
+    mappings: Iterable[str],
+    cells: list[Second],
     thresholds: Thresholds,
 ) -> dict[str, Any]:
-    """The row of a device's sampled seconds `free` that no job held."""
-    secs = win.secs
-    cells = [secs[s] for s in free]
-    row = _row(cluster, node, facts, mig, minute_ms, None, win.mappings, thresholds)
-    row["unallocated_s"] = len(free)
+    """The row of a device's sampled seconds (`cells`) that no job held."""
+    row = _row(cluster, node, facts, mig, minute_ms, None, mappings, thresholds)
+    row["unallocated_s"] = len(cells)
     row["sample_count"] = len(cells)
     row.update(_stats(cells))
     return row
@@ -241,15 +239,15 @@ def node_minute_rows(
         facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model))
         if len(ivs) == 1:  # the common case: one job, the whole minute or a span of it
             iv = ivs[0]
-            i0 = min(60, max(0, first_second(iv.start_ms) - lo_s))
-            i1 = 60 if iv.end_ms is None else min(60, max(i0, first_second(iv.end_ms) - lo_s))
+            a, b = seconds_span(iv, lo_s, lo_s + 60)
+            i0, i1 = a - lo_s, b - lo_s
             base = _row(cluster, node, facts, mig, minute_ms, table.job(iv.job_id), win.mappings, thresholds)
             rows.append(span_row(base, win, i0, i1, thresholds))
             if i0 > 0 or i1 < 60:
-                seen = win.seen
-                free = [lo_s + i for i in (*range(i0), *range(i1, 60)) if seen[i]]
-                if free:
-                    rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win, free, thresholds))
+                secs = win.secs
+                cells = [secs[s] for s in sorted(secs) if not a <= s < b and lo_s <= s < lo_s + 60]
+                if cells:
+                    rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win.mappings, cells, thresholds))
             continue
         secs = win.secs
         owners = owners_by_second(ivs, minute_ms)
@@ -257,9 +255,9 @@ def node_minute_rows(
             base = _row(cluster, node, facts, mig, minute_ms, table.job(job_id), win.mappings, thresholds)
             rows.append(allocated_row(base, owners.get(job_id, set()), secs, thresholds))
         owned = set().union(*owners.values()) if owners else set()
-        free = [s for s in sorted(secs) if s not in owned and lo_s <= s < lo_s + 60]
-        if free:
-            rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win, free, thresholds))
+        cells = [secs[s] for s in sorted(secs) if s not in owned and lo_s <= s < lo_s + 60]
+        if cells:
+            rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win.mappings, cells, thresholds))
     by_ref: dict[DeviceRef, list[Interval]] = {}
     for iv in intervals:
         if iv.ref not in matched:

@@ -194,11 +194,18 @@ class ProcessorRuntime:
 
     # ------------------------------------------------------------------ wiring
     def _send_raw(
-        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, str | bytes | None]] | None = None
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
     ) -> None:
         while True:
             try:
-                self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery)
+                self.producer.produce(
+                    topic, value=value, key=key, headers=headers, on_delivery=on_delivery or self._on_delivery
+                )
                 return
             except BufferError:
                 self.producer.poll(0.05)
@@ -217,13 +224,8 @@ class ProcessorRuntime:
                 _, p, off = _coords(msg)
                 self.allocs_sent[p] = max(self.allocs_sent.get(p, 0), off + 1)
 
-        while True:
-            try:
-                self.producer.produce(self.t_allocs, value=value, key=key, on_delivery=delivered)
-                self._allocs_in_flight += 1
-                return
-            except BufferError:
-                self.producer.poll(0.05)
+        self._send_raw(self.t_allocs, key, value, on_delivery=delivered)
+        self._allocs_in_flight += 1
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -395,18 +397,24 @@ class ProcessorRuntime:
                 time.sleep(0.2)
 
     # ------------------------------------------------------------------ helpers
-    def _caught_up(self, consumer: Consumer, topic: str, partition: int) -> bool:
+    def _read_to(self, topic: str, partition: int) -> int | None:
+        """The next offset to read (None: nothing committed, the consumer starts at the earliest)."""
+        return self.pos.get((topic, partition), self.start_pos.get((topic, partition)))
+
+    def _caught_up(self, consumer: Consumer, topic: str, partition: int, fresh: bool = False) -> bool:
+        """Read to the log end: by the watermarks the consumer last fetched, or asked of the broker now."""
         tp = TopicPartition(topic, partition)
         try:
-            lo, hi = consumer.get_watermark_offsets(tp, cached=True)
+            if fresh:
+                lo, hi = self._offsets_c().get_watermark_offsets(tp, timeout=2)
+            else:
+                lo, hi = consumer.get_watermark_offsets(tp, cached=True)
         except KafkaException:
             return False
         if hi is None or hi < 0:
             return False
-        pos = self.pos.get((topic, partition), self.start_pos.get((topic, partition)))
-        if pos is None:  # nothing committed: the consumer starts at the earliest offset
-            pos = lo
-        return pos >= hi
+        pos = self._read_to(topic, partition)
+        return (lo if pos is None else pos) >= hi
 
     def _all_caught_up(self, consumer: Consumer | None, stage: str) -> bool:
         if consumer is None:
@@ -501,19 +509,10 @@ class ProcessorRuntime:
         if not fresh and now - self._jobs_checked < 0.2:
             return self._jobs_lagging
         self._jobs_checked = now
-        lagging = False
-        for tp in self.assigned["rekey"]:
-            try:
-                lo, hi = self._offsets_c().get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2)
-            except KafkaException:
-                lagging = True
-                break
-            pos = self.pos.get((tp.topic, tp.partition), self.start_pos.get((tp.topic, tp.partition)))
-            if (lo if pos is None else pos) < hi:
-                lagging = True
-                break
-        self._jobs_lagging = lagging
-        return lagging
+        self._jobs_lagging = not all(
+            self._caught_up(self.rekey_c, tp.topic, tp.partition, fresh=True) for tp in self.assigned["rekey"]
+        )
+        return self._jobs_lagging
 
     def _offsets_c(self) -> Consumer:
         """A client used only for broker offset queries: on the rekey consumer's own connection a query
@@ -555,7 +554,7 @@ class ProcessorRuntime:
             jobs_lagging = self._jobs_lagging_now(fresh=True)
         out: dict[int, tuple[int, int]] = {}
         for p, cand in candidates.items():
-            read = self.pos.get((self.t_allocs, p), self.start_pos.get((self.t_allocs, p)))
+            read = self._read_to(self.t_allocs, p)
             allocs_behind = (
                 jobs_lagging
                 or self._allocs_in_flight > 0
@@ -789,7 +788,8 @@ class ProcessorRuntime:
             self.stats.lag_records = lag
         self.stats.extra["late_samples_total"] = sum(p.windows.late_count for p in self.nodes.values())
         late_events = sum(p.late_allocations for p in self.nodes.values())
-        if late_events > self.stats.extra.get("late_job_events_total", 0):
+        before = self.stats.extra.get("late_job_events_total", 0)
+        if late_events > before:
             job, ts, closed = max(
                 (p.last_late_allocation for p in self.nodes.values() if p.last_late_allocation), key=lambda x: x[1]
             )
@@ -797,7 +797,7 @@ class ProcessorRuntime:
                 "%d job event(s) arrived after the minute they bound had closed (latest: %s at %d ms, minutes "
                 "closed up to %d ms): applied from arrival, closed minutes keep their attribution; raise "
                 "processor.grace_ms if the scheduler's events are routinely this late",
-                late_events - self.stats.extra.get("late_job_events_total", 0), job, ts, closed,
+                late_events - before, job, ts, closed,
             )
         self.stats.extra["late_job_events_total"] = late_events
         self.stats.extra["tracked_devices"] = sum(p.coverage.tracked_devices() for p in self.nodes.values())

@@ -1,10 +1,10 @@
 """Fixtures of the fault suite (marker `fault`; `make fault`): one broker and one ClickHouse server
-for the module, and the undisturbed run every fault is compared with. See fault_harness.py."""
+for the module (the undisturbed run every fault is compared with is the `baseline` fixture of
+test_fault_injection.py). See fault_harness.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fault_harness import Stack
@@ -17,8 +17,3 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
     finally:
         s.close()
-
-
-@pytest.fixture
-def run_root(tmp_path: Path) -> Path:
-    return tmp_path

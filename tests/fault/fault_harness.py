@@ -37,18 +37,14 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from fixtures_clickhouse import ClickHouseServer, server_env, start_server, stop_server
+from fixtures_clickhouse import ClickHouseServer, server_env, start_server, stop_server, wait_for
 
 from gpuledger.broker import BrokerConfig, LocalBroker, free_ports
 from gpuledger.kafka import RecordPublisher
 from gpuledger.settings import KafkaSettings, Settings
 from producers.simulator import DEFAULT_START_MS, SimConfig
 from schemas.topics import (
-    ALERTS,
-    COVERAGE_MINUTES,
-    DEVICE_MINUTES,
     DEVICE_SAMPLES,
-    JOB_MINUTES,
     LATE_SAMPLES,
     Topic,
     all_topics,
@@ -70,12 +66,7 @@ def log(msg: str) -> None:
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    if not predicate():
+    if not wait_for(predicate, timeout_s, interval_s):
         raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
@@ -340,7 +331,6 @@ class PipelineRun:
         self.processors: Proc | None = None
         self.sink: Proc | None = None
         self.simulator: Proc | None = None
-        self.restarts: dict[str, int] = {}
         self.timings: dict[str, float] = {}
         self._n = 0
 
@@ -506,7 +496,7 @@ class PipelineRun:
         assert self.sink.popen.returncode == 0, self.tail(self.sink)
         self.timings["finish_s"] = time.monotonic() - t0
 
-    def run_undisturbed_until(self) -> None:
+    def start_pipeline(self) -> None:
         """Start sink, simulator and processors (what every test does first)."""
         self.start_sink()
         self.start_simulator()
@@ -544,16 +534,19 @@ class PipelineRun:
     def late_count(self) -> int:
         return topic_counts(self.stack.bootstrap, [self.topic(LATE_SAMPLES)])[self.topic(LATE_SAMPLES)]
 
-    def output_counts(self) -> dict[str, int]:
-        names = [self.topic(t) for t in (DEVICE_MINUTES, JOB_MINUTES, COVERAGE_MINUTES, ALERTS)]
-        return topic_counts(self.stack.bootstrap, names)
-
     def ledger(self) -> Ledger:
         client = self.stack.client(self.database)
         try:
             return read_ledger(client)
         finally:
             client.close()
+
+    def __enter__(self) -> PipelineRun:
+        self.setup()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         for p in (self.processors, self.sink, self.simulator):

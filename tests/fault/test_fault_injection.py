@@ -81,14 +81,10 @@ def _assert_clean(run: PipelineRun, led: Ledger, base: Baseline, late: int = 0) 
 @pytest.fixture(scope="module")
 def baseline(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Baseline]:
     """The undisturbed run, once for the module."""
-    run = PipelineRun(stack, "base", tmp_path_factory.mktemp("base"))
-    try:
-        run.setup()
-        run.run_undisturbed_until()
+    with PipelineRun(stack, "base", tmp_path_factory.mktemp("base")) as run:
+        run.start_pipeline()
         led = _finish_and_read(run)
         yield Baseline(led, _expected(), run.expected_from_cli(), run.dlq_counts(), run.late_count())
-    finally:
-        run.close()
 
 
 def test_undisturbed_run_matches_the_simulator(baseline: Baseline) -> None:
@@ -104,11 +100,9 @@ def test_undisturbed_run_matches_the_simulator(baseline: Baseline) -> None:
 
 
 def test_processors_killed_9_five_times(stack: Stack, baseline: Baseline, tmp_path: Any) -> None:
-    run = PipelineRun(stack, "kill-proc", tmp_path)
     rng = random.Random(9)
-    try:
-        run.setup()
-        run.run_undisturbed_until()
+    with PipelineRun(stack, "kill-proc", tmp_path) as run:
+        run.start_pipeline()
         wait_until(lambda: run.samples_published() > 0, 120, "the simulator to start publishing", 0.1)
         last = 0
         for i in range(5):
@@ -124,15 +118,11 @@ def test_processors_killed_9_five_times(stack: Stack, baseline: Baseline, tmp_pa
             run.start_processors()
         led = _finish_and_read(run)
         _assert_clean(run, led, baseline)
-    finally:
-        run.close()
 
 
 def test_broker_stop_and_restart_mid_run(stack: Stack, baseline: Baseline, tmp_path: Any) -> None:
-    run = PipelineRun(stack, "broker", tmp_path)
-    try:
-        run.setup()
-        run.run_undisturbed_until()
+    with PipelineRun(stack, "broker", tmp_path) as run:
+        run.start_pipeline()
         total = sum(1 for r in simulate(SIM) if r[0] is DEVICE_SAMPLES)
         wait_until(lambda: run.samples_published() > total // 4, 120, "the simulator to publish a quarter", 0.1)
         wait_until(lambda: run.stored("device_minutes") > 0, 120, "the first device-minutes in ClickHouse", 0.1)
@@ -148,38 +138,32 @@ def test_broker_stop_and_restart_mid_run(stack: Stack, baseline: Baseline, tmp_p
         led = _finish_and_read(run)
         assert run.samples_published() == total
         _assert_clean(run, led, baseline)
-    finally:
-        run.close()
 
 
 def test_clickhouse_down_mid_run(stack: Stack, baseline: Baseline, tmp_path: Any) -> None:
-    run = PipelineRun(stack, "clickhouse", tmp_path)
-    try:
-        run.setup()
-        run.run_undisturbed_until()
-        wait_until(lambda: run.stored("device_minutes") > 0, 120, "the first device-minutes in ClickHouse", 0.1)
-        stack.stop_clickhouse()
-        log(f"clickhouse: stopped for {OUTAGE_S:.0f} s")
-        time.sleep(OUTAGE_S)
-        run.check_alive(run.sink)  # the sink waits for ClickHouse rather than exiting
-        assert run.sink_lag() > 0  # records arrived during the outage and wait for the warehouse
-        stack.start_clickhouse()
-        log("clickhouse: back")
-        led = _finish_and_read(run)
-        assert run.sink is not None
-        assert "ClickHouse unavailable, retrying" in run.tail(run.sink, 10**7)
-        _assert_clean(run, led, baseline)
-    finally:
-        if stack.ch is None:
+    with PipelineRun(stack, "clickhouse", tmp_path) as run:
+        try:
+            run.start_pipeline()
+            wait_until(lambda: run.stored("device_minutes") > 0, 120, "the first device-minutes in ClickHouse", 0.1)
+            stack.stop_clickhouse()
+            log(f"clickhouse: stopped for {OUTAGE_S:.0f} s")
+            time.sleep(OUTAGE_S)
+            run.check_alive(run.sink)  # the sink waits for ClickHouse rather than exiting
+            assert run.sink_lag() > 0  # records arrived during the outage and wait for the warehouse
             stack.start_clickhouse()
-        run.close()
+            log("clickhouse: back")
+            led = _finish_and_read(run)
+            assert run.sink is not None
+            assert "ClickHouse unavailable, retrying" in run.tail(run.sink, 10**7)
+            _assert_clean(run, led, baseline)
+        finally:
+            if stack.ch is None:
+                stack.start_clickhouse()
 
 
 def test_sink_killed_9_mid_batch(stack: Stack, baseline: Baseline, tmp_path: Any) -> None:
-    run = PipelineRun(stack, "kill-sink", tmp_path, sink_batch=300)  # small batches: many of them in flight
-    try:
-        run.setup()
-        run.run_undisturbed_until()
+    with PipelineRun(stack, "kill-sink", tmp_path, sink_batch=300) as run:  # small batches: many of them in flight
+        run.start_pipeline()
         kills = 0
         last = 0
         deadline = time.monotonic() + 240
@@ -196,8 +180,6 @@ def test_sink_killed_9_mid_batch(stack: Stack, baseline: Baseline, tmp_path: Any
         assert kills == 3
         led = _finish_and_read(run)
         _assert_clean(run, led, baseline)
-    finally:
-        run.close()
 
 
 def _reordered(records: list[tuple[Topic, bytes, dict[str, Any]]], rng: random.Random, events_twice: bool) -> list[Any]:
@@ -227,10 +209,8 @@ def _reordered(records: list[tuple[Topic, bytes, dict[str, Any]]], rng: random.R
 
 
 def test_duplicated_out_of_order_and_late_events(stack: Stack, baseline: Baseline, tmp_path: Any) -> None:
-    run = PipelineRun(stack, "dup-late", tmp_path)
     rng = random.Random(5)
-    try:
-        run.setup()
+    with PipelineRun(stack, "dup-late", tmp_path) as run:
         run.start_sink()
         run.start_processors()
         records = list(simulate(SIM))
@@ -279,8 +259,6 @@ def test_duplicated_out_of_order_and_late_events(stack: Stack, baseline: Baselin
         assert led.jobs == baseline.ledger.jobs == baseline.expected  # the per-job ledger (job_minutes)
         assert led.job_minutes == baseline.ledger.job_minutes
         assert_same_ledger(led, baseline.ledger)
-    finally:
-        run.close()
 
 
 def test_exporter_upgrade_mid_run(baseline: Baseline) -> None:
