@@ -8,6 +8,7 @@ data in, plain data out; the caller supplies offsets only so it can tell which i
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,21 @@ def owners_by_second(intervals: Iterable[Interval], minute_ms: int) -> dict[str,
     return owners
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A job event as it bears on one node: `refs` are the devices it names there (None: it names none
+    anywhere, e.g. an UPDATED that only changes metadata)."""
+
+    ts: int
+    ends: bool
+    kind: str
+    refs: list[DeviceRef] | None
+
+    @property
+    def order(self) -> tuple[int, bool]:
+        return (self.ts, self.ends)
+
+
 @dataclass(slots=True)
 class _Job:
     info: JobInfo
@@ -138,13 +154,18 @@ class _Job:
     event_ids: set[tuple[str, str]] = field(default_factory=set)  # (node, event id)
     nodes: set[str] = field(default_factory=set)
     ended_ms: int | None = None
+    # node -> the job's events applied there, in event-time order (an end last among equals)
+    history: dict[str, list[_Step]] = field(default_factory=dict)
 
 
 class AllocationTable:
     """Device allocations of the nodes of one partition, from job events.
 
     `apply` is idempotent per event id (the re-keying stage may re-publish after a crash); an event for a
-    job that already ended at or after its time is ignored for the same reason.
+    job that already ended at or after its time is ignored for the same reason. A job's intervals do not
+    depend on the order its events arrive in: after a restart the node stage replays allocations from a
+    committed offset that may fall between a job's start and its end, and the start can come back later
+    (re-published by the re-keying stage), after the end it must not outlive.
     """
 
     def __init__(self) -> None:
@@ -175,12 +196,30 @@ class AllocationTable:
         self.min_event_ms = ts if self.min_event_ms is None else min(self.min_event_ms, ts)
         if kind == "SUBMITTED":
             return True
-        refs = _refs_for_node(ev, node)
+        names = bool(ev.get("allocations"))
+        entry = _Step(ts, kind == "ENDED", kind, _refs_for_node(ev, node) if names else None)
+        history = job.history.setdefault(node, [])
+        if kind == "ENDED":
+            job.ended_ms = ts if job.ended_ms is None else max(job.ended_ms, ts)
+        if not history or entry.order >= history[-1].order:
+            history.append(entry)
+            self._step(node, job_id, job, entry)
+        else:  # older than an event already applied: replay the job's events on this node in time order
+            history.insert(bisect.bisect_right(history, entry.order, key=lambda e: e.order), entry)
+            kept = [iv for iv in self._intervals.get(node, ()) if iv.job_id != job_id]
+            self._intervals[node] = kept
+            for e in history:
+                self._step(node, job_id, job, e)
+        return True
+
+    def _step(self, node: str, job_id: str, job: _Job, entry: _Step) -> None:
+        """One event's effect on the job's intervals on `node`."""
+        ts, kind, refs = entry.ts, entry.kind, entry.refs or []
         ivs = self._intervals.setdefault(node, [])
         open_ivs = [iv for iv in ivs if iv.job_id == job_id and iv.end_ms is None]
-        if kind in OPENING or (kind == "UPDATED" and ev.get("allocations")):
-            keep = set(refs)
-            if kind == "UPDATED":
+        if kind in OPENING or (kind == "UPDATED" and entry.refs is not None):
+            if kind == "UPDATED":  # the allocation now: open intervals it no longer names end here
+                keep = set(refs)
                 for iv in open_ivs:
                     if iv.ref not in keep:
                         iv.end_ms = max(ts, iv.start_ms)
@@ -193,9 +232,8 @@ class AllocationTable:
         elif kind in CLOSING:
             for iv in open_ivs:
                 iv.end_ms = max(ts, iv.start_ms)
-            if kind == "ENDED":
-                job.ended_ms = ts
-        return True
+        if not ivs:
+            del self._intervals[node]
 
     def apply_all(self, ev: Mapping[str, Any], offset: int = 0) -> bool:
         """Apply a job event to every node it names and every node the job already holds devices on

@@ -309,9 +309,10 @@ class ProcessorRuntime:
         return out
 
     def _on_assign_rekey(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._remember_start(consumer, partitions)
+        committed = self._remember_start(consumer, partitions)
         for tp in partitions:
-            self.rekey[tp.partition] = RekeyStage()
+            c = committed.get((tp.topic, tp.partition))
+            self.rekey[tp.partition] = RekeyStage.restore(c.metadata if c is not None and c.offset >= 0 else None)
         self.assigned["rekey"] = list(partitions)
         self.rekey_ready = False
 
@@ -440,8 +441,9 @@ class ProcessorRuntime:
             if ev is None or stage is None:
                 continue
             for nk in stage.route(ev, off):
-                self._send_allocation(nk.encode(), msg.value() or b"")
-                routed = True
+                if off >= stage.published_below:
+                    self._send_allocation(nk.encode(), msg.value() or b"")
+                    routed = True
         if routed:
             # Serve delivery reports without waiting for them: until an allocation is delivered (and so
             # in allocs_sent) it counts as in flight and node windows wait for it. A synchronous flush
@@ -683,7 +685,12 @@ class ProcessorRuntime:
             self._flush()
         if self.rekey_c is not None:
             offs = [
-                TopicPartition(self.t_jobs, p, stage.commit_offset(self.pos[(self.t_jobs, p)]))
+                TopicPartition(
+                    self.t_jobs,
+                    p,
+                    stage.commit_offset(self.pos[(self.t_jobs, p)]),
+                    metadata=stage.metadata(self.pos[(self.t_jobs, p)]),
+                )
                 for p, stage in self.rekey.items()
                 if (self.t_jobs, p) in self.pos
             ]

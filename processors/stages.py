@@ -64,10 +64,15 @@ class _RekeyJob:
 
 
 class RekeyStage:
-    """Job events -> (node key, event) pairs for the ALLOCATIONS topic. One per JOB_EVENTS partition."""
+    """Job events -> (node key, event) pairs for the ALLOCATIONS topic. One per JOB_EVENTS partition.
 
-    def __init__(self) -> None:
+    After a restart it replays from the first event of a job still running (to learn its nodes again);
+    events below `published_below` (restored from the commit) were re-keyed and delivered already, so
+    they rebuild state without being published twice."""
+
+    def __init__(self, published_below: int = 0) -> None:
         self._jobs: dict[str, _RekeyJob] = {}
+        self.published_below = published_below
 
     def route(self, ev: Mapping[str, Any], offset: int = 0) -> list[str]:
         """Node keys ("cluster/node") the event must reach."""
@@ -86,6 +91,14 @@ class RekeyStage:
 
     def commit_offset(self, next_offset: int) -> int:
         return min((j.first_offset for j in self._jobs.values()), default=next_offset)
+
+    def metadata(self, next_offset: int) -> str:
+        """Stored with the commit (every event before `next_offset` has been delivered by then)."""
+        return json.dumps({"pb": max(next_offset, self.published_below)})
+
+    @classmethod
+    def restore(cls, metadata: str | None) -> RekeyStage:
+        return cls(int(json.loads(metadata).get("pb", 0)) if metadata else 0)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 from processors.attribution import (
     AllocationTable,
     DeviceRef,
@@ -55,6 +57,46 @@ def test_duplicate_and_stale_events_are_ignored() -> None:
     assert len(t) == 0 and t.forgotten("c1/J1")
     assert not t.apply("n1", start)  # a late duplicate of a finished job does not reopen it
     assert len(t) == 0
+
+
+def test_a_start_replayed_after_its_end_does_not_reopen_the_job() -> None:
+    # After a restart the node stage can read a job's end (its start lay before the committed offset)
+    # and only then the start, re-published by the re-keying stage; the end's copy is a duplicate.
+    t = AllocationTable()
+    start = job_event("STARTED", "J1", T0, {"n1": ["GPU-A"]})
+    end = job_event("ENDED", "J1", T0 + 30 * S)
+    assert t.apply("n1", end)
+    assert t.apply("n1", start)
+    assert not t.apply("n1", end)
+    assert len(owners_by_second(t.intervals("n1"), T0)["c1/J1"]) == 30
+    assert t.owner_at("n1", "GPU-A", 0, None, T0 + 30 * S) is None
+    t.prune(T0 + 60 * S)
+    assert len(t) == 0 and t.forgotten("c1/J1")
+
+
+def test_intervals_do_not_depend_on_the_order_events_arrive_in() -> None:
+    events = [
+        job_event("STARTED", "J1", T0, {"n1": ["GPU-A", "GPU-B"]}),
+        job_event("UPDATED", "J1", T0 + 10 * S, {"n1": ["GPU-A"]}),  # gives GPU-B back
+        job_event("SUSPENDED", "J1", T0 + 20 * S),
+        job_event("RESUMED", "J1", T0 + 30 * S, {"n1": ["GPU-A"]}),
+        job_event("ENDED", "J1", T0 + 40 * S),
+        job_event("STARTED", "J2", T0 + 40 * S, {"n1": ["GPU-A"]}),  # same millisecond as J1's end
+    ]
+
+    def spans(order: tuple[int, ...]) -> list[tuple[str, str | None, int, int | None]]:
+        t = AllocationTable()
+        for i in order:
+            t.apply("n1", events[i])
+        return sorted((iv.job_id, iv.ref.uuid, iv.start_ms, iv.end_ms) for iv in t.intervals("n1"))
+
+    expected = [
+        ("c1/J1", "GPU-A", T0, T0 + 20 * S),
+        ("c1/J1", "GPU-A", T0 + 30 * S, T0 + 40 * S),
+        ("c1/J1", "GPU-B", T0, T0 + 10 * S),
+        ("c1/J2", "GPU-A", T0 + 40 * S, None),
+    ]
+    assert all(spans(order) == expected for order in itertools.permutations(range(len(events))))
 
 
 def test_double_booked_second_goes_to_the_later_allocation() -> None:

@@ -222,3 +222,22 @@ def test_job_events_after_their_minute_closed_are_counted_once_and_not_on_replay
     late_again["event_id"] = "another"
     restarted.on_allocation("c1/n1", late_again, 3)
     assert restarted.late_allocations == 1
+
+
+def test_rekey_replay_after_a_restart_relearns_nodes_without_publishing_again() -> None:
+    from processors.stages import RekeyStage
+
+    events = [
+        job_event("STARTED", "j1", T0, {"n1": ["GPU-a"]}),
+        job_event("STARTED", "j2", T0 + 1000, {"n2": ["GPU-b"]}),
+        job_event("ENDED", "j2", T0 + 2000),
+    ]
+    stage = RekeyStage()
+    assert [stage.route(ev, off) for off, ev in enumerate(events)] == [["c1/n1"], ["c1/n2"], ["c1/n2"]]
+    assert stage.commit_offset(3) == 0  # j1 still runs: a restart replays its start to learn its nodes
+    again = RekeyStage.restore(stage.metadata(3))
+    replayed = [off for off, ev in enumerate(events) if again.route(ev, off) and off >= again.published_below]
+    assert replayed == []  # all three were delivered before the commit
+    end = job_event("ENDED", "j1", T0 + 3000)  # names no nodes: the stage still knows j1's
+    assert again.route(end, 3) == ["c1/n1"] and again.published_below == 3
+    assert RekeyStage.restore(None).published_below == 0
