@@ -274,11 +274,19 @@ def read_ledger(client: Any) -> Ledger:
     )
 
 
+def _diff(led: Ledger, reading: str) -> dict[str, tuple[Any, Any]]:
+    """Jobs whose seconds differ: job -> (job_minutes, the other reading)."""
+    other: dict[str, dict[str, int]] = getattr(led, reading)
+    jobs = sorted(set(led.jobs) | set(other))
+    return {j: (led.jobs.get(j), other.get(j)) for j in jobs if led.jobs.get(j) != other.get(j)}
+
+
 def check_consistent(led: Ledger) -> None:
     """The three readings of one run agree, and no row is stored twice (the rollups saw each once)."""
     assert led.jobs, "no job-minutes in ClickHouse"
-    assert led.from_device_minutes == led.jobs, "device_minutes and job_minutes disagree"
-    assert led.from_views == led.jobs, "the analyst view (usage_daily) and job_minutes disagree"
+    dm, views = "from_device_minutes", "from_views"
+    assert led.from_device_minutes == led.jobs, f"device_minutes and job_minutes disagree: {_diff(led, dm)}"
+    assert led.from_views == led.jobs, f"the analyst view (usage_daily) and job_minutes disagree: {_diff(led, views)}"
     assert led.extra["usage_daily"] == led.extra["device_minutes_final"], "daily rollup counted a row twice"
     for t in ("device_minutes", "coverage_minutes"):  # rollup feeders: inserted once per key
         assert led.rows[t] == led.rows_final[t], f"{t}: {led.rows[t]} rows stored, {led.rows_final[t]} distinct"
