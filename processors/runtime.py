@@ -12,10 +12,12 @@ Design (see docs/benchmarks.md "Processors" for the figures):
 - The job stage keeps each job's idle state machine in a compacted internal topic
   (`processors.idle-state.v1`, JSON), written after the outputs it reflects are delivered and before
   the offsets are committed; a replayed minute at or before the stored `last_minute_ms` is skipped.
-- Watermark per node partition: while an input (samples or allocations) has a backlog, the minimum of
-  the inputs' event times; once all are caught up, the maximum event time across every assigned
-  partition (so a node whose exporter died still gets its minutes closed as dark) and, in real-time
-  mode, the wall clock.
+- Watermark per node partition: its own latest sample time (held while allocations or job events are
+  unread); once the partition has been quiet for QUIET_PARTITION_S, the latest event time across every
+  assigned partition (so a node whose exporter died still gets its minutes closed as dark); in
+  real-time mode never behind the wall clock once caught up. Following the others only when quiet
+  matters in event time: a replay runs through minutes in milliseconds, so a partition whose records
+  reach the broker a moment after another's would otherwise see its minutes closed before they land.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ IDLE_STATE_TOPIC = "processors.idle-state.v1"
 STAGES = ("rekey", "node", "job")
 NEG_INF = -(2**62)
 IDLE_WAIT_S = 0.01  # the longest a poll waits for a batch while the round has read little
+QUIET_PARTITION_S = 2.0  # a samples partition with nothing new this long follows the others' event time
 
 
 @dataclass(slots=True)
@@ -162,6 +165,7 @@ class ProcessorRuntime:
         self._jobs_lagging = False
         self._offsets_client: Consumer | None = None
         self._node_w: dict[int, int] = {}  # node partition -> the watermark it last advanced to
+        self._samples_read_at: dict[int, float] = {}  # node partition -> when it last gave a sample (monotonic)
         self.decoder = Decoder(self.codec, self, k.topic_prefix, lambda: int(self.clock() * 1000))
         try:
             self.fast_scrapes: ScrapeDecoder | None = ScrapeDecoder(load_schema(DEVICE_SAMPLES.subject))
@@ -176,6 +180,7 @@ class ProcessorRuntime:
         self.stats = Stats()
         self.observer: Any = None  # gpuledger.metrics.ProcessorObserver while /metrics is served (run)
         self._stop = False
+        self._closing = False  # consumers are closing: a late assignment is not taken up
         gid = self.ps.group_id
         self.rekey_c = Consumer(_consumer_conf(settings, f"{gid}.rekey", instance)) if "rekey" in self.stages else None
         self.node_c = Consumer(_consumer_conf(settings, f"{gid}.node", instance)) if "node" in self.stages else None
@@ -309,6 +314,8 @@ class ProcessorRuntime:
         return out
 
     def _on_assign_rekey(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._closing:
+            return
         committed = self._remember_start(consumer, partitions)
         for tp in partitions:
             c = committed.get((tp.topic, tp.partition))
@@ -317,6 +324,8 @@ class ProcessorRuntime:
         self.rekey_ready = False
 
     def _on_assign_node(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._closing:
+            return
         committed = self._remember_start(consumer, [tp for tp in partitions if tp.topic != self.t_inventory])
         for tp in partitions:
             if tp.topic == self.t_samples:
@@ -326,6 +335,7 @@ class ProcessorRuntime:
                     part.restore(c.metadata)
                     part.samples_next_offset = c.offset
                 self.nodes[tp.partition] = part
+                self._samples_read_at[tp.partition] = time.monotonic()
             elif tp.topic == self.t_inventory:
                 tp.offset = OFFSET_BEGINNING  # compacted: always read whole
                 self.start_pos[(tp.topic, tp.partition)] = None
@@ -333,6 +343,8 @@ class ProcessorRuntime:
         consumer.assign(partitions)
 
     def _on_assign_job(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._closing:
+            return
         self._remember_start(consumer, partitions)
         parts = sorted({tp.partition for tp in partitions if tp.topic == self.t_dm})
         for p in parts:
@@ -465,6 +477,8 @@ class ProcessorRuntime:
         fast = self.fast_scrapes
         if msgs and self.stats.first_sample_wall is None:
             self.stats.first_sample_wall = self.clock()
+        read_at = self._samples_read_at
+        now = time.monotonic()
         for msg in msgs:
             if msg.error():
                 log.warning("node consumer: %s", msg.error())
@@ -486,6 +500,7 @@ class ProcessorRuntime:
                     self.decoder.decode(msg, samples_subject)  # dead-letters it with the reason
                     continue
                 verdict = part.on_scrape(scrape, off)
+                read_at[p] = now
                 self.stats.scrapes += 1
                 self.stats.samples += len(scrape["devices"])
                 self.stats.last_sample_wall = self.clock()
@@ -534,15 +549,17 @@ class ProcessorRuntime:
             default=NEG_INF,
         )
         wall = int(self.clock() * 1000) if self.ps.realtime else NEG_INF
+        mono = time.monotonic()
         candidates: dict[int, tuple[int, int]] = {}
         for p, part in self.nodes.items():
+            own = NEG_INF if part.max_sample_ts is None else part.max_sample_ts
             if not self._caught_up(self.node_c, self.t_inventory, p):
                 candidates[p] = (NEG_INF, NEG_INF)  # rows carry inventory facts (model, generation): read it first
             elif not self._caught_up(self.node_c, self.t_samples, p):
-                w = NEG_INF if part.max_sample_ts is None else part.max_sample_ts
-                candidates[p] = (w, w)
+                candidates[p] = (own, own)
             else:
-                w = max(global_max, wall)
+                quiet = mono - self._samples_read_at.get(p, 0.0) >= QUIET_PARTITION_S
+                w = max(global_max if quiet else own, wall)
                 candidates[p] = (w if drain_to is None else max(w, drain_to), w)
         jobs_lagging = self._jobs_lagging_now()
         # A watermark about to close a minute asks the broker afresh whether job events are unread.
@@ -838,6 +855,9 @@ class ProcessorRuntime:
             self.commit(force=True)
             self._write_stats()
         finally:
+            # A stop during start-up can land while the group still hands out partitions: an assignment
+            # delivered inside close() asked the closing client for its offsets and failed the exit.
+            self._closing = True
             for c in (self.rekey_c, self.node_c, self.job_c, self._offsets_client):
                 if c is not None:
                     try:
