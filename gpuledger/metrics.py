@@ -436,7 +436,7 @@ class ProcessorObserver:
     def __init__(self, runtime: Any, metrics: ComponentMetrics) -> None:
         self.rt = runtime
         self.m = metrics
-        self._seen: dict[tuple[str, int], int] = {}
+        self._seen: dict[tuple[str, str, int], int] = {}
         self._minutes: dict[str, dict[int, list[int]]] = {}  # cluster -> minute -> [expected, reporting] s
         metrics.add_source(self._counters)
 
@@ -513,7 +513,7 @@ class ProcessorObserver:
                 assigned = []
             lag: dict[str, int] = {}
             for tp in assigned:
-                key = (tp.topic, tp.partition)
+                key = (stage, tp.topic, tp.partition)
                 try:
                     lo, hi = consumer.get_watermark_offsets(tp, cached=True)
                 except Exception:

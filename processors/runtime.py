@@ -188,8 +188,10 @@ class ProcessorRuntime:
         self.rekey: dict[int, RekeyStage] = {}
         self.nodes: dict[int, NodePartition] = {}
         self.jobs: dict[int, JobPartition] = {}
-        self.pos: dict[tuple[str, int], int] = {}  # next offset per consumed topic-partition
-        self.start_pos: dict[tuple[str, int], int | None] = {}  # committed offset at assignment
+        # Next offset per (stage, topic, partition): the rekey and job stages both read JOB_EVENTS, each
+        # from its own position (one shared entry let the job stage's position stand for the rekey's).
+        self.pos: dict[tuple[str, str, int], int] = {}
+        self.start_pos: dict[tuple[str, str, int], int | None] = {}  # committed offset at assignment
         self.assigned: dict[str, list[TopicPartition]] = {"rekey": [], "node": [], "job": []}
         self.state_dirty: dict[int, dict[str, IdleState | None]] = {}
         self.rekey_ready = self.rekey_c is None
@@ -290,10 +292,14 @@ class ProcessorRuntime:
         if self.job_c is not None:
             self.job_c.subscribe([self.t_dm, self.t_jobs], on_assign=self._on_assign_job, on_revoke=self._on_revoke)
 
+    def _stage_of(self, consumer: Consumer) -> str:
+        return "rekey" if consumer is self.rekey_c else "node" if consumer is self.node_c else "job"
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.commit(force=True)
+        stage = self._stage_of(consumer)
         for tp in partitions:
-            self.pos.pop((tp.topic, tp.partition), None)
+            self.pos.pop((stage, tp.topic, tp.partition), None)
             if consumer is self.rekey_c:
                 self.rekey.pop(tp.partition, None)
             elif consumer is self.node_c and tp.topic == self.t_samples:
@@ -307,9 +313,10 @@ class ProcessorRuntime:
             return {}
         asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         out: dict[tuple[str, int], Any] = {}
+        stage = self._stage_of(consumer)
         for c in consumer.committed(asked, timeout=30):
             key = (c.topic, int(c.partition))
-            self.start_pos[key] = c.offset if c.offset >= 0 else None
+            self.start_pos[(stage, *key)] = c.offset if c.offset >= 0 else None
             out[key] = c
         return out
 
@@ -338,7 +345,7 @@ class ProcessorRuntime:
                 self._samples_read_at[tp.partition] = time.monotonic()
             elif tp.topic == self.t_inventory:
                 tp.offset = OFFSET_BEGINNING  # compacted: always read whole
-                self.start_pos[(tp.topic, tp.partition)] = None
+                self.start_pos[("node", tp.topic, tp.partition)] = None
         self.assigned["node"] = list(partitions)
         consumer.assign(partitions)
 
@@ -410,9 +417,10 @@ class ProcessorRuntime:
                 time.sleep(0.2)
 
     # ------------------------------------------------------------------ helpers
-    def _read_to(self, topic: str, partition: int) -> int | None:
-        """The next offset to read (None: nothing committed, the consumer starts at the earliest)."""
-        return self.pos.get((topic, partition), self.start_pos.get((topic, partition)))
+    def _read_to(self, stage: str, topic: str, partition: int) -> int | None:
+        """The next offset `stage` reads (None: nothing committed, the consumer starts at the earliest)."""
+        key = (stage, topic, partition)
+        return self.pos.get(key, self.start_pos.get(key))
 
     def _caught_up(self, consumer: Consumer, topic: str, partition: int, fresh: bool = False) -> bool:
         """Read to the log end: by the watermarks the consumer last fetched, or asked of the broker now."""
@@ -426,7 +434,7 @@ class ProcessorRuntime:
             return False
         if hi is None or hi < 0:
             return False
-        pos = self._read_to(topic, partition)
+        pos = self._read_to(self._stage_of(consumer), topic, partition)
         return (lo if pos is None else pos) >= hi
 
     def _all_caught_up(self, consumer: Consumer | None, stage: str) -> bool:
@@ -447,7 +455,7 @@ class ProcessorRuntime:
                 log.warning("rekey consumer: %s", msg.error())
                 continue
             topic, p, off = _coords(msg)
-            self.pos[(topic, p)] = off + 1
+            self.pos[("rekey", topic, p)] = off + 1
             ev = self.decoder.decode(msg, JOB_EVENTS.subject)
             stage = self.rekey.get(p)
             if ev is None or stage is None:
@@ -484,7 +492,7 @@ class ProcessorRuntime:
                 log.warning("node consumer: %s", msg.error())
                 continue
             topic, p, off = _coords(msg)
-            self.pos[(topic, p)] = off + 1
+            self.pos[("node", topic, p)] = off + 1
             part = self.nodes.get(p)
             if part is None:
                 continue
@@ -573,7 +581,7 @@ class ProcessorRuntime:
             jobs_lagging = self._jobs_lagging_now(fresh=True)
         out: dict[int, tuple[int, int]] = {}
         for p, cand in candidates.items():
-            read = self._read_to(self.t_allocs, p)
+            read = self._read_to("node", self.t_allocs, p)
             allocs_behind = (
                 jobs_lagging
                 or self._allocs_in_flight > 0
@@ -633,7 +641,7 @@ class ProcessorRuntime:
                 log.warning("job consumer: %s", msg.error())
                 continue
             topic, p, off = _coords(msg)
-            self.pos[(topic, p)] = off + 1
+            self.pos[("job", topic, p)] = off + 1
             part = self.jobs.get(p)
             if part is None:
                 continue
@@ -705,32 +713,32 @@ class ProcessorRuntime:
                 TopicPartition(
                     self.t_jobs,
                     p,
-                    stage.commit_offset(self.pos[(self.t_jobs, p)]),
-                    metadata=stage.metadata(self.pos[(self.t_jobs, p)]),
+                    stage.commit_offset(self.pos[("rekey", self.t_jobs, p)]),
+                    metadata=stage.metadata(self.pos[("rekey", self.t_jobs, p)]),
                 )
                 for p, stage in self.rekey.items()
-                if (self.t_jobs, p) in self.pos
+                if ("rekey", self.t_jobs, p) in self.pos
             ]
             self._commit(self.rekey_c, offs)
         if self.node_c is not None:
             offs = []
             for p, part in self.nodes.items():
-                if (self.t_samples, p) in self.pos:
+                if ("node", self.t_samples, p) in self.pos:
                     offs.append(
                         TopicPartition(self.t_samples, p, part.samples_commit_offset(), metadata=part.metadata())
                     )
-                if (self.t_allocs, p) in self.pos:
+                if ("node", self.t_allocs, p) in self.pos:
                     offs.append(TopicPartition(self.t_allocs, p, part.allocs_commit_offset()))
             self._commit(self.node_c, offs)
             for p, part in self.nodes.items():
-                if (self.t_samples, p) in self.pos:
+                if ("node", self.t_samples, p) in self.pos:
                     part.committed(part.samples_commit_offset())
         if self.job_c is not None:
             offs = []
             for p, jpart in self.jobs.items():
-                if (self.t_dm, p) in self.pos:
+                if ("job", self.t_dm, p) in self.pos:
                     offs.append(TopicPartition(self.t_dm, p, jpart.rows_commit_offset()))
-                if (self.t_jobs, p) in self.pos:
+                if ("job", self.t_jobs, p) in self.pos:
                     offs.append(TopicPartition(self.t_jobs, p, jpart.events_commit_offset()))
             self._commit(self.job_c, offs)
         self.stats.commits += 1
@@ -806,7 +814,7 @@ class ProcessorRuntime:
                     _, hi = self.node_c.get_watermark_offsets(TopicPartition(self.t_samples, p), cached=True)
                 except KafkaException:
                     continue
-                pos = self.pos.get((self.t_samples, p), self.start_pos.get((self.t_samples, p)) or 0)
+                pos = self._read_to("node", self.t_samples, p) or 0
                 if hi is not None and hi >= 0:
                     lag += max(0, hi - pos)
             self.stats.lag_records = lag

@@ -247,12 +247,12 @@ def test_processor_observer_counts_records_read_from_positions() -> None:
     rt = _runtime()
     tp = SimpleNamespace(topic="samples", partition=0)
     rt.node_c = SimpleNamespace(assignment=lambda: [tp], get_watermark_offsets=lambda tp, cached: (0, 50))
-    rt.start_pos = {("samples", 0): 10}
+    rt.start_pos = {("node", "samples", 0): 10}
     m = metrics.ComponentMetrics("processors")
     obs = metrics.ProcessorObserver(rt, m)
-    rt.pos[("samples", 0)] = 30
+    rt.pos[("node", "samples", 0)] = 30
     obs.refresh()
-    rt.pos[("samples", 0)] = 45
+    rt.pos[("node", "samples", 0)] = 45
     obs.refresh()
     assert m.records_in_ == {"samples": 35}
     assert m.lag_ == {("gp.node", "samples"): 5}
