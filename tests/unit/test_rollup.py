@@ -241,3 +241,24 @@ def test_rekey_replay_after_a_restart_relearns_nodes_without_publishing_again() 
     end = job_event("ENDED", "j1", T0 + 3000)  # names no nodes: the stage still knows j1's
     assert again.route(end, 3) == ["c1/n1"] and again.published_below == 3
     assert RekeyStage.restore(None).published_below == 0
+
+
+def test_a_restart_that_replays_a_jobs_end_before_its_start_does_not_reopen_it() -> None:
+    """The committed allocations offset can fall between an ended job's start and its end; the start
+    comes back later, published again by the re-keying stage. The job must not hold the device on."""
+    import json
+
+    from processors.config import ProcessorSettings
+    from processors.stages import NodePartition
+
+    start = job_event("STARTED", "j1", T0, {"n1": ["GPU-a"]})
+    end = job_event("ENDED", "j1", T0 + 30_000)
+    part = NodePartition(ProcessorSettings())
+    part.restore(json.dumps({"nc": T0 + 60_000, "co": {}, "ao": 10}))  # minute T0 was out before the crash
+    part.on_allocation("c1/n1", end, 5)  # replayed from the committed offset: the end only
+    part.on_allocation("c1/n1", start, 11)  # the start, published again
+    part.on_allocation("c1/n1", end, 12)  # and the end again: a duplicate
+    for s in range(60, 135):
+        part.on_scrape(scrape("n1", T0 + s * 1000, [device("GPU-a", 0, sm=0.0)]), 20 + s)
+    rows = part.advance(T0 + 130_000).device_minutes
+    assert [(r["minute_start_ms"], r["job_id"], r["unallocated_s"]) for r in rows] == [(T0 + 60_000, None, 60)]
