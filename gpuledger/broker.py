@@ -302,10 +302,17 @@ def is_formatted(cfg: BrokerConfig) -> bool:
 
 
 def _cluster_id(cfg: BrokerConfig) -> str:
+    """The KRaft cluster id, kept beside the data. Never one starting with "-": the storage tool would
+    read it as an option and refuse to format (one random id in 64, as Kafka's own ids avoid too); a
+    stored one like that never formatted anything, so it is replaced."""
     path = cfg.data_dir / CLUSTER_ID_FILE
     if path.is_file():
-        return path.read_text(encoding="utf-8").strip()
-    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        cid = path.read_text(encoding="utf-8").strip()
+        if cid and not cid.startswith("-"):
+            return cid
+    cid = "-"
+    while cid.startswith("-"):
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
     path.write_text(cid + "\n", encoding="utf-8")
     return cid
 

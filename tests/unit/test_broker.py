@@ -76,3 +76,18 @@ def test_pom_names_the_broker_artifact_and_its_version():
     assert "<artifactId>kafka_2.13</artifactId>" in pom
     assert f"<kafka.version>{Settings().broker.kafka_version}</kafka.version>" in pom
     assert "log4j-slf4j-impl" in pom
+
+
+def test_cluster_id_never_starts_with_a_dash(tmp_path, monkeypatch):
+    # urlsafe base64 of a random UUID starts with "-" one time in 64; kafka-storage then reads the id as
+    # an option and refuses to format. A stored id like that never formatted anything: replaced.
+    import uuid
+
+    dashed = uuid.UUID(bytes=b"\xf8" + bytes(15))  # encodes as "-AAAAAAAAAAAAAAAAAAAAA"
+    ids = iter([dashed, dashed, uuid.UUID(int=1)])
+    monkeypatch.setattr(broker.uuid, "uuid4", lambda: next(ids))
+    cfg = broker.BrokerConfig(data_dir=tmp_path)
+    (tmp_path / broker.CLUSTER_ID_FILE).write_text("-AAAAAAAAAAAAAAAAAAAAA\n")
+    cid = broker._cluster_id(cfg)
+    assert cid == "AAAAAAAAAAAAAAAAAAAAAQ"
+    assert broker._cluster_id(cfg) == cid  # kept from then on
