@@ -138,13 +138,12 @@ class _Step:
     anywhere, e.g. an UPDATED that only changes metadata)."""
 
     ts: int
-    ends: bool
     kind: str
     refs: list[DeviceRef] | None
 
     @property
     def order(self) -> tuple[int, bool]:
-        return (self.ts, self.ends)
+        return (self.ts, self.kind == "ENDED")
 
 
 @dataclass(slots=True)
@@ -197,7 +196,7 @@ class AllocationTable:
         if kind == "SUBMITTED":
             return True
         names = bool(ev.get("allocations"))
-        entry = _Step(ts, kind == "ENDED", kind, _refs_for_node(ev, node) if names else None)
+        entry = _Step(ts, kind, _refs_for_node(ev, node) if names else None)
         history = job.history.setdefault(node, [])
         if kind == "ENDED":
             job.ended_ms = ts if job.ended_ms is None else max(job.ended_ms, ts)

@@ -282,15 +282,13 @@ class ProcessorRuntime:
         if self.job_c is not None:
             self.ensure_internal_topics()
         if self.rekey_c is not None:
-            self.rekey_c.subscribe([self.t_jobs], on_assign=self._on_assign_rekey, on_revoke=self._on_revoke)
+            self.rekey_c.subscribe([self.t_jobs], on_assign=self._on_assign, on_revoke=self._on_revoke)
         if self.node_c is not None:
             self.node_c.subscribe(
-                [self.t_samples, self.t_allocs, self.t_inventory],
-                on_assign=self._on_assign_node,
-                on_revoke=self._on_revoke,
+                [self.t_samples, self.t_allocs, self.t_inventory], on_assign=self._on_assign, on_revoke=self._on_revoke
             )
         if self.job_c is not None:
-            self.job_c.subscribe([self.t_dm, self.t_jobs], on_assign=self._on_assign_job, on_revoke=self._on_revoke)
+            self.job_c.subscribe([self.t_dm, self.t_jobs], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _stage_of(self, consumer: Consumer) -> str:
         return "rekey" if consumer is self.rekey_c else "node" if consumer is self.node_c else "job"
@@ -320,9 +318,20 @@ class ProcessorRuntime:
             out[key] = c
         return out
 
-    def _on_assign_rekey(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._closing:
+            # A stop during start-up can land while the group still hands out partitions: taken up
+            # inside close(), the assignment asked the closing client for its offsets and failed the exit.
             return
+        stage = self._stage_of(consumer)
+        if stage == "rekey":
+            self._on_assign_rekey(consumer, partitions)
+        elif stage == "node":
+            self._on_assign_node(consumer, partitions)
+        else:
+            self._on_assign_job(consumer, partitions)
+
+    def _on_assign_rekey(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = self._remember_start(consumer, partitions)
         for tp in partitions:
             c = committed.get((tp.topic, tp.partition))
@@ -331,8 +340,6 @@ class ProcessorRuntime:
         self.rekey_ready = False
 
     def _on_assign_node(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if self._closing:
-            return
         committed = self._remember_start(consumer, [tp for tp in partitions if tp.topic != self.t_inventory])
         for tp in partitions:
             if tp.topic == self.t_samples:
@@ -350,8 +357,6 @@ class ProcessorRuntime:
         consumer.assign(partitions)
 
     def _on_assign_job(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if self._closing:
-            return
         self._remember_start(consumer, partitions)
         parts = sorted({tp.partition for tp in partitions if tp.topic == self.t_dm})
         for p in parts:
@@ -461,9 +466,8 @@ class ProcessorRuntime:
             if ev is None or stage is None:
                 continue
             for nk in stage.route(ev, off):
-                if off >= stage.published_below:
-                    self._send_allocation(nk.encode(), msg.value() or b"")
-                    routed = True
+                self._send_allocation(nk.encode(), msg.value() or b"")
+                routed = True
         if routed:
             # Serve delivery reports without waiting for them: until an allocation is delivered (and so
             # in allocs_sent) it counts as in flight and node windows wait for it. A synchronous flush
@@ -709,16 +713,12 @@ class ProcessorRuntime:
                     )
             self._flush()
         if self.rekey_c is not None:
-            offs = [
-                TopicPartition(
-                    self.t_jobs,
-                    p,
-                    stage.commit_offset(self.pos[("rekey", self.t_jobs, p)]),
-                    metadata=stage.metadata(self.pos[("rekey", self.t_jobs, p)]),
-                )
-                for p, stage in self.rekey.items()
-                if ("rekey", self.t_jobs, p) in self.pos
-            ]
+            offs = []
+            for p, stage in self.rekey.items():
+                read = self.pos.get(("rekey", self.t_jobs, p))
+                if read is not None:
+                    meta = stage.metadata(read)
+                    offs.append(TopicPartition(self.t_jobs, p, stage.commit_offset(read), metadata=meta))
             self._commit(self.rekey_c, offs)
         if self.node_c is not None:
             offs = []
@@ -863,9 +863,7 @@ class ProcessorRuntime:
             self.commit(force=True)
             self._write_stats()
         finally:
-            # A stop during start-up can land while the group still hands out partitions: an assignment
-            # delivered inside close() asked the closing client for its offsets and failed the exit.
-            self._closing = True
+            self._closing = True  # see _on_assign
             for c in (self.rekey_c, self.node_c, self.job_c, self._offsets_client):
                 if c is not None:
                     try:

@@ -75,7 +75,8 @@ class RekeyStage:
         self.published_below = published_below
 
     def route(self, ev: Mapping[str, Any], offset: int = 0) -> list[str]:
-        """Node keys ("cluster/node") the event must reach."""
+        """Node keys ("cluster/node") the event must be published to: none for a replay of what was
+        published before the restart (the event still updates what the stage knows of its job)."""
         jid = job_key_of(ev)
         job = self._jobs.get(jid)
         nodes = _nodes_of(ev)
@@ -84,7 +85,7 @@ class RekeyStage:
         for n in nodes:
             if n not in job.nodes:
                 job.nodes.append(n)
-        out = list(job.nodes)
+        out = list(job.nodes) if offset >= self.published_below else []
         if ev["event_type"] == "ENDED":
             del self._jobs[jid]
         return out
