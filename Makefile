@@ -1,10 +1,10 @@
 # The two commands a new user runs: `make up` (set up, run the stack on a simulated cluster) and `make test`.
-# Everything is installed from the project's own files; Java 17 and Maven are the only tools assumed.
+# Everything is installed from the project's own files; Java 17, Maven and Go (>= 1.26) are the only tools assumed.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: up down status test lint setup bench fault
+.PHONY: up down status test lint setup bench fault kube
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuledger needs Python >= 3.11; run make PYTHON=python3.11 ...")'
@@ -29,8 +29,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Lint, types, then every test (unit and integration: the fixtures start a real broker).
-test: $(STAMP)
+# The local Kubernetes control plane of the tests (etcd, kube-apiserver, kubectl, Kueue), built from pinned
+# Go modules into the user cache the first time only (~8 min on 2 cores; needs Go >= 1.26). KUBE_JOBS: how
+# many packages compile at once, at low priority.
+KUBE_JOBS ?= 2
+kube: $(STAMP)
+	$(VENV)/bin/gpuledger dev kube build --jobs $(KUBE_JOBS)
+
+# Lint, types, then every test (unit and integration: the fixtures start a real broker, a real Kubernetes
+# control plane and the Kueue controller, and a live one-node Slurm with accounting). The Slurm fixture runs as
+# root (as CI does) and installs Debian's slurm-wlm, slurmdbd, munge, mariadb-server and slurm-client with
+# apt-get the first time when they are missing (about a minute); not as root it names what to install.
+test: $(STAMP) kube
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest

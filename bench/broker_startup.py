@@ -10,25 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from _common import machine, rss_mib
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gpuledger import broker
-from gpuledger.settings import Settings
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from base.settings import Settings
+from gpuledger.stack import broker
 
 
 def timed_start(cfg: broker.BrokerConfig) -> tuple[broker.LocalBroker, dict[str, float]]:
@@ -76,8 +68,7 @@ def main() -> None:
     version = Settings().broker.kafka_version
     results: dict[str, object] = {
         "kafka_version": version,
-        "machine": f"{os.cpu_count()} cores, "
-        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, {platform.platform()}",
+        "machine": machine(),
     }
     with tempfile.TemporaryDirectory(prefix="gpuledger-bench-") as tmp:
         root = Path(tmp)

@@ -1,8 +1,8 @@
 """The headline: a simulated fleet at 1 Hz, in real time, through the whole local stack.
 
-Starts the stack (`gpuledger up`: broker, embedded ClickHouse, topics, processors, migrations,
-rate card, sinks) in a temporary state dir on free ports, then runs `gpuledger simulate run
---realtime` for N nodes of 8 GPUs, and every 5 s reads each consumer group's lag (records behind
+Starts the stack (`gpuledger up`: broker, schema registry, embedded ClickHouse, topics, schemas,
+processors, agents, migrations, rate card, sinks) in a temporary state dir on free ports, then runs
+`gpuledger simulate run --realtime` for N nodes of 8 GPUs, and every 5 s reads each consumer group's lag (records behind
 the log end, as `gpuledger status` does). Lag in seconds is records behind divided by the rate
 that group's input arrives at. Prints a table and stops everything.
 
@@ -22,11 +22,12 @@ from pathlib import Path
 
 import httpx
 
-from gpuledger import broker, metrics
-from gpuledger.settings import Settings
-from gpuledger.supervisor import Supervisor
+from base import metrics
+from base.settings import Settings
+from gpuledger.stack import broker
+from gpuledger.stack.supervisor import Supervisor
 
-STACK = "broker,clickhouse,topics,processors,db-migrate,ratecard,sinks"
+STACK = "broker,registry,clickhouse,topics,schemas,processors,agents,db-migrate,ratecard,sinks"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -120,6 +121,9 @@ def main() -> None:
             for name, pid in pids.items():
                 rss_max[name] = max(rss_max.get(name, 0.0), _rss_mib(pid))
                 cpu_last[name] = max(cpu_last.get(name, 0.0), _cpu_s(pid))  # a process that exited reads 0
+            gone = [c.name for c in st.components if c.name in STACK.split(",") and c.state in ("failed", "stopped")]
+            if gone:  # a figure from a stack that lost a component measures nothing
+                raise SystemExit(f"headline: {', '.join(gone)} stopped; see {state / 'logs'}")
             samples_lag = sum(v[-1] for k, v in proc_lags.items() if k.endswith("telemetry.device-samples.v1"))
             print(
                 f"  t={time.monotonic() - began:5.0f}s  device-samples not yet processed: {samples_lag:,.0f} scrapes "

@@ -100,10 +100,10 @@ def free_port() -> int:
 
 
 def run_one(n_nodes: int, duration: float, servers: int, bootstrap: str, reference: bool) -> dict[str, float]:
-    from gpuledger.kafka import RecordPublisher
-    from gpuledger.settings import KafkaSettings
+    from base.settings import KafkaSettings
     from producers.dcgm import parse_exposition
     from producers.scraper import DcgmScraper, Target
+    from schemas.publish import RecordPublisher
 
     ports = [free_port() for _ in range(servers)]
     procs = []
@@ -159,8 +159,8 @@ def main() -> None:
     with ExitStack() as stack:
         bootstrap = args.bootstrap
         if bootstrap is None:
-            from gpuledger.broker import BrokerConfig, LocalBroker, free_ports
-            from gpuledger.settings import Settings
+            from base.settings import Settings
+            from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
 
             port, cport = free_ports(2)
             data = Path(stack.enter_context(tempfile.TemporaryDirectory()))

@@ -6,7 +6,7 @@ What is measured (printed again at the end):
    (the CPU the sink spends per record before ClickHouse).
 2. sink insert: `LedgerWriter.write` of device-minute batches (stored-key look-up for dedupe,
    Native insert over HTTP through clickhouse-connect, the daily-rollup materialized view) into
-   the embedded chDB server (`python -m sinks.embedded clickhouse serve`), then the same batches
+   the embedded chDB server (`python -m gpuledger.stack.clickhouse clickhouse serve`), then the same batches
    again (a replay: look-up only, nothing inserted).
 3. chargeback: a month of usage for 10,000 GPUs, written straight into the daily rollup
    (`usage_daily`) with INSERT ... SELECT: a month of device-minutes (10,000 x 43,200 = 432 M rows)
@@ -36,9 +36,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpuledger.consumer import decode_or_dead_letter  # noqa: E402
-from gpuledger.settings import ClickHouseSettings  # noqa: E402
+from base.settings import ClickHouseSettings  # noqa: E402
 from schemas.codec import AvroCodec  # noqa: E402
+from schemas.consume import decode_or_dead_letter  # noqa: E402
 from sinks import chargeback as cb  # noqa: E402
 from sinks.db import connect, migrate  # noqa: E402
 from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows  # noqa: E402
@@ -61,7 +61,7 @@ def start_server(path: Path) -> tuple[subprocess.Popen[str], str]:
         }
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(path / "data"),
+        [sys.executable, "-m", "gpuledger.stack.clickhouse", "clickhouse", "serve", "--path", str(path / "data"),
          "--host", "127.0.0.1", "--port", "0"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
@@ -100,7 +100,7 @@ def bench_decode(n: int) -> float:
         def publish_raw(self, *a: Any, **k: Any) -> None:
             raise AssertionError("unexpected dead letter")
 
-    from gpuledger.consumer import SourceRecord
+    from schemas.consume import SourceRecord
 
     t0 = time.perf_counter()
     for i, value in enumerate(encoded):

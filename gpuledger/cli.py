@@ -8,9 +8,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from gpuledger.errors import GpuledgerError
-from gpuledger.settings import Settings
+from base.errors import GpuledgerError
+from base.outputs import install_log_masking
+from gpuledger.cli_common import settings_for
 
 app = typer.Typer(
     help="gpuledger: who holds which GPU, whether it computes, and what that costs.",
@@ -25,20 +27,19 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 # Modules that add commands: each exposes `register(app, inspect_app)`.
 _COMMAND_MODULES = (
-    "gpuledger.stack_cli",
-    "sinks.embedded.cli",
+    "gpuledger.stack.cli",
+    "gpuledger.stack.clickhouse.cli",
+    "gpuledger.stack.kube.cli",
+    "gpuledger.stack.slurm.cli",
     "schemas.cli",
     "producers.cli",
     "processors.cli",
     "sinks.cli",
+    "gpuledger.web.cli",
+    "sinks.statement_cli",
+    "sinks.appeal_cli",
+    "sinks.reserve_cli",
 )
-
-
-def load_settings(state_dir: Path | None = None) -> Settings:
-    """Build the process's one settings object; a CLI `--state-dir` wins over every other source."""
-    if state_dir is not None:
-        return Settings(state_dir=state_dir)
-    return Settings()
 
 
 def _register_all() -> None:
@@ -54,10 +55,11 @@ def show_settings(
     """Print the effective settings, secrets masked."""
     import json
 
-    typer.echo(json.dumps(load_settings(state_dir).masked(), indent=2))
+    typer.echo(json.dumps(settings_for(state_dir).masked(), indent=2))
 
 
 def main() -> None:
+    install_log_masking()  # every log line of every command and component, whoever configures logging
     _register_all()
     try:
         code = app(standalone_mode=False)
@@ -68,7 +70,7 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except GpuledgerError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)  # masked, not markup
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
@@ -81,5 +83,5 @@ def _report_usage_error(exc: Exception) -> None:
         sys.exit(0)
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
     where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-    err_console.print(f"[bold red]error:[/] {message}{where}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message + where)}", highlight=False)
     sys.exit(getattr(exc, "exit_code", 2))

@@ -13,18 +13,27 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from processors.windows import MINUTE_MS, minute_of
+from schemas.topics import qualified_job
+
 OPENING = frozenset({"STARTED", "RESUMED"})
+UNIDENTIFIED = "unidentified:"  # device_uuid prefix of a device-minute whose device no event identified
 CLOSING = frozenset({"ENDED", "PREEMPTED", "SUSPENDED", "REQUEUED"})
-MINUTE_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceRef:
-    """A device as a job event names it: by UUID when known, else by index; MIG instance if a slice."""
+    """A device as a job event names it: by UUID when known, else by index; MIG instance if a slice.
+
+    A device the event names by neither (a Kubernetes pod whose devices the kubelet did not tell us) is
+    `unidentified`: `slot` is its ordinal among the job's unidentified devices on the node, so an
+    allocation of N such devices stays N devices (N intervals, N rows, charged N), never one. An
+    unidentified device matches no sample: its seconds are allocated and dark."""
 
     uuid: str | None
     index: int | None
     mig_instance_id: int | None = None
+    slot: int | None = None
 
     def matches(self, uuid: str, index: int | None, mig_instance_id: int | None) -> bool:
         if self.mig_instance_id != mig_instance_id:
@@ -34,11 +43,23 @@ class DeviceRef:
         return self.index is not None and self.index == index
 
     @property
-    def sort_key(self) -> tuple[str, int, int]:
+    def unidentified(self) -> bool:
+        return self.uuid is None and self.index is None
+
+    @property
+    def label(self) -> str:
+        """The device as rows name it when no inventory knows it: `index:I`, or `unidentified:K`."""
+        if self.uuid is not None:
+            return self.uuid
+        return f"index:{self.index}" if self.index is not None else f"{UNIDENTIFIED}{self.slot or 0}"
+
+    @property
+    def sort_key(self) -> tuple[str, int, int, int]:
         return (
             self.uuid or "",
             -1 if self.index is None else self.index,
             -1 if self.mig_instance_id is None else self.mig_instance_id,
+            -1 if self.slot is None else self.slot,
         )
 
 
@@ -70,7 +91,7 @@ class JobInfo:
             job_id=ev["job_id"],
             scheduler=str(ev.get("scheduler") or "SIMULATOR"),
             user=ev.get("user"),
-            project=ev.get("project"),
+            project=charged_project(ev),
             team=team,
             cost_centre=identity.get("cost_centre"),
             partition=ev.get("partition"),
@@ -80,6 +101,16 @@ class JobInfo:
             pricing_tier=ev.get("pricing_tier") or "on-prem",
             gang_size=int(ev.get("gang_size") or 0),
         )
+
+
+def charged_project(ev: Mapping[str, Any]) -> str | None:
+    """The project a job event charges. A non-member's explicit project is never it: producers put such a
+    claim in `project_claimed` and the user's default in `project`; a record from before that rule (strict
+    mode once kept the claim in `project`, `EXPLICIT` + `NOT_A_MEMBER`) charges no project."""
+    if ev.get("project_source") == "EXPLICIT" and ev.get("project_validation") == "NOT_A_MEMBER":
+        return None
+    project = ev.get("project")
+    return str(project) if project is not None else None
 
 
 @dataclass(slots=True)
@@ -150,6 +181,7 @@ class _Step:
 class _Job:
     info: JobInfo
     first_offset: int
+    submit_ms: int | None = None  # the submit time of the life `info` describes (job ids are reused)
     event_ids: set[tuple[str, str]] = field(default_factory=set)  # (node, event id)
     nodes: set[str] = field(default_factory=set)
     ended_ms: int | None = None
@@ -184,12 +216,17 @@ class AllocationTable:
             return False
         job = self._jobs.get(job_id)
         if job is None:
-            job = _Job(JobInfo.from_event(ev), offset)
+            job = _Job(JobInfo.from_event(ev), offset, ev.get("submit_ts_ms"))
             self._jobs[job_id] = job
         elif (node, ev["event_id"]) in job.event_ids:
             return False
-        elif kind == "STARTED" and job.info.user is None:
+        elif kind == "STARTED" and (job.info.user is None or _new_life(job, ev)):
+            # a reused job id (a reinstalled scheduler counts from 1 again): the new job is charged to its
+            # own user and project, and is not ended
+            if job.info.user is not None:
+                job.ended_ms = None
             job.info = JobInfo.from_event(ev)
+            job.submit_ms = ev.get("submit_ts_ms", job.submit_ms)
         job.event_ids.add((node, ev["event_id"]))
         job.first_offset = min(job.first_offset, offset)
         self.min_event_ms = ts if self.min_event_ms is None else min(self.min_event_ms, ts)
@@ -214,6 +251,8 @@ class AllocationTable:
     def _step(self, node: str, job_id: str, job: _Job, entry: _Step) -> None:
         """One event's effect on the job's intervals on `node`."""
         ts, kind, refs = entry.ts, entry.kind, entry.refs or []
+        if kind == "UPDATED" and job.ended_ms is not None and ts >= job.ended_ms:
+            return  # names devices after the job ended (a late device report, e.g. the kubelet's): opens nothing
         ivs = self._intervals.setdefault(node, [])
         open_ivs = [iv for iv in ivs if iv.job_id == job_id and iv.end_ms is None]
         if kind in OPENING or (kind == "UPDATED" and entry.refs is not None):
@@ -260,13 +299,28 @@ class AllocationTable:
             for node in job.nodes
         )
 
+    def expects_rows_between(self, job_id: str, lo_ms: int, hi_ms: int) -> bool:
+        """Whether any minute in [lo_ms, hi_ms) (minute-aligned bounds) has `expected_devices` > 0, from
+        the job's intervals rather than minute by minute."""
+        job = self._jobs.get(job_id)
+        if job is None or lo_ms >= hi_ms:
+            return False
+        for node in job.nodes:
+            for iv in self._intervals.get(node, ()):
+                if iv.job_id != job_id:
+                    continue
+                t = max(lo_ms, minute_of(iv.start_ms))  # first minute it can overlap
+                if t < hi_ms and (iv.end_ms is None or iv.end_ms > t):
+                    return True
+        return False
+
     def job_devices(self, job_id: str) -> list[str]:
         job = self._jobs.get(job_id)
         if job is None:
             return []
         return sorted(
             {
-                iv.ref.uuid or f"{node}:index:{iv.ref.index}"
+                iv.ref.uuid or f"{node}:{iv.ref.label}"
                 for node in job.nodes
                 for iv in self._intervals.get(node, ())
                 if iv.job_id == job_id
@@ -366,18 +420,40 @@ class AllocationTable:
         return sum(len(v) for v in self._intervals.values())
 
 
+def _new_life(job: _Job, ev: Mapping[str, Any]) -> bool:
+    """A STARTED after the job ended, submitted at another time: another job under a reused id (a requeued
+    job keeps its submit time)."""
+    submit = ev.get("submit_ts_ms")
+    return (
+        job.ended_ms is not None
+        and ev["ts_ms"] > job.ended_ms
+        and submit is not None
+        and job.submit_ms is not None
+        and submit != job.submit_ms
+    )
+
+
 def job_key_of(ev: Mapping[str, Any]) -> str:
     """Jobs are known by "cluster/job_id" (job ids repeat across clusters); `Interval.job_id` holds it."""
-    return f"{ev['cluster']}/{ev['job_id']}"
+    return qualified_job(ev["cluster"], ev["job_id"])
 
 
 def _refs_for_node(ev: Mapping[str, Any], node: str) -> list[DeviceRef]:
+    """The devices an event names on `node`. A device named twice (by UUID or index) is one device; each
+    entry naming neither is a device of its own (`DeviceRef.slot`): a 4-GPU pod of unknown identity is
+    four devices, never merged into one."""
     refs: list[DeviceRef] = []
+    slot = 0
     for alloc in ev.get("allocations") or ():
         if alloc["node"] != node:
             continue
         for dev in alloc["devices"]:
-            ref = DeviceRef(dev.get("uuid"), dev.get("index"), dev.get("mig_instance_id"))
+            uuid, index, mig = dev.get("uuid"), dev.get("index"), dev.get("mig_instance_id")
+            if uuid is None and index is None:
+                refs.append(DeviceRef(None, None, mig, slot))
+                slot += 1
+                continue
+            ref = DeviceRef(uuid, index, mig)
             if ref not in refs:
                 refs.append(ref)
     return refs

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from processors.config import Thresholds
+from base.processor_settings import Thresholds
 
 
 class MinuteClass(StrEnum):

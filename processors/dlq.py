@@ -1,9 +1,10 @@
-"""Decode-or-dead-letter for the processors' consumers, on the shared helper (gpuledger/consumer.py).
+"""Decode-or-dead-letter for the processors' consumers, on the shared helper (schemas/consume.py).
 
 A record that cannot be decoded (or breaks its model's rules) goes to `<topic>.dlq` as a DeadLetter
 with the reason in the headers too; it never stops the worker and is never silently dropped. The
 hot paths (node scrapes, device-minutes) first try the lean decoders of `processors.fastdecode`
-and come here for anything those do not take.
+and come here for anything those do not take. A record that decodes but is refused by a stage (an
+event time beyond the horizon, `FutureTimestamp`) is dead-lettered the same way (`refuse`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuledger.consumer import DeadLetterSink, decode_or_dead_letter
-from schemas.codec import AvroCodec
+from schemas.codec import AvroCodec, InvalidRecord
+from schemas.consume import DeadLetterSink, SourceRecord, dead_letter, decode_or_dead_letter
+
+
+class FutureTimestamp(InvalidRecord):
+    """The record decodes and validates, but its event time is further ahead of the processing clock than
+    `processor.max_future_ms`: admitted, it would move the watermark and close real minutes early."""
 
 
 class Decoder:
@@ -39,3 +45,8 @@ class Decoder:
         if record is None:
             self.dead_lettered += 1
         return record
+
+    def refuse(self, msg: Any, subject: str, error: InvalidRecord) -> None:
+        """Dead-letter a record that decoded but that a stage does not admit, with the reason."""
+        dead_letter(SourceRecord.of(msg), error, self.codec, self._sink, subject=subject, clock=self._clock_ms)
+        self.dead_lettered += 1

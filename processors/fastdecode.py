@@ -4,15 +4,28 @@ fastavro builds a Python object and a dict entry for every one of the ~24 fields
 (about 10 us per device here); the windows need nine of them. This decoder walks the Avro binary
 encoding directly, following a plan derived from the parsed writer schema: wanted fields are
 decoded, the others are skipped without allocating. It is used only when the record's framing
-names exactly the schema the plan was built from (callers check the fingerprint); anything else
-goes through the general codec. A unit test checks it against fastavro on varied records.
+names exactly the schema the plan was built from (`Framed` checks the single-object header: the
+fingerprint in the Avro specification's little-endian order, or in the big-endian order older
+gpuledger writers used, counted like the codec counts it); anything else goes through the general
+codec. A unit test checks it against fastavro on varied records.
+
+The bytes are untrusted (anyone who can produce to the topic writes them), so every length and count
+is checked before it is used, with comparisons only (no extra pass): a string length is never
+negative nor past the end, a varint is at most 10 bytes (64 bits), and a block of N array items
+needs at least N times the smallest item's encoding in the bytes left. Work and memory are thus
+bounded by the record's size. Anything that does not decode raises `MalformedRecord` (a
+`ContractError`, what the dead-letter path takes), never a bare ValueError/IndexError.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from struct import Struct
+from struct import error as StructError
 from typing import Any
+
+from base.errors import ContractError
+from schemas.codec import SINGLE_OBJECT_HEADER_LEN, SINGLE_OBJECT_MAGIC, AvroCodec, MalformedRecord
 
 DEVICE_FIELDS = (
     "uuid",
@@ -30,9 +43,14 @@ TOP_FIELDS = ("cluster", "node", "ts_ms", "mapping_version", "devices")
 # field kinds (the optional ones are [null, X] unions and sort after the plain ones)
 STRING, LONG, DOUBLE, BOOLEAN, OPT_STRING, OPT_LONG, OPT_DOUBLE, DEVICES = range(8)
 _DOUBLE = Struct("<d")
+# Fewest bytes a value of each kind takes on the wire (a varint or union tag is at least one byte).
+_MIN_BYTES = {STRING: 1, LONG: 1, DOUBLE: 8, BOOLEAN: 1, OPT_STRING: 1, OPT_LONG: 1, OPT_DOUBLE: 1, DEVICES: 1}
+_MAX_VARINT_SHIFT = 63  # an Avro long is 64 bits: 10 bytes of 7 bits at most
+# What a truncated or corrupt body raises inside the walk (an index or unpack past the end, bad UTF-8).
+_WALK_ERRORS = (IndexError, StructError, UnicodeDecodeError)
 
 
-class UnsupportedSchema(ValueError):
+class UnsupportedSchema(ContractError):
     """The writer schema has a shape this decoder does not handle: use the general codec."""
 
 
@@ -89,9 +107,20 @@ class ScrapeDecoder:
             raise UnsupportedSchema(f"schema lacks {sorted(missing)}")
         self._top = tuple(top)
         self._device = tuple(device_plan)
+        self._device_min = max(1, sum(_MIN_BYTES[k] for _, k in device_plan))
 
     def decode(self, data: bytes, pos: int = 0) -> dict[str, Any]:
+        """The scrape encoded in `data[pos:]`; raises `MalformedRecord` if it is not one."""
+        try:
+            return self._decode(data, pos)
+        except _WALK_ERRORS as exc:
+            raise MalformedRecord(
+                f"scrape body does not decode ({len(data)} bytes): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _decode(self, data: bytes, pos: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        end = len(data)
         for name, kind in self._top:
             if kind == DEVICES:
                 devices: list[dict[str, Any]] = []
@@ -101,7 +130,13 @@ class ScrapeDecoder:
                         break
                     if count < 0:
                         count = -count
-                        _, pos = _long(data, pos)  # block size in bytes
+                        size, pos = _long(data, pos)  # block size in bytes
+                        if size < 0 or size > end - pos:
+                            raise MalformedRecord(f"devices block of {size} bytes at byte {pos} of {end}")
+                    if count > (end - pos) // self._device_min:
+                        raise MalformedRecord(
+                            f"{count} devices at byte {pos} cannot fit in the {end - pos} bytes left"
+                        )
                     for _ in range(count):
                         dev: dict[str, Any] = {}
                         pos = self._fields(self._device, data, pos, dev)
@@ -109,13 +144,14 @@ class ScrapeDecoder:
                 out["devices"] = devices
             else:
                 pos = self._fields(((name, kind),), data, pos, out)
-        if pos != len(data):
-            raise ValueError(f"{len(data) - pos} trailing bytes")
+        if pos != end:
+            raise MalformedRecord(f"{end - pos} trailing bytes")
         return out
 
     @staticmethod
     def _fields(plan: tuple[tuple[str | None, int], ...], data: bytes, pos: int, out: dict[str, Any]) -> int:
         unpack_double = _DOUBLE.unpack_from
+        end = len(data)
         for name, kind in plan:
             if kind >= OPT_STRING:  # a [null, X] union: one byte says which
                 tag = data[pos]
@@ -125,7 +161,7 @@ class ScrapeDecoder:
                         out[name] = None
                     continue
                 if tag != 2:
-                    raise ValueError(f"bad union index byte {tag}")
+                    raise MalformedRecord(f"bad union index byte {tag} at byte {pos - 1}")
                 if kind == OPT_DOUBLE:
                     if name is not None:
                         out[name] = unpack_double(data, pos)[0]
@@ -142,7 +178,8 @@ class ScrapeDecoder:
                     out[name] = data[pos] != 0
                 pos += 1
                 continue
-            # kind is STRING or LONG: both start with a zigzag varint
+            # kind is STRING or LONG: both start with a zigzag varint, read here as `_long` reads it (inlined,
+            # with a one-byte fast path: a call per field is what this decoder exists to save)
             b = data[pos]
             pos += 1
             if b < 0x80:
@@ -157,8 +194,12 @@ class ScrapeDecoder:
                     if b < 0x80:
                         break
                     shift += 7
+                    if shift > _MAX_VARINT_SHIFT:
+                        raise MalformedRecord(f"varint longer than 10 bytes at byte {pos}")
             v = (n >> 1) ^ -(n & 1)
             if kind == STRING:
+                if v < 0 or v > end - pos:
+                    raise MalformedRecord(f"string length {v} at byte {pos} of {end}")
                 if name is not None:
                     out[name] = data[pos : pos + v].decode()
                 pos += v
@@ -175,11 +216,48 @@ class FlatDecoder:
         self._plan = tuple((f["name"], _kind(_type_of(f))) for f in schema["fields"])
 
     def decode(self, data: bytes, pos: int = 0) -> dict[str, Any]:
+        """The record encoded in `data[pos:]`; raises `MalformedRecord` if it is not one."""
         out: dict[str, Any] = {}
-        pos = ScrapeDecoder._fields(self._plan, data, pos, out)
+        try:
+            pos = ScrapeDecoder._fields(self._plan, data, pos, out)
+        except _WALK_ERRORS as exc:
+            raise MalformedRecord(f"body does not decode ({len(data)} bytes): {type(exc).__name__}: {exc}") from exc
         if pos != len(data):
-            raise ValueError(f"{len(data) - pos} trailing bytes")
+            raise MalformedRecord(f"{len(data) - pos} trailing bytes")
         return out
+
+
+class Framed:
+    """A lean body decoder behind its guard: the single-object header must name exactly the schema the
+    body decoder was built from (`subject`'s latest version in `codec`).
+
+    `decode(value)` is None when the header names anything else (another version, Confluent framing,
+    garbage): the caller then asks the general codec. A header in the old big-endian byte order is
+    taken too, and counted in `gpuledger_legacy_fingerprint_records_total` once its body decodes.
+    """
+
+    __slots__ = ("_body", "_count_legacy", "_header", "_legacy_header")
+
+    def __init__(self, body: ScrapeDecoder | FlatDecoder, codec: AvroCodec, subject: str) -> None:
+        self._body = body
+        self._header = SINGLE_OBJECT_MAGIC + codec.fingerprint(subject)
+        self._legacy_header = SINGLE_OBJECT_MAGIC + codec.legacy_fingerprint(subject)
+
+        def count_legacy() -> None:
+            codec.count_legacy(subject)
+
+        self._count_legacy = count_legacy
+
+    def decode(self, value: bytes) -> dict[str, Any] | None:
+        """The record, None if the header is not this decoder's; raises `MalformedRecord` on a bad body."""
+        head = value[:SINGLE_OBJECT_HEADER_LEN]
+        if head == self._header:
+            return self._body.decode(value, SINGLE_OBJECT_HEADER_LEN)
+        if head == self._legacy_header:
+            record = self._body.decode(value, SINGLE_OBJECT_HEADER_LEN)
+            self._count_legacy()
+            return record
+        return None
 
 
 def _long(data: bytes, pos: int) -> tuple[int, int]:
@@ -192,4 +270,6 @@ def _long(data: bytes, pos: int) -> tuple[int, int]:
         if b < 0x80:
             break
         shift += 7
+        if shift > _MAX_VARINT_SHIFT:
+            raise MalformedRecord(f"varint longer than 10 bytes at byte {pos}")
     return (n >> 1) ^ -(n & 1), pos

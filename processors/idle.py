@@ -18,11 +18,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from base.processor_settings import Exemption, IdlePolicy
 from processors.attribution import JobInfo
 from processors.classify import JobMinuteClass, classify_job_minute
-from processors.config import Exemption, IdlePolicy
+from processors.windows import MINUTE_MS
 
-MINUTE_MS = 60_000
 FORGET_AFTER_END_MS = 5 * MINUTE_MS
 
 
@@ -105,10 +105,13 @@ def exemption_for(job: JobInfo, at_ms: int, policy: IdlePolicy) -> Exemption | N
 
 
 def reclaim_kind(job: JobInfo, policy: IdlePolicy) -> str:
-    """Suspend or requeue with a checkpoint signal when the workload supports it, cancel otherwise."""
+    """Suspend or requeue with a checkpoint signal when the workload supports it, cancel otherwise.
+    A Slurm job is never suspended to reclaim it: Slurm's suspend keeps the job's GPUs allocated."""
     if not job.checkpointable:
         return "CANCEL"
-    return "SUSPEND" if policy.reclaim_mode == "SUSPEND" else "CHECKPOINT_THEN_REQUEUE"
+    if policy.reclaim_mode == "SUSPEND" and job.scheduler != "SLURM":
+        return "SUSPEND"
+    return "CHECKPOINT_THEN_REQUEUE"
 
 
 def _id(*parts: object) -> str:

@@ -3,21 +3,43 @@ deterministic partitioner. For tests, replays and what-if runs; no broker involv
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.attribution import MINUTE_MS
-from processors.config import ProcessorSettings
-from processors.stages import JobOutputs, JobPartition, NodeOutputs, NodePartition, RekeyStage, split_node_key
-from processors.windows import Admit
+from base.processor_settings import ProcessorSettings
+from processors.stages import JobOutputs, JobPartition, NodeOutputs, NodePartition, RekeyStage
+from processors.windows import MINUTE_MS, Admit, Horizon, minute_of
+from schemas.topics import job_key
 
 LEDGER_FIELDS = ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s")
 
 
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of a key as a signed 32-bit int (the Java client's `Utils.murmur2`)."""
+    m, length = 0x5BD1E995, len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    whole = length - length % 4
+    for i in range(0, whole, 4):
+        k = (int.from_bytes(data[i : i + 4], "little") * m) & 0xFFFFFFFF
+        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = data[whole:]
+    if len(tail) == 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h = ((h ^ tail[0]) * m) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
 def partition_of(key: bytes, partitions: int) -> int:
-    return zlib.crc32(key) % partitions
+    """The partition every producer of the project puts `key` on: Kafka's default partitioner (the Java
+    client's, librdkafka's `murmur2_random`), so records of a downstream Java producer meet ours."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 @dataclass(slots=True)
@@ -28,6 +50,8 @@ class PipelineResult:
     alerts: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
     late: list[dict[str, Any]] = field(default_factory=list)
+    # Records not admitted: further ahead of event time than `max_future_ms` (the runtime dead-letters them).
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
     def ledger(self) -> dict[str, dict[str, int]]:
         """Per job: allocated / active / starved / idle / dark seconds, from the job-minutes."""
@@ -47,9 +71,14 @@ class InMemoryPipeline:
     def __init__(self, settings: ProcessorSettings, partitions: int = 1) -> None:
         self.settings = settings
         self.n = partitions
-        self.rekey = [RekeyStage() for _ in range(partitions)]
+        follow = not settings.realtime
+        self.rekey = [RekeyStage(horizon=Horizon(settings.max_future_ms, follow)) for _ in range(partitions)]
         self.nodes = [NodePartition(settings) for _ in range(partitions)]
         self.jobs = [JobPartition(settings) for _ in range(partitions)]
+        # No wall clock here: the processing clock of every stage is the latest event time admitted anywhere
+        # (a job-events partition is sparse, so its own latest event would be no clock).
+        self._horizons = [r.horizon for r in self.rekey] + [n.horizon for n in self.nodes]
+        self._horizons += [j.horizon for j in self.jobs]
         self.offsets: dict[tuple[str, int], int] = {}
         self.result = PipelineResult()
         self.watermark = -(2**62)
@@ -65,15 +94,27 @@ class InMemoryPipeline:
         elif topic.startswith("sched.job-events"):
             p = partition_of(key, self.n)
             off = self._off(topic, p)
-            for nk in self.rekey[p].route(record, off):
+            routes = self.rekey[p].route(record, off)
+            admitted = self.jobs[p].on_job_event(record, off)
+            if routes is None or not admitted:
+                self.result.refused.append(record)
+                return
+            for nk in routes:
                 q = partition_of(nk.encode(), self.n)
                 self.nodes[q].on_allocation(nk, record, self._off("allocations", q))
-            self.jobs[p].on_job_event(record, off)
         elif topic.startswith("telemetry.device-samples"):
             p = partition_of(key, self.n)
-            if self.nodes[p].on_scrape(record, self._off(topic, p)) is Admit.LATE:
+            verdict = self.nodes[p].on_scrape(record, self._off(topic, p))
+            if verdict is Admit.FUTURE:
+                self.result.refused.append(record)
+                return
+            if verdict is Admit.LATE:
                 self.result.late.append(record)
-        self.watermark = max(self.watermark, int(record["ts_ms"]))
+        ts = int(record["ts_ms"])
+        if ts > self.watermark:
+            self.watermark = ts
+            for h in self._horizons:
+                h.observe_clock(ts)
 
     def advance(self, watermark_ms: int | None = None) -> None:
         """Close windows up to `watermark_ms` (default: the latest event time); coverage and the idle
@@ -93,7 +134,7 @@ class InMemoryPipeline:
             self.result.device_minutes.append(row)
             if row["job_id"] is None:
                 continue
-            p = partition_of(f"{row['cluster']}/{row['job_id']}".encode(), self.n)
+            p = partition_of(job_key(row["cluster"], row["job_id"]), self.n)
             self.jobs[p].on_device_minute(row, self._off("device-minutes", p))
 
     def _job_out(self, out: JobOutputs) -> None:
@@ -103,7 +144,7 @@ class InMemoryPipeline:
 
     def finish(self) -> PipelineResult:
         """Close everything up to the last minute seen (the end of a finite input)."""
-        end = self.watermark - self.watermark % MINUTE_MS + 2 * MINUTE_MS + self.settings.grace_ms
+        end = minute_of(self.watermark) + 2 * MINUTE_MS + self.settings.grace_ms
         self.advance(end)
         self.advance(end + 10 * MINUTE_MS)
         return self.result
@@ -125,4 +166,4 @@ def run_in_memory(
     return pipe.finish()
 
 
-__all__ = ["InMemoryPipeline", "PipelineResult", "ledger_from_job_minutes", "run_in_memory", "split_node_key"]
+__all__ = ["InMemoryPipeline", "PipelineResult", "ledger_from_job_minutes", "run_in_memory"]

@@ -10,30 +10,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from base.processor_settings import Thresholds
 from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second, seconds_span
 from processors.classify import MinuteClass, classify_minute
-from processors.config import Thresholds
 from processors.windows import DeviceWindow, Second
-
-_GENERATIONS = (
-    (("gb200", "b200", "b100", "b300"), "blackwell"),
-    (("gh200", "h100", "h200", "h800", "h20"), "hopper"),
-    (("l40", "l4", "rtx 6000 ada", "rtx 4090"), "ada"),
-    (("a100", "a800", "a30", "a40", "a10", "a6000", "a16", "a2"), "ampere"),
-    (("t4",), "turing"),
-    (("v100",), "volta"),
-)
-
-
-def generation_of(model: str | None) -> str:
-    """Accelerator generation from a model name (e.g. "NVIDIA H100 80GB HBM3" -> "hopper")."""
-    if not model:
-        return "unknown"
-    low = model.lower()
-    for needles, gen in _GENERATIONS:
-        if any(n in low for n in needles):
-            return gen
-    return "unknown"
+from schemas.generations import generation_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +48,7 @@ class DeviceDirectory:
 
     def facts_for_ref(self, node: str, ref: DeviceRef) -> DeviceFacts:
         dev = self.lookup(node, ref.uuid, ref.index, ref.mig_instance_id)
-        uuid = ref.uuid or (dev.get("uuid") if dev else None) or f"index:{ref.index}"
+        uuid = ref.uuid or (dev.get("uuid") if dev else None) or ref.label
         model = dev.get("model") if dev else None
         gen = (dev.get("generation") if dev else None) or generation_of(model)
         return DeviceFacts(uuid, model, gen)
@@ -258,12 +239,14 @@ def node_minute_rows(
         cells = [secs[s] for s in sorted(secs) if s not in owned and lo_s <= s < lo_s + 60]
         if cells:
             rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win.mappings, cells, thresholds))
-    by_ref: dict[DeviceRef, list[Interval]] = {}
+    # Intervals no sample matched: all-dark rows. Unidentified devices of two jobs are two devices (slot K of
+    # one pod is not slot K of another), so they never compete for a second.
+    by_ref: dict[tuple[DeviceRef, str], list[Interval]] = {}
     for iv in intervals:
         if iv.ref not in matched:
-            by_ref.setdefault(iv.ref, []).append(iv)
-    for ref in sorted(by_ref, key=lambda r: r.sort_key):
-        ivs = by_ref[ref]
+            by_ref.setdefault((iv.ref, iv.job_id if iv.ref.unidentified else ""), []).append(iv)
+    for ref, holder in sorted(by_ref, key=lambda k: (k[0].sort_key, k[1])):
+        ivs = by_ref[(ref, holder)]
         facts = directory.facts_for_ref(node_id, ref)
         owners = owners_by_second(ivs, minute_ms)
         for job_id in sorted({iv.job_id for iv in ivs}):

@@ -10,6 +10,10 @@
   reported for that minute (so the output never depends on arrival timing), and steps the job's
   idle state machine.
 
+Every stage has a `Horizon` (windows.py): an event further ahead of the processing clock than
+`processor.max_future_ms` is refused (the runtime dead-letters it) and moves no watermark. The runtime
+gives the clock (`observe_clock`) once per batch; nothing here reads it.
+
 Each stage reports the smallest input offset it still needs (`*_commit_offset`): the runtime commits
 no further, so a crash replays exactly what is not yet reflected in emitted output.
 """
@@ -21,37 +25,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from processors.attribution import MINUTE_MS, AllocationTable, event_nodes, job_key_of
+from base.processor_settings import ProcessorSettings
+from processors.attribution import AllocationTable, event_nodes, job_key_of
 from processors.classify import activity_of
-from processors.config import ProcessorSettings
 from processors.coverage import CoverageTracker
 from processors.idle import IdleState, Output, mark_ended, new_state, on_tick, step
 from processors.rollup import DeviceDirectory, device_row_key, job_minute, node_minute_rows
-from processors.windows import Admit, DeviceWindow, MinuteWindows
-
-
-def minute_floor(ts_ms: int) -> int:
-    return ts_ms - ts_ms % MINUTE_MS
-
-
-def node_key(cluster: str, node: str) -> str:
-    return f"{cluster}/{node}"
-
-
-def split_node_key(key: str) -> tuple[str, str]:
-    cluster, _, node = key.partition("/")
-    return cluster, node
+from processors.windows import MINUTE_MS, Admit, DeviceWindow, Horizon, MinuteWindows, minute_of
+from schemas.topics import qualified_job, qualified_node, split_qualified_node
 
 
 def _nodes_of(ev: Mapping[str, Any]) -> list[str]:
-    return [node_key(ev["cluster"], n) for n in event_nodes(ev)]
+    return [qualified_node(ev["cluster"], n) for n in event_nodes(ev)]
 
 
 def _with_node_keys(ev: Mapping[str, Any]) -> dict[str, Any]:
     """The event with allocation node names replaced by "cluster/node" keys (the tables' node ids)."""
     out = dict(ev)
     out["allocations"] = [
-        {"node": node_key(ev["cluster"], a["node"]), "devices": a["devices"]} for a in ev.get("allocations") or ()
+        {"node": qualified_node(ev["cluster"], a["node"]), "devices": a["devices"]} for a in ev.get("allocations") or ()
     ]
     return out
 
@@ -70,13 +62,17 @@ class RekeyStage:
     events below `published_below` (restored from the commit) were re-keyed and delivered already, so
     they rebuild state without being published twice."""
 
-    def __init__(self, published_below: int = 0) -> None:
+    def __init__(self, published_below: int = 0, horizon: Horizon | None = None) -> None:
         self._jobs: dict[str, _RekeyJob] = {}
         self.published_below = published_below
+        self.horizon = horizon if horizon is not None else Horizon(0)  # no clock given: admits everything
 
-    def route(self, ev: Mapping[str, Any], offset: int = 0) -> list[str]:
+    def route(self, ev: Mapping[str, Any], offset: int = 0) -> list[str] | None:
         """Node keys ("cluster/node") the event must be published to: none for a replay of what was
-        published before the restart (the event still updates what the stage knows of its job)."""
+        published before the restart (the event still updates what the stage knows of its job); None
+        for an event beyond the horizon (refused: the caller dead-letters it)."""
+        if not self.horizon.admits(ev["ts_ms"]):
+            return None
         jid = job_key_of(ev)
         job = self._jobs.get(jid)
         nodes = _nodes_of(ev)
@@ -98,8 +94,8 @@ class RekeyStage:
         return json.dumps({"pb": max(next_offset, self.published_below)})
 
     @classmethod
-    def restore(cls, metadata: str | None) -> RekeyStage:
-        return cls(int(json.loads(metadata).get("pb", 0)) if metadata else 0)
+    def restore(cls, metadata: str | None, horizon: Horizon | None = None) -> RekeyStage:
+        return cls(int(json.loads(metadata).get("pb", 0)) if metadata else 0, horizon)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -115,6 +111,8 @@ class NodePartition:
         self.settings = settings
         self.table = AllocationTable()
         self.windows = MinuteWindows(settings.grace_ms)
+        self.horizon = Horizon(settings.max_future_ms, follow_events=not settings.realtime)
+        self.advance_steps = 0  # iterations of the closing loop (a minute closed, or a stretch skipped)
         self.coverage = CoverageTracker(timeout_ms=settings.coverage_timeout_ms)
         self.directory = DeviceDirectory()
         self.max_sample_ts: int | None = None
@@ -134,6 +132,11 @@ class NodePartition:
     def on_allocation(self, key: str, ev: Mapping[str, Any], offset: int) -> None:
         applied = self.table.apply(key, _with_node_keys(ev), offset)
         ts = ev["ts_ms"]
+        # Re-keyed events passed the re-keying stage's horizon; one beyond this stage's (a clock behind)
+        # is applied, but moves the watermark no further than the horizon.
+        lim = self.horizon.limit_ms
+        if lim is not None and ts > lim:
+            ts = lim
         closed_until = self.windows.next_close_ms
         if applied and closed_until is not None and ts < closed_until and offset >= self._replay_below:
             self.late_allocations += 1
@@ -143,17 +146,26 @@ class NodePartition:
         self.allocs_next_offset = offset + 1
 
     def on_inventory(self, rec: Mapping[str, Any]) -> None:
-        key = node_key(rec["cluster"], rec["node"])
+        key = qualified_node(rec["cluster"], rec["node"])
         devices = None if rec.get("deleted") else list(rec["devices"])
         self.directory.set_node(key, devices)
         self.coverage.set_inventory(rec["cluster"], key, rec["ts_ms"], devices)
 
     def on_scrape(self, scrape: Mapping[str, Any], offset: int) -> Admit:
-        """Hot path: one node scrape (all its devices)."""
+        """Hot path: one node scrape (all its devices). Admit.FUTURE: beyond the horizon, not admitted
+        (nothing changes but the input position; the caller dead-letters it)."""
         self.samples_next_offset = offset + 1
         ts = scrape["ts_ms"]
-        if self.max_sample_ts is None or ts > self.max_sample_ts:
+        mx = self.max_sample_ts
+        if mx is None or ts > mx:  # only a new latest time can be beyond the horizon (it never goes back)
+            h = self.horizon
+            lim = h.limit_ms
+            if lim is not None and ts > lim:
+                h.refused += 1
+                return Admit.FUTURE
             self.max_sample_ts = ts
+            if h.follow_events:
+                h.follow(ts)
         cluster = scrape["cluster"]
         key = cluster + "/" + scrape["node"]
         seen = self.coverage.last_seen
@@ -171,13 +183,33 @@ class NodePartition:
         """Close every minute the watermark has passed (plus grace) and roll it up."""
         out = NodeOutputs()
         w = self.windows
+        floor = minute_of(watermark_ms - self.settings.max_lookback_ms)
         if w.next_close_ms is None:
-            firsts = [t for t in (w.earliest_open(), self.table.min_event_ms) if t is not None]
+            # Start at the first minute with data, but not further back than the lookback: a partition's
+            # first records may carry a time from long ago (samples older than that are counted late; a
+            # job that started earlier is attributed from there), and nothing older is in the topic anyway.
+            firsts = [m for m in w.open if m >= floor]
+            if self.table.min_event_ms is not None:
+                firsts.append(max(minute_of(self.table.min_event_ms), floor))
             if not firsts:
+                if w.open and max(w.open) < floor:  # only samples from before the lookback: late
+                    w.discard_before(floor)
                 return out
-            w.start_at(min(firsts))
+            start = min(firsts)
+            w.discard_before(start)
+            w.start_at(start)
         th = self.settings.thresholds
+        end = minute_of(watermark_ms - MINUTE_MS - self.settings.grace_ms) + MINUTE_MS  # first not closable
         while w.closable(watermark_ms):
+            self.advance_steps += 1
+            nc = w.next_close_ms
+            assert nc is not None
+            if nc not in w.open:
+                target = min(self._next_with_rows(nc, floor), end)
+                if target > nc:
+                    w.skip_to(target)
+                    self.table.prune(target)
+                    continue
             closed = w.close_next(self.samples_next_offset)
             m = closed.minute_ms
             per_node: dict[str, dict[tuple[str, int | None], DeviceWindow]] = {}
@@ -186,7 +218,7 @@ class NodePartition:
             nodes = set(per_node) | set(self.coverage.expected)
             nodes.update(n for n in self.table.nodes() if self.table.intervals_in(n, m, m + MINUTE_MS))
             for nk in sorted(nodes):
-                cluster, node = split_node_key(nk)
+                cluster, node = split_qualified_node(nk)
                 wins = per_node.get(nk, {})
                 ivs = self.table.intervals_in(nk, m, m + MINUTE_MS)
                 out.device_minutes.extend(
@@ -200,6 +232,23 @@ class NodePartition:
             self.table.prune(w.next_close_ms or m)
         return out
 
+    def _next_with_rows(self, m: int, floor: int) -> int:
+        """The first minute at or after `m` whose close emits a row: one with samples, with an allocation,
+        or (not before `floor`) a node the inventory expects. Minutes before it have nothing to close."""
+        w = self.windows
+        first = min(w.open) if w.open else 2**63
+        if self.coverage.expected:
+            quiet = max(m, floor)
+            if quiet == m:
+                return m
+            first = min(first, quiet)
+        for node in self.table.nodes():
+            for iv in self.table.intervals(node):
+                t = max(m, minute_of(iv.start_ms))
+                if t < first and (iv.end_ms is None or iv.end_ms > t):
+                    first = t
+        return first
+
     def tick(self, now_ms: int) -> list[dict[str, Any]]:
         """Coverage alerts due at `now_ms` (checked at most once per second of the clock given)."""
         if now_ms < self._next_tick_ms:
@@ -207,7 +256,7 @@ class NodePartition:
         self._next_tick_ms = now_ms - now_ms % 1000 + 1000
         alerts = self.coverage.on_tick(now_ms)
         for a in alerts:
-            a["cluster"], a["node"] = split_node_key(a["node"])
+            a["cluster"], a["node"] = split_qualified_node(a["node"])
         return alerts
 
     # -- durability
@@ -261,6 +310,7 @@ class JobPartition:
         self.rows_next_offset = 0
         self.events_next_offset = 0
         self.max_ts: int | None = None
+        self.horizon = Horizon(settings.max_future_ms, follow_events=not settings.realtime)
 
     def restore_state(self, job_id: str, state: IdleState | None) -> None:
         if state is None:
@@ -276,15 +326,18 @@ class JobPartition:
         else:
             self._ended.pop(job_id, None)
 
-    def on_job_event(self, ev: Mapping[str, Any], offset: int) -> None:
+    def on_job_event(self, ev: Mapping[str, Any], offset: int) -> bool:
+        """False: beyond the horizon, not admitted (the caller dead-letters it)."""
         self.events_next_offset = offset + 1
+        if not self.horizon.admits(ev["ts_ms"]):
+            return False
         jid = job_key_of(ev)
         if self.table.forgotten(jid):
-            return
+            return True
         self.table.apply_all(_with_node_keys(ev), offset)
         info = self.table.job(jid)
         if info is None:
-            return
+            return True
         st = self.states.get(jid)
         if st is None:
             st = new_state(info, tuple(self.table.job_devices(jid)))
@@ -293,18 +346,22 @@ class JobPartition:
         if ev["event_type"] == "ENDED":
             st = mark_ended(st, ev["ts_ms"])
         self._set_state(jid, st)
+        return True
 
-    def on_device_minute(self, row: Mapping[str, Any], offset: int) -> None:
+    def on_device_minute(self, row: Mapping[str, Any], offset: int) -> bool:
+        """False: a minute beyond the horizon, not admitted (the caller dead-letters it)."""
         self.rows_next_offset = offset + 1
         if row.get("job_id") is None:
-            return
-        jid = f"{row['cluster']}/{row['job_id']}"
-        if self.table.forgotten(jid):
-            return
+            return True
         m = int(row["minute_start_ms"])
+        if not self.horizon.admits(m):
+            return False
+        jid = qualified_job(row["cluster"], row["job_id"])
+        if self.table.forgotten(jid):
+            return True
         st = self.states.get(jid)
         if st is not None and st.last_minute_ms is not None and m <= st.last_minute_ms:
-            return  # replayed: that job-minute is already out
+            return True  # replayed: that job-minute is already out
         per_minute = self.pending.setdefault(jid, {})
         rows = per_minute.setdefault(m, {})
         key = device_row_key(row)
@@ -312,6 +369,7 @@ class JobPartition:
             rows[key] = (offset, dict(row))
         if self.max_ts is None or m > self.max_ts:
             self.max_ts = m
+        return True
 
     def drain(self) -> JobOutputs:
         """Emit every job-minute that is complete, in minute order per job."""
@@ -342,15 +400,11 @@ class JobPartition:
         return out
 
     def _gap_clear(self, jid: str, last: int | None, m: int) -> bool:
-        """No minute between the last emitted one and `m` still expects rows."""
+        """No minute between the last emitted one and `m` still expects rows (one look at the job's
+        intervals, not a step per minute: the gap may be long)."""
         if last is None:
             return True
-        t = last + MINUTE_MS
-        while t < m:
-            if self.table.expected_devices(jid, t) > 0:
-                return False
-            t += MINUTE_MS
-        return True
+        return not self.table.expects_rows_between(jid, last + MINUTE_MS, m)
 
     @staticmethod
     def _route(emitted: list[Output], out: JobOutputs) -> None:
@@ -365,7 +419,7 @@ class JobPartition:
             if st.ended_ms is None or jid in self.pending:
                 continue
             last_end = self.table.job_last_end_ms(jid)
-            last_minute = None if last_end is None else minute_floor(last_end - 1)
+            last_minute = None if last_end is None else minute_of(last_end - 1)
             if (
                 last_minute is not None
                 and self.table.expected_devices(jid, last_minute) > 0

@@ -145,3 +145,24 @@ def inventory(node: str, uuids: list[str], ts_ms: int = T0, cluster: str = "c1")
         ],
         "deleted": False,
     }
+
+
+def avro_long(n: int) -> bytes:
+    """`n` as Avro writes a long (zig-zag varint): for hand-made records, hostile ones included."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def poison_scrapes(header: bytes, valid_record: bytes) -> dict[str, bytes]:
+    """Hostile device-sample records behind a valid single-object `header`: a 50-byte one claiming 2^60
+    devices whose last string length (-25) points back at the device (the old lean decoder re-read it
+    forever, filling memory), and one whose cluster name has length -5 (`valid_record`'s body after it)."""
+    return {
+        "memory-bomb": header + b"\x00" * 6 + avro_long(2**60) + b"\x00" * 23 + b"\x02" + avro_long(-25),
+        "negative-length": header + avro_long(-5) + valid_record[11:],
+    }

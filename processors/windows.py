@@ -5,6 +5,10 @@ minute are *late*: the caller routes them to the late topic (LATE_SAMPLES) and c
 store one entry per second (two samples of one device in the same second count once, the first wins),
 so attribution can be done per second at close, when every allocation event for the minute is in.
 
+Hostile times: a `Horizon` bounds how far ahead of the processing clock an event may be (the caller
+dead-letters one beyond it, so it never moves a watermark), and the closing loop skips minutes that have
+nothing to close (`skip_to`), so no single record can make it step through minutes one by one without end.
+
 Replay after a crash: the caller restores `next_close_ms` and the input offsets at which recent
 minutes closed (`close_offsets`); a replayed sample of an already-closed minute is then told apart as
 *already counted* (it arrived before that minute closed) or *late* (it arrived after), exactly as the
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-MINUTE_MS = 60_000
+MINUTE_MS = 60_000  # the one definition: attribution, idle, stages and the runtime import it
 DevKey = tuple[str, str, int | None]  # (node, uuid, mig_instance_id)
 Second = tuple[float | None, float | None, float | None]  # (activity, fb_used_mib, power_w)
 
@@ -28,6 +32,56 @@ class Admit(StrEnum):
     ACCEPTED = "accepted"
     LATE = "late"  # minute already closed: goes to the late topic
     REPLAYED = "replayed"  # already counted in an emitted minute before a restart: skip
+    FUTURE = "future"  # further ahead of the processing clock than the horizon allows: dead-lettered
+
+
+class Horizon:
+    """The latest event time a stage admits: `max_future_ms` past its processing clock.
+
+    An event beyond `limit_ms` is not admitted: the caller dead-letters it with the reason and it leaves
+    every watermark untouched. The clock is given (`observe_clock`), never read here. In real time the
+    clock is the wall clock. In event-time replay (`follow_events`) it is the later of the wall clock and
+    the latest event time admitted (`follow`): history lies behind the wall clock, so a replay of it is
+    never refused however long a quiet gap in it, and a replay under a pinned clock still moves on, at
+    most `max_future_ms` per admitted event. With neither a clock nor an event yet, everything is admitted.
+    The limit never goes back (a wall clock stepped back by NTP refuses nothing it admitted before).
+    """
+
+    __slots__ = ("follow_events", "limit_ms", "max_future_ms", "refused")
+
+    def __init__(self, max_future_ms: int, follow_events: bool = False) -> None:
+        if max_future_ms < 0:
+            raise ValueError("max_future_ms must be >= 0")
+        self.max_future_ms = max_future_ms
+        self.follow_events = follow_events
+        self.limit_ms: int | None = None
+        self.refused = 0
+
+    def observe_clock(self, now_ms: int) -> None:
+        lim = now_ms + self.max_future_ms
+        if self.limit_ms is None or lim > self.limit_ms:
+            self.limit_ms = lim
+
+    def follow(self, ts_ms: int) -> None:
+        """An admitted event time (only needed when it is the latest one): event-time replay follows it."""
+        if self.follow_events:
+            self.observe_clock(ts_ms)
+
+    def admits(self, ts_ms: int) -> bool:
+        """True when `ts_ms` is within the horizon; counts a refusal otherwise (the caller dead-letters it)."""
+        lim = self.limit_ms
+        if lim is not None and ts_ms > lim:
+            self.refused += 1
+            return False
+        self.follow(ts_ms)
+        return True
+
+    def reason(self, ts_ms: int) -> str:
+        return (
+            f"event time {ts_ms} ms is {ts_ms - (self.limit_ms or 0) + self.max_future_ms} ms ahead of the "
+            f"processing clock (at most {self.max_future_ms} ms admitted, processor.max_future_ms): not admitted, "
+            "so it cannot move the watermark"
+        )
 
 
 def minute_of(ts_ms: int) -> int:
@@ -174,6 +228,27 @@ class MinuteWindows:
         self.first_offset.pop(m, None)
         self.close_offsets[m] = next_offset
         return ClosedMinute(m, self.open.pop(m, {}))
+
+    def skip_to(self, minute_ms: int) -> None:
+        """Mark every minute before `minute_ms` closed without closing them one by one (the caller has
+        found nothing in them to close: no sample, and no row it would emit). A sample for one of them
+        later is late, as for any closed minute."""
+        assert self.next_close_ms is not None and minute_ms >= self.next_close_ms
+        assert all(m >= minute_ms for m in self.open), "skipping a minute that holds samples"
+        self.next_close_ms = minute_ms
+
+    def discard_before(self, minute_ms: int) -> int:
+        """Drop the open minutes before `minute_ms` (before the first minute this partition closes) and
+        count their scrapes as late: returns that count (node-seconds)."""
+        dropped = 0
+        for m in [m for m in self.open if m < minute_ms]:
+            per_node: dict[str, int] = {}
+            for (node, _, _), win in self.open.pop(m).items():
+                per_node[node] = max(per_node.get(node, 0), win.count())
+            self.first_offset.pop(m, None)
+            dropped += sum(per_node.values())
+        self.late_count += dropped
+        return dropped
 
     def earliest_open(self) -> int | None:
         return min(self.open) if self.open else None

@@ -12,6 +12,12 @@ Devices are keyed by GPU UUID plus MIG instance (`GPU_I_ID`); the mapping versio
 scrape is stamped on the record. An unknown metric is counted and logged once per process, never
 fatal. Lines that are not Prometheus text (a scrape pasted into a document, a `<code>` wrapper) are
 skipped and counted.
+
+An exporter's output is untrusted input: a value outside its field's range (a ratio above 1, a
+negative power, an int field past 32 bits) is dropped as missing and counted, never carried; the
+unknown metric names remembered per process are capped (`MAX_UNKNOWN_METRICS`, then counted as
+`UNKNOWN_OVERFLOW`), as are the names and label sets the parser caches. The scraper caps the bytes
+of one scrape and parses big ones off the event loop (`producers.scraper`).
 """
 
 from __future__ import annotations
@@ -29,13 +35,34 @@ from typing import Any, NamedTuple
 
 from prometheus_client.parser import parse_labels, text_string_to_metric_families
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 from producers.mapping import MappingCatalogue, MetricMapping, load_mappings
-from producers.records import coerce_device, empty_device, node_scrape_record
+from producers.records import coerce_device, device_metric_fields, empty_device, node_scrape_record
 
 log = logging.getLogger(__name__)
 
 SOURCE = "dcgm-exporter"
+MAX_UNKNOWN_METRICS = 1_000  # distinct unknown metric names remembered (and logged) per process
+UNKNOWN_OVERFLOW = "<other unknown metrics>"
+MAX_METRIC_NAMES = 10_000  # distinct metric names the parser remembers as valid
+_INT32 = float(1 << 31)
+
+
+def _value_bounds(name: str) -> tuple[float, float]:
+    """The range a canonical field's value may take (its unit is in its name, STYLE.md)."""
+    if name.endswith("_ratio"):
+        return 0.0, 1.0
+    if name.endswith("_pct"):
+        return 0.0, 100.0
+    if name.endswith("_c"):
+        return -273.15, 1_000.0
+    if name == "xid_last":
+        return -_INT32, _INT32 - 1
+    return 0.0, math.inf  # _mib, _w, _bytes_per_s: never negative
+
+
+VALUE_BOUNDS: dict[str, tuple[float, float]] = {f: _value_bounds(f) for f in device_metric_fields()}
+_UNBOUNDED = (-math.inf, math.inf)
 
 
 class RawSample(NamedTuple):
@@ -83,6 +110,22 @@ def parse_exposition(text: str) -> Exposition:
     return Exposition(samples, skipped, first)
 
 
+def _has_unquoted_brace(block: str) -> bool:
+    """Whether `block` has a `}` outside double quotes (a quote preceded by an odd run of backslashes is escaped)."""
+    in_quotes = False
+    backslashes = 0
+    for c in block:
+        if c == "\\":
+            backslashes += 1
+            continue
+        if c == '"' and backslashes % 2 == 0:
+            in_quotes = not in_quotes
+        elif c == "}" and not in_quotes:
+            return True
+        backslashes = 0
+    return False
+
+
 class ExpositionParser:
     """prometheus_client's sample grammar, with each distinct label set parsed once.
 
@@ -102,6 +145,10 @@ class ExpositionParser:
         if labels is None:
             if len(self._labels) >= self._max:
                 self._labels.clear()
+            if "}" in block and _has_unquoted_brace(block):
+                # prometheus_client's parse_labels never returns on one (`a="1"}`): a hostile line would
+                # wedge the scraper. Refused here, the line goes to the reference parser, which rejects it.
+                raise ValueError(f"unquoted '}}' in labels {block[:80]!r}")
             labels = parse_labels(block)
             self._labels[block] = labels
         return labels
@@ -129,6 +176,8 @@ class ExpositionParser:
                 if name not in names:
                     if not name.replace(":", "_").isidentifier():
                         raise ValueError(name)
+                    if len(names) >= MAX_METRIC_NAMES:
+                        names.clear()
                     names.add(name)
                 append(RawSample(name, labels, float(rest.split(None, 1)[0])))
         except (ValueError, IndexError):
@@ -158,6 +207,7 @@ class NormalizedScrape:
     warnings: list[str] = field(default_factory=list)
     unknown_metrics: dict[str, int] = field(default_factory=dict)
     skipped_lines: int = 0
+    out_of_range: int = 0  # values outside their field's range, dropped
 
 
 class _Identity(NamedTuple):
@@ -173,7 +223,12 @@ def _identity(labels: Mapping[str, str], attributes: dict[str, str]) -> _Identit
         if attr is not None and value != "" and attr not in attrs:
             attrs[attr] = value
     mig = attrs.get("mig_instance_id")
-    return _Identity(attrs.get("uuid"), int(mig) if mig is not None and mig.isdigit() else None, attrs)
+    return _Identity(attrs.get("uuid"), _label_int(mig), attrs)
+
+
+def _label_int(text: str | None) -> int | None:
+    """A label's small non-negative integer (GPU index, MIG instance), else None."""
+    return int(text) if text is not None and len(text) <= 9 and text.isascii() and text.isdigit() else None
 
 
 _DEVICE_ATTRS = ("model", "pci_bus_id", "mig_profile", "pod", "namespace", "container", "hpc_job")
@@ -204,6 +259,8 @@ class Normalizer:
         return self.catalogue.detect(names, labels)
 
     def _note_unknown(self, name: str, result: NormalizedScrape) -> None:
+        if name not in self.unknown_counts and len(self.unknown_counts) >= MAX_UNKNOWN_METRICS:
+            name = UNKNOWN_OVERFLOW  # a hostile exporter inventing names cannot grow this process
         self.unknown_counts[name] += 1
         result.unknown_metrics[name] = result.unknown_metrics.get(name, 0) + 1
         if name not in self._logged:
@@ -221,6 +278,19 @@ class Normalizer:
         self._identity_cache[id(labels)] = (labels, ident)
         return ident
 
+    def _choose_mapping(
+        self, samples: list[RawSample], exporter_version: str | None, mapping_version: str | None
+    ) -> tuple[MetricMapping, str | None]:
+        """The mapping for the scrape, and a warning when the exporter's version named none and the
+        scrape's contents chose it (a mapping version asked for by name must exist)."""
+        try:
+            return self.mapping_for(samples, exporter_version, mapping_version), None
+        except ParseError as exc:
+            if mapping_version:
+                raise
+            mapping = self.mapping_for(samples)
+            return mapping, f"{exc}: mapping {mapping.version} chosen from the scrape's contents"
+
     def normalize(
         self,
         samples: list[RawSample],
@@ -231,13 +301,7 @@ class Normalizer:
     ) -> NormalizedScrape:
         fallback: str | None = None
         if mapping is None:
-            try:
-                mapping = self.mapping_for(samples, exporter_version, mapping_version)
-            except ParseError as exc:
-                if mapping_version:
-                    raise
-                mapping = self.mapping_for(samples)
-                fallback = f"{exc}: mapping {mapping.version} chosen from the scrape's contents"
+            mapping, fallback = self._choose_mapping(samples, exporter_version, mapping_version)
         result = NormalizedScrape(mapping.version, [])
         if fallback:
             result.warnings.append(fallback)
@@ -267,7 +331,7 @@ class Normalizer:
                 dev = empty_device(ident.uuid)
                 dev["mig_instance_id"] = ident.mig_instance_id
                 index = ident.attrs.get("index")
-                dev["index"] = int(index) if index is not None and index.isdigit() else None
+                dev["index"] = _label_int(index)
                 devices[key] = dev
             if last_labels.get(key) != lid:
                 # A label set not seen yet for this device: take what it tells (host, model, pod, ...).
@@ -292,22 +356,17 @@ class Normalizer:
                 auto_pct = True
             elif rule.scale != 1.0:
                 value = value * rule.scale
+            lo, hi = VALUE_BOUNDS.get(canonical, _UNBOUNDED)
+            if not lo <= value <= hi:
+                result.out_of_range += 1
+                continue
             pkey = (key[0], key[1], canonical)
             held = priority.get(pkey)
             if held is not None and held <= rule.priority:
                 continue
             priority[pkey] = rule.priority
             dev[canonical] = value
-        if no_uuid:
-            result.warnings.append(f"{no_uuid} samples without a UUID label skipped")
-        if auto_pct:
-            result.warnings.append("profiling metrics reported in percent: divided by 100")
-        if len(hostnames) > 1:
-            result.warnings.append(f"several hostnames in one scrape: {', '.join(sorted(hostnames))}")
-        if result.unknown_metrics:
-            result.warnings.append(
-                f"{len(result.unknown_metrics)} unknown metrics: {', '.join(sorted(result.unknown_metrics))}"
-            )
+        _warn_about_scrape(result, no_uuid=no_uuid, auto_pct=auto_pct, hostnames=hostnames)
         result.hostname = min(hostnames) if hostnames else None
         result.devices = [
             coerce_device(d)
@@ -321,6 +380,22 @@ class Normalizer:
             )
         ]
         return result
+
+
+def _warn_about_scrape(result: NormalizedScrape, *, no_uuid: int, auto_pct: bool, hostnames: set[str]) -> None:
+    """The scrape's warnings, in the order `gpuledger inspect dcgm` shows them."""
+    if no_uuid:
+        result.warnings.append(f"{no_uuid} samples without a UUID label skipped")
+    if auto_pct:
+        result.warnings.append("profiling metrics reported in percent: divided by 100")
+    if result.out_of_range:
+        result.warnings.append(f"{result.out_of_range} values outside their field's range dropped")
+    if len(hostnames) > 1:
+        result.warnings.append(f"several hostnames in one scrape: {', '.join(sorted(hostnames))}")
+    if result.unknown_metrics:
+        result.warnings.append(
+            f"{len(result.unknown_metrics)} unknown metrics: {', '.join(sorted(result.unknown_metrics))}"
+        )
 
 
 def scrape_record(

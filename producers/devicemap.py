@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from gpuledger.errors import ConfigError, ParseError
+from base.errors import ConfigError, ParseError
 
 
 class DeviceMap(Protocol):

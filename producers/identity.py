@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from gpuledger.errors import ConfigError, ParseError
+from base.errors import ConfigError, ParseError
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,7 @@ class DirectoryEntry:
     groups: tuple[str, ...] = ()
     cost_centre: str | None = None
     primary_team: str | None = None  # the team usage is reported under; default: the first team
+    leads: tuple[str, ...] = ()  # teams this user leads (the team page lets a lead correct the team's jobs)
 
 
 class IdentitySource(Protocol):
@@ -41,7 +42,7 @@ class StaticDirectory:
 
 
 def directory_from_data(data: Any, where: str = "directory") -> dict[str, DirectoryEntry]:
-    """{users: {alice: {teams: [...], groups: [...], cost_centre: CC}}} (or a list with `user` keys)."""
+    """{users: {alice: {teams: [...], groups: [...], cost_centre: CC, leads: [...]}}} (or a list with `user` keys)."""
     if not isinstance(data, Mapping):
         raise ParseError(f"{where}: expected a mapping with `users`")
     users = data.get("users") or {}
@@ -58,6 +59,7 @@ def directory_from_data(data: Any, where: str = "directory") -> dict[str, Direct
             groups=tuple(str(g) for g in entry.get("groups") or ()),
             cost_centre=str(entry["cost_centre"]) if entry.get("cost_centre") is not None else None,
             primary_team=str(entry["primary_team"]) if entry.get("primary_team") is not None else None,
+            leads=tuple(str(t) for t in entry.get("leads") or ()),
         )
     return out
 

@@ -8,7 +8,7 @@ Sources, each a pure parser from text to `NodeInventory` records:
   model from the `nvidia.com/gpu.product` (GPU feature discovery) or a cloud accelerator label;
 - a static YAML file: `nodes: [{name, model, gpus: 8, uuids: [...]}, {name, devices: [{index, model, uuid,
   mig_profile, mig_instance_id}]}]`.
-The generation comes from the model name through the data table (`producers.generations`).
+The generation comes from the model name through the data table (`schemas.generations`).
 Slurm and Kubernetes do not know GPU UUIDs: `uuid` is null there (telemetry supplies it).
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
-from gpuledger.errors import ParseError
-from producers.generations import generation_of
+from base.errors import ParseError
 from producers.records import inventory_device, node_inventory_record
 from producers.slurm import expand_hostlist, parse_capture, parse_gres
+from schemas.generations import generation_of
 from schemas.topics import INVENTORY, Topic, node_key
 
 GPU_RESOURCE = "nvidia.com/gpu"

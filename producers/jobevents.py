@@ -10,22 +10,25 @@ Conventions shared by the Slurm and Kubernetes producers (the processors rely on
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, get_args
 
 from producers.devicemap import DeviceMap
 from producers.identity import IdentitySource, snapshot
 from producers.projects import Attribution, Attributor
+from schemas.records import ContractRecord, IdentitySnapshot, JobEvent, JobEventType, NodeAllocation
 
-EVENT_TYPES = ("SUBMITTED", "STARTED", "ENDED", "PREEMPTED", "SUSPENDED", "RESUMED", "REQUEUED", "UPDATED")
+EVENT_TYPES: tuple[str, ...] = get_args(JobEventType)  # from the contract (schemas/sched.job-events.avsc)
+_FIELDS = frozenset(JobEvent.__dataclass_fields__)
 WITH_ALLOCATIONS = frozenset({"STARTED", "RESUMED", "UPDATED"})
+_P = ParamSpec("_P")
 
 
 class EventSink(Protocol):
-    """Where events go: `gpuledger.kafka.RecordPublisher` in production, a list in tests."""
+    """Where events go: `schemas.publish.RecordPublisher` in production, a list in tests."""
 
-    def publish(self, topic: Any, key: bytes, record: dict[str, Any]) -> None: ...
+    def publish(self, topic: Any, key: bytes, record: ContractRecord | dict[str, Any]) -> None: ...
 
 
 def event_id(scheduler: str, cluster: str, job_id: str, event_type: str, ts_ms: int, *extra: str) -> str:
@@ -95,7 +98,7 @@ class EventContext:
         return resolved or Attribution(None, "MISSING", "NOT_CHECKED", None)
 
 
-def job_event(
+def job_event_record(
     ctx: EventContext,
     *,
     event_type: str,
@@ -107,8 +110,9 @@ def job_event(
     held: Sequence[HeldDevices] = (),
     id_extra: Sequence[str] = (),
     **fields: Any,
-) -> dict[str, Any]:
-    """One `JobEvent` record. `fields` are the optional contract fields (job_name, account, ...)."""
+) -> JobEvent:
+    """One typed `JobEvent`. `fields` are the optional contract fields (job_name, account, ...); the
+    others take the contract's defaults."""
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {event_type!r}")
     identity = None
@@ -119,6 +123,9 @@ def job_event(
         )
     allocations = allocation_records(ctx.cluster, held, ctx.devices) if event_type in WITH_ALLOCATIONS else []
     gang_size = fields.pop("gang_size", None)
+    unknown = sorted(set(fields) - _FIELDS)
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not a JobEvent field")
     record: dict[str, Any] = {
         "event_id": event_id(scheduler, ctx.cluster, job_id, event_type, ts_ms, *id_extra),
         "event_type": event_type,
@@ -126,35 +133,26 @@ def job_event(
         "scheduler": scheduler,
         "cluster": ctx.cluster,
         "job_id": job_id,
-        "array_job_id": None,
-        "array_task_id": None,
-        "het_job_id": None,
-        "het_job_offset": None,
-        "job_name": None,
         "user": user,
-        "account": None,
         "project": attribution.project,
         "project_source": attribution.source,
         "project_validation": attribution.validation,
-        "identity": identity,
-        "partition": None,
-        "qos": None,
-        "preemptible": False,
-        "interactive": False,
-        "checkpointable": False,
+        "project_claimed": attribution.claimed,
+        "identity": IdentitySnapshot.from_avro(identity) if identity is not None else None,
         "gang_size": int(gang_size) if gang_size is not None else sum(h.count for h in held),
-        "gang_id": None,
-        "allocations": allocations,
-        "requested_devices": 0,
+        "allocations": tuple(NodeAllocation.from_avro(a) for a in allocations),
         "pricing_tier": ctx.pricing_tier,
-        "submit_ts_ms": None,
-        "start_ts_ms": None,
-        "end_ts_ms": None,
-        "exit_state": None,
-        "exit_code": None,
     }
-    for key, value in fields.items():
-        if key not in record:
-            raise ValueError(f"{key!r} is not a JobEvent field")
-        record[key] = value
-    return record
+    return JobEvent(**{**record, **fields})
+
+
+def _as_avro(build: Callable[_P, ContractRecord]) -> Callable[_P, dict[str, Any]]:
+    def as_avro(*args: _P.args, **kwargs: _P.kwargs) -> dict[str, Any]:
+        return build(*args, **kwargs).to_avro()
+
+    return as_avro
+
+
+job_event = _as_avro(job_event_record)
+"""`job_event_record` as the Avro dict (the same arguments): what the pollers hand on and their tests
+read (the processors' in-memory pipeline and the Kafka boundary take either)."""

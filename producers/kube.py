@@ -1,8 +1,9 @@
 """Kubernetes job events: Pods requesting NVIDIA GPUs (whole or MIG), Kueue Workloads, Volcano PodGroups.
 
 Pure core: `KubeTracker.on_pod / on_workload / on_podgroup(watch_type, obj, now_ms) -> events`, over plain
-dicts as the API server sends them. The adapter `KubeWatcher` runs list+watch with the official
-kubernetes client and feeds the tracker.
+dicts as the API server sends them (the tracker handles the watch; `GangBook` keeps the gangs'
+bookkeeping, `KubeEventBuilder` builds the events). The adapter `KubeWatcher` runs list+watch with the
+official kubernetes client and feeds the tracker.
 
 Model:
 - a Pod that holds GPUs is a job (`job_id = namespace/pod`): SUBMITTED when created, STARTED when it runs on
@@ -20,17 +21,24 @@ Model:
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, Protocol
 
+from base.errors import ContractError, ParseError
+from base.untrusted import parses_untrusted
 from producers.devicemap import iter_dcgm_labels
 from producers.jobevents import EventContext, EventSink, HeldDevices, job_event
 from producers.projects import Attribution
+from producers.slurm import MAX_JOB_GPUS, MAX_NODE_GPUS
 from schemas.topics import JOB_EVENTS, job_key
+
+log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -61,10 +69,15 @@ def parse_time(value: Any) -> int | None:
 
 
 def _quantity(value: Any) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
+    """A device count from a resource quantity; 0 when not a plain integer. Objects are written by users:
+    a count over `MAX_JOB_GPUS` is a `ParseError`, never a loop over it."""
+    text = str(value).strip()
+    if not (0 < len(text) <= 12 and text.isascii() and text.isdigit()):
         return 0
+    n = int(text)
+    if n > MAX_JOB_GPUS:
+        raise ParseError(f"device count {n} is over {MAX_JOB_GPUS}")
+    return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +137,13 @@ class DcgmPodLabels:
 
     def __init__(self) -> None:
         self._by_pod: dict[tuple[str, str, str], dict[tuple[str, int | None], PodDevice]] = {}
+        self._lock = threading.Lock()  # scrapes are loaded by a refresher thread while the watch reads
 
     def load_scrape(self, text: str, node: str | None = None) -> None:
+        with self._lock:
+            self._load(text, node)
+
+    def _load(self, text: str, node: str | None) -> None:
         for labels in iter_dcgm_labels(text):
             pod, ns, uuid = labels.get("pod"), labels.get("namespace"), labels.get("UUID")
             host = node or labels.get("Hostname") or labels.get("hostname")
@@ -138,7 +156,8 @@ class DcgmPodLabels:
             self._by_pod.setdefault((host, ns, pod), {})[(uuid, dev.mig_instance_id)] = dev
 
     def pod_devices(self, node: str, namespace: str, pod: str) -> list[PodDevice] | None:
-        devs = self._by_pod.get((node, namespace, pod))
+        with self._lock:
+            devs = dict(self._by_pod.get((node, namespace, pod)) or {})
         return sorted(devs.values(), key=lambda d: (d.index or 0, d.mig_instance_id or 0)) if devs else None
 
 
@@ -195,23 +214,72 @@ class _GangState:
     evicted: str | None = None  # exit state for the gang's pods while it is evicted (PREEMPTED, REQUEUED)
 
 
-class KubeTracker:
-    def __init__(
-        self,
-        ctx: EventContext,
-        pod_devices: PodDeviceSource | None = None,
-        *,
-        project_label: str = PROJECT_LABEL,
-    ) -> None:
-        self.ctx = ctx
-        self.pod_devices = pod_devices
-        self.project_label = project_label
-        self.pods: dict[str, _PodState] = {}
+class GangBook:
+    """Bookkeeping of gangs: each Kueue Workload's and Volcano PodGroup's state, which owners (jobs,
+    pods) belong to which workload, and the devices each gang's running pods hold."""
+
+    def __init__(self) -> None:
         self.gangs: dict[str, _GangState] = {}
         self.workload_by_owner_uid: dict[str, str] = {}  # owner (job/pod) uid -> gang id
         self.gang_pods: dict[str, dict[str, int]] = {}  # gang id -> running pod -> devices
 
-    # -- helpers ---------------------------------------------------------------------------------
+    def gang_of(self, pod: Mapping[str, Any]) -> str | None:
+        m = _meta(pod)
+        ns = m.get("namespace", "default")
+        labels, ann = m.get("labels") or {}, m.get("annotations") or {}
+        if ann.get(VOLCANO_GROUP):
+            return f"volcano:{ns}/{ann[VOLCANO_GROUP]}"
+        if labels.get(KUEUE_POD_GROUP):
+            return f"kueue:{ns}/{labels[KUEUE_POD_GROUP]}"
+        if labels.get(JOBSET_LABEL):
+            return f"jobset:{ns}/{labels[JOBSET_LABEL]}"
+        for uid in [m.get("uid"), *(o.get("uid") for o in m.get("ownerReferences") or ())]:
+            if uid and uid in self.workload_by_owner_uid:
+                return self.workload_by_owner_uid[uid]
+        return None
+
+    def state(self, gang: str | None) -> _GangState | None:
+        return self.gangs.get(gang) if gang else None
+
+    def open(self, gang: str, kind: str) -> _GangState:
+        return self.gangs.setdefault(gang, _GangState(kind))
+
+    def forget(self, gang: str) -> None:
+        self.gangs.pop(gang, None)
+
+    def claim_owners(self, gang: str, workload: Mapping[str, Any]) -> None:
+        """The workload's owners (and Kueue's job uid label) point their pods at the gang."""
+        m = _meta(workload)
+        for o in m.get("ownerReferences") or ():
+            if o.get("uid"):
+                self.workload_by_owner_uid[o["uid"]] = gang
+        if (m.get("labels") or {}).get(KUEUE_JOB_UID):
+            self.workload_by_owner_uid[m["labels"][KUEUE_JOB_UID]] = gang
+
+    def pod_running(self, gang: str, pod_key: str, devices: int) -> None:
+        self.gang_pods.setdefault(gang, {})[pod_key] = devices
+
+    def pod_gone(self, gang: str, pod_key: str) -> None:
+        self.gang_pods.get(gang, {}).pop(pod_key, None)
+
+    def size(self, gang: str | None, requested: int) -> int:
+        """The gang's device total: its workload's, its running pods', or this pod's request, whichever is largest."""
+        gang_state = self.state(gang)
+        return max(
+            gang_state.devices if gang_state else 0,
+            sum(self.gang_pods.get(gang or "", {}).values()),
+            requested,
+        )
+
+
+class KubeEventBuilder:
+    """Turns pods and gang objects into job events: who (user, project attribution), which scheduler,
+    and the gang a pod belongs to."""
+
+    def __init__(self, ctx: EventContext, book: GangBook, project_label: str) -> None:
+        self.ctx = ctx
+        self.book = book
+        self.project_label = project_label
 
     def _user(self, obj: Mapping[str, Any]) -> str:
         m = _meta(obj)
@@ -232,22 +300,8 @@ class KubeTracker:
             teams = frozenset(entry.teams) if entry else frozenset()
         return self.ctx.attributor.resolve(user, labels.get(self.project_label), teams)
 
-    def gang_of(self, pod: Mapping[str, Any]) -> str | None:
-        m = _meta(pod)
-        ns = m.get("namespace", "default")
-        labels, ann = m.get("labels") or {}, m.get("annotations") or {}
-        if ann.get(VOLCANO_GROUP):
-            return f"volcano:{ns}/{ann[VOLCANO_GROUP]}"
-        if labels.get(KUEUE_POD_GROUP):
-            return f"kueue:{ns}/{labels[KUEUE_POD_GROUP]}"
-        if labels.get(JOBSET_LABEL):
-            return f"jobset:{ns}/{labels[JOBSET_LABEL]}"
-        for uid in [m.get("uid"), *(o.get("uid") for o in m.get("ownerReferences") or ())]:
-            if uid and uid in self.workload_by_owner_uid:
-                return self.workload_by_owner_uid[uid]
-        return None
-
-    def _scheduler(self, pod: Mapping[str, Any]) -> str:
+    @staticmethod
+    def _scheduler(pod: Mapping[str, Any]) -> str:
         m = _meta(pod)
         if (pod.get("spec") or {}).get("schedulerName") == "volcano" or (m.get("annotations") or {}).get(VOLCANO_GROUP):
             return "VOLCANO"
@@ -256,34 +310,13 @@ class KubeTracker:
             return "KUEUE"
         return "KUBERNETES"
 
-    # -- pods ------------------------------------------------------------------------------------
-
-    def _held(self, pod: Mapping[str, Any], req: GpuRequest) -> tuple[list[HeldDevices], bool]:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
-            return [], False
-        m = _meta(pod)
-        devs = self.pod_devices.pod_devices(node, m.get("namespace", "default"), m.get("name", "")) if (
-            self.pod_devices) else None
-        if devs:
-            indices = tuple(d.index for d in devs if d.index is not None)
-            if len(indices) != len(devs):
-                indices = ()
-            return [HeldDevices(node, len(devs), indices, tuple(d.uuid for d in devs),
-                                tuple(d.mig_instance_id for d in devs), tuple(d.mig_profile for d in devs))], True
-        profiles: tuple[str | None, ...] = ()
-        if req.mig:  # whole GPUs first, then each MIG slice with its profile from the resource name
-            profiles = (None,) * req.gpus + tuple(
-                k[len(MIG_PREFIX):] for k, n in sorted(req.mig.items()) for _ in range(n))
-        return [HeldDevices(node, req.devices, mig_profiles=profiles)], False
-
-    def _pod_event(self, pod: Mapping[str, Any], etype: str, ts: int, req: GpuRequest, held: list[HeldDevices],
-                   **fields: Any) -> dict[str, Any]:
+    def pod_event(self, pod: Mapping[str, Any], etype: str, ts: int, req: GpuRequest, held: list[HeldDevices],
+                  **fields: Any) -> dict[str, Any]:
         m = _meta(pod)
         spec = pod.get("spec") or {}
         user = self._user(pod)
-        gang = self.gang_of(pod)
-        gang_state = self.gangs.get(gang) if gang else None
+        gang = self.book.gang_of(pod)
+        gang_state = self.book.state(gang)
         labels = m.get("labels") or {}
         return job_event(
             self.ctx,
@@ -303,109 +336,14 @@ class KubeTracker:
             interactive=labels.get("gpuledger.io/interactive") == "true",
             checkpointable=labels.get("gpuledger.io/checkpointable") == "true",
             gang_id=gang,
-            gang_size=max(
-                gang_state.devices if gang_state else 0,
-                sum(self.gang_pods.get(gang or "", {}).values()),
-                req.devices,
-            ),
+            gang_size=self.book.size(gang, req.devices),
             requested_devices=req.devices,
             submit_ts_ms=parse_time(m.get("creationTimestamp")),
             **fields,
         )
 
-    def on_pod(self, watch_type: str, pod: Mapping[str, Any], now_ms: int) -> list[dict[str, Any]]:
-        spec = pod.get("spec") or {}
-        req = gpu_request(spec)
-        key = _key(pod)
-        if not req.devices:
-            return []
-        st = self.pods.setdefault(key, _PodState())
-        st.last = pod
-        if st.ended:
-            if watch_type == "DELETED":
-                self.pods.pop(key, None)
-            return []
-        status = pod.get("status") or {}
-        phase = status.get("phase")
-        m = _meta(pod)
-        out: list[dict[str, Any]] = []
-        if not st.submitted:
-            st.submitted = True
-            created = parse_time(m.get("creationTimestamp")) or now_ms
-            out.append(self._pod_event(pod, "SUBMITTED", created, req, []))
-        running = phase == "Running" or (phase in ("Succeeded", "Failed") and status.get("startTime"))
-        held, known = self._held(pod, req)
-        gang = self.gang_of(pod)
-        if running and spec.get("nodeName") and st.started_ms is None:
-            st.started_ms = parse_time(status.get("startTime")) or now_ms
-            st.uuids_known = known
-            if gang is not None:
-                self.gang_pods.setdefault(gang, {})[key] = req.devices
-            out.append(self._pod_event(pod, "STARTED", st.started_ms, req, held, start_ts_ms=st.started_ms))
-        elif st.started_ms is not None and known and not st.uuids_known and phase == "Running":
-            st.uuids_known = True
-            out.append(self._pod_event(pod, "UPDATED", now_ms, req, held, start_ts_ms=st.started_ms))
-        finished = phase in ("Succeeded", "Failed") or watch_type == "DELETED"
-        if finished:
-            end = self._pod_end(pod, now_ms)
-            exit_state, exit_code = self._pod_exit(pod, watch_type)
-            gang_state = self.gangs.get(gang) if gang else None
-            if gang_state is not None and gang_state.evicted and exit_state in ("CANCELLED", "FAILED", "UNKNOWN"):
-                exit_state = gang_state.evicted  # Kueue evicted the gang: its pods were deleted for it
-            out.append(self._pod_event(pod, "ENDED", end, req, [], start_ts_ms=st.started_ms, end_ts_ms=end,
-                                       exit_state=exit_state, exit_code=exit_code))
-            st.ended = True
-            if gang is not None:
-                self.gang_pods.get(gang, {}).pop(key, None)
-            if watch_type == "DELETED":
-                self.pods.pop(key, None)
-        return out
-
-    def on_pod_relist(self, present: set[str], now_ms: int) -> list[dict[str, Any]]:
-        """After a watch gap (410 Gone, reconnect) and a fresh list: pods we track that are gone were
-        deleted during the gap; close them now (their DELETED event was never seen)."""
-        out: list[dict[str, Any]] = []
-        for key, st in list(self.pods.items()):
-            if key not in present and not st.ended and st.last is not None:
-                out.extend(self.on_pod("DELETED", st.last, now_ms))
-        return out
-
-    @staticmethod
-    def _pod_end(pod: Mapping[str, Any], now_ms: int) -> int:
-        status = pod.get("status") or {}
-        ends = [
-            parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
-            for cs in status.get("containerStatuses") or ()
-        ]
-        known = [e for e in ends if e]
-        if known:
-            return max(known)
-        return parse_time(_meta(pod).get("deletionTimestamp")) or now_ms
-
-    @staticmethod
-    def _pod_exit(pod: Mapping[str, Any], watch_type: str) -> tuple[str, int | None]:
-        status = pod.get("status") or {}
-        codes = [
-            ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
-            for cs in status.get("containerStatuses") or ()
-        ]
-        code = next((c for c in codes if c), codes[0] if codes else None)
-        reasons = {status.get("reason")} | {c.get("reason") for c in _conditions(pod).values()
-                                           if c.get("type") in ("DisruptionTarget", "TerminationTarget")
-                                           and c.get("status") == "True"}
-        if reasons & PREEMPT_REASONS:
-            return "PREEMPTED", code
-        phase = status.get("phase")
-        if phase == "Succeeded":
-            return "COMPLETED", code
-        if phase == "Failed":
-            return "FAILED", code
-        return "CANCELLED" if watch_type == "DELETED" else "UNKNOWN", code
-
-    # -- Kueue workloads -------------------------------------------------------------------------
-
-    def _gang_event(self, obj: Mapping[str, Any], kind: str, scheduler: str, etype: str, ts: int,
-                    gs: _GangState, **fields: Any) -> dict[str, Any]:
+    def gang_event(self, obj: Mapping[str, Any], kind: str, scheduler: str, etype: str, ts: int,
+                   gs: _GangState, **fields: Any) -> dict[str, Any]:
         user = self._user(obj)
         return job_event(
             self.ctx,
@@ -426,131 +364,307 @@ class KubeTracker:
             **fields,
         )
 
+
+def held_devices(
+    pod: Mapping[str, Any], req: GpuRequest, pod_devices: PodDeviceSource | None
+) -> tuple[list[HeldDevices], bool]:
+    """The devices a scheduled pod holds, and whether their identities (UUIDs) are known: from the
+    device source where it knows the pod, else counted from the request (MIG profiles from resource names)."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return [], False
+    if req.devices > MAX_NODE_GPUS:
+        raise ParseError(f"pod {_key(pod)[:120]} asks for {req.devices} devices on one node (max {MAX_NODE_GPUS})")
+    m = _meta(pod)
+    devs = pod_devices.pod_devices(node, m.get("namespace", "default"), m.get("name", "")) if (
+        pod_devices) else None
+    if devs:
+        indices = tuple(d.index for d in devs if d.index is not None)
+        if len(indices) != len(devs):
+            indices = ()
+        return [HeldDevices(node, len(devs), indices, tuple(d.uuid for d in devs),
+                            tuple(d.mig_instance_id for d in devs), tuple(d.mig_profile for d in devs))], True
+    profiles: tuple[str | None, ...] = ()
+    if req.mig:  # whole GPUs first, then each MIG slice with its profile from the resource name
+        profiles = (None,) * req.gpus + tuple(
+            k[len(MIG_PREFIX):] for k, n in sorted(req.mig.items()) for _ in range(n))
+    return [HeldDevices(node, req.devices, mig_profiles=profiles)], False
+
+
+def pod_end(pod: Mapping[str, Any], now_ms: int) -> int:
+    status = pod.get("status") or {}
+    ends = [
+        parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for cs in status.get("containerStatuses") or ()
+    ]
+    known = [e for e in ends if e]
+    if known:
+        return max(known)
+    return parse_time(_meta(pod).get("deletionTimestamp")) or now_ms
+
+
+def pod_exit(pod: Mapping[str, Any], watch_type: str) -> tuple[str, int | None]:
+    status = pod.get("status") or {}
+    codes = [
+        ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+        for cs in status.get("containerStatuses") or ()
+    ]
+    code = next((c for c in codes if c), codes[0] if codes else None)
+    reasons = {status.get("reason")} | {c.get("reason") for c in _conditions(pod).values()
+                                       if c.get("type") in ("DisruptionTarget", "TerminationTarget")
+                                       and c.get("status") == "True"}
+    if reasons & PREEMPT_REASONS:
+        return "PREEMPTED", code
+    phase = status.get("phase")
+    if phase == "Succeeded":
+        return "COMPLETED", code
+    if phase == "Failed":
+        return "FAILED", code
+    return "CANCELLED" if watch_type == "DELETED" else "UNKNOWN", code
+
+
+def workload_devices(spec: Mapping[str, Any], admission: Mapping[str, Any]) -> int:
+    """A Kueue Workload's devices: what its admission assigned, else what its pod sets request."""
+    requested = sum(
+        gpu_request((ps.get("template") or {}).get("spec") or {}).devices * (_quantity(ps.get("count") or 1) or 1)
+        for ps in spec.get("podSets") or ()
+    )
+    assigned = sum(
+        _quantity((a.get("resourceUsage") or {}).get(GPU_RESOURCE, 0))
+        + sum(_quantity(v) for k, v in (a.get("resourceUsage") or {}).items() if k.startswith(MIG_PREFIX))
+        for a in admission.get("podSetAssignments") or ()
+    )
+    return assigned or requested
+
+
+Emit = Callable[..., None]
+
+
+def podgroup_transitions(pg: Mapping[str, Any], gs: _GangState, watch_type: str, now_ms: int, emit: Emit) -> None:
+    """A Volcano PodGroup's life from its phase: UPDATED once running (at its Scheduled condition), ENDED
+    when completed or deleted."""
+    phase = (pg.get("status") or {}).get("phase")
+    if phase == "Running" and gs.admitted_at is None:
+        sched = _conditions(pg).get("Scheduled") or {}
+        gs.admitted_at = str(sched.get("lastTransitionTime") or now_ms)
+        emit("UPDATED", parse_time(sched.get("lastTransitionTime")) or now_ms)
+    if phase in ("Completed",) or watch_type == "DELETED":
+        emit("ENDED", now_ms, end_ts_ms=now_ms, exit_state="COMPLETED" if phase == "Completed" else "CANCELLED")
+        gs.ended = True
+
+
+def workload_transitions(
+    wl: Mapping[str, Any], gs: _GangState, watch_type: str, now_ms: int, emit: Emit
+) -> None:
+    """The queue-level life of a Kueue Workload from its conditions, each transition emitted once
+    (a condition is new when its lastTransitionTime has not been seen).
+
+    One deactivation is one SUSPENDED and one reactivation one RESUMED, whether Kueue's conditions come
+    in the same update as `spec.active` or in later ones: Evicted(Deactivated) after `spec.active=false`
+    was seen adds nothing, and Requeued(Reactivated) is never a REQUEUED."""
+    spec = wl.get("spec") or {}
+    conds = _conditions(wl)
+
+    def new(ctype: str) -> Mapping[str, Any] | None:
+        c = conds.get(ctype)
+        if not c or c.get("status") != "True":
+            return None
+        mark = (ctype, str(c.get("lastTransitionTime")))
+        if mark in gs.seen_conditions:
+            return None
+        gs.seen_conditions.add(mark)
+        return c
+
+    evicted = new("Evicted")
+    if evicted is not None:
+        ts = parse_time(evicted.get("lastTransitionTime")) or now_ms
+        reason = evicted.get("reason")
+        if reason == "Preempted":
+            gs.evicted = "PREEMPTED"
+            emit("PREEMPTED", ts)
+        elif reason in ("InactiveWorkload", "Deactivated") or spec.get("active") is False:
+            gs.evicted = "SUSPENDED"
+            if not gs.inactive:  # else `spec.active=false`, seen in an earlier update, was the SUSPENDED
+                gs.inactive = True
+                emit("SUSPENDED", ts)
+        else:
+            gs.evicted = "REQUEUED"
+            emit("REQUEUED", ts)
+    if spec.get("active") is False and not gs.inactive:
+        gs.inactive = True
+        emit("SUSPENDED", now_ms)
+    requeued = new("Requeued")
+    # Requeued(Reactivated) follows `spec.active=true`: the reactivation is RESUMED, not a requeue
+    if requeued is not None and evicted is None and requeued.get("reason") not in (None, "Admitted", "Reactivated"):
+        emit("REQUEUED", parse_time(requeued.get("lastTransitionTime")) or now_ms)
+    admitted = new("Admitted")
+    if admitted is not None:
+        gs.evicted = None
+        ts = parse_time(admitted.get("lastTransitionTime")) or now_ms
+        if gs.inactive and spec.get("active", True) is not False:
+            gs.inactive = False
+            emit("RESUMED", ts)
+        else:
+            emit("UPDATED", ts)
+    elif gs.inactive and spec.get("active", True) is not False and evicted is None:
+        gs.inactive = False
+        emit("RESUMED", now_ms)
+    finished = new("Finished")
+    if finished is not None or watch_type == "DELETED":
+        ts = (parse_time(finished.get("lastTransitionTime")) if finished else None) or now_ms
+        reason = (finished or {}).get("reason")
+        state = "COMPLETED" if reason in ("Succeeded", "JobFinished", None) and finished else (
+            "FAILED" if finished else "CANCELLED")
+        emit("ENDED", ts, end_ts_ms=ts, exit_state=state)
+        gs.ended = True
+
+
+class KubeTracker:
+    """The watch handling: each watched object (`on_pod`, `on_workload`, `on_podgroup`) turned into the
+    job events it implies, once each. Gang bookkeeping is `GangBook`; building events is `KubeEventBuilder`."""
+
+    def __init__(
+        self,
+        ctx: EventContext,
+        pod_devices: PodDeviceSource | None = None,
+        *,
+        project_label: str = PROJECT_LABEL,
+    ) -> None:
+        self.ctx = ctx
+        self.pod_devices = pod_devices
+        self.pods: dict[str, _PodState] = {}
+        self.book = GangBook()
+        self.events = KubeEventBuilder(ctx, self.book, project_label)
+
+    def gang_of(self, pod: Mapping[str, Any]) -> str | None:
+        return self.book.gang_of(pod)
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    @parses_untrusted("pod")
+    def on_pod(self, watch_type: str, pod: Mapping[str, Any], now_ms: int) -> list[dict[str, Any]]:
+        spec = pod.get("spec") or {}
+        req = gpu_request(spec)
+        key = _key(pod)
+        if not req.devices:
+            return []
+        st = self.pods.setdefault(key, _PodState())
+        st.last = pod
+        if st.ended:
+            if watch_type == "DELETED":
+                self.pods.pop(key, None)
+            return []
+        status = pod.get("status") or {}
+        phase = status.get("phase")
+        m = _meta(pod)
+        event = self.events.pod_event
+        out: list[dict[str, Any]] = []
+        if not st.submitted:
+            st.submitted = True
+            created = parse_time(m.get("creationTimestamp")) or now_ms
+            out.append(event(pod, "SUBMITTED", created, req, []))
+        running = phase == "Running" or (phase in ("Succeeded", "Failed") and status.get("startTime"))
+        held, known = held_devices(pod, req, self.pod_devices)
+        gang = self.book.gang_of(pod)
+        if running and spec.get("nodeName") and st.started_ms is None:
+            st.started_ms = parse_time(status.get("startTime")) or now_ms
+            st.uuids_known = known
+            if gang is not None:
+                self.book.pod_running(gang, key, req.devices)
+            out.append(event(pod, "STARTED", st.started_ms, req, held, start_ts_ms=st.started_ms))
+        elif st.started_ms is not None and known and not st.uuids_known and phase == "Running":
+            st.uuids_known = True
+            out.append(event(pod, "UPDATED", now_ms, req, held, start_ts_ms=st.started_ms))
+        finished = phase in ("Succeeded", "Failed") or watch_type == "DELETED"
+        if finished:
+            end = pod_end(pod, now_ms)
+            exit_state, exit_code = pod_exit(pod, watch_type)
+            gang_state = self.book.state(gang)
+            if gang_state is not None and gang_state.evicted and exit_state in ("CANCELLED", "FAILED", "UNKNOWN"):
+                exit_state = gang_state.evicted  # Kueue evicted the gang: its pods were deleted for it
+            out.append(event(pod, "ENDED", end, req, [], start_ts_ms=st.started_ms, end_ts_ms=end,
+                             exit_state=exit_state, exit_code=exit_code))
+            st.ended = True
+            if gang is not None:
+                self.book.pod_gone(gang, key)
+            if watch_type == "DELETED":
+                self.pods.pop(key, None)
+        return out
+
+    def recheck_devices(self, now_ms: int) -> list[dict[str, Any]]:
+        """Ask the device source again for every running pod whose devices are not known yet (after the
+        dcgm-exporter labels were scraped again): an UPDATED naming them for each pod they are now known
+        for. A pod started after the watcher learns its devices without waiting for its next change."""
+        out: list[dict[str, Any]] = []
+        for st in list(self.pods.values()):
+            if st.started_ms is not None and not st.uuids_known and not st.ended and st.last is not None:
+                out.extend(self.on_pod("MODIFIED", st.last, now_ms))
+        return out
+
+    def on_pod_relist(self, present: set[str], now_ms: int) -> list[dict[str, Any]]:
+        """After a watch gap (410 Gone, reconnect) and a fresh list: pods we track that are gone were
+        deleted during the gap; close them now (their DELETED event was never seen)."""
+        out: list[dict[str, Any]] = []
+        for key, st in list(self.pods.items()):
+            if key not in present and not st.ended and st.last is not None:
+                out.extend(self.on_pod("DELETED", st.last, now_ms))
+        return out
+
+    # -- Kueue workloads -------------------------------------------------------------------------
+
+    @parses_untrusted("Kueue Workload")
     def on_workload(self, watch_type: str, wl: Mapping[str, Any], now_ms: int) -> list[dict[str, Any]]:
-        key = _key(wl)
-        gang = f"kueue:{key}"
-        gs = self.gangs.setdefault(gang, _GangState("kueue"))
-        m = _meta(wl)
-        for o in m.get("ownerReferences") or ():
-            if o.get("uid"):
-                self.workload_by_owner_uid[o["uid"]] = gang
-        if (m.get("labels") or {}).get(KUEUE_JOB_UID):
-            self.workload_by_owner_uid[m["labels"][KUEUE_JOB_UID]] = gang
+        gang = f"kueue:{_key(wl)}"
+        gs = self.book.open(gang, "kueue")
+        self.book.claim_owners(gang, wl)
         spec, status = wl.get("spec") or {}, wl.get("status") or {}
         admission = status.get("admission") or {}
-        requested = sum(
-            gpu_request((ps.get("template") or {}).get("spec") or {}).devices * int(ps.get("count") or 1)
-            for ps in spec.get("podSets") or ()
-        )
-        assigned = sum(
-            _quantity((a.get("resourceUsage") or {}).get(GPU_RESOURCE, 0))
-            + sum(_quantity(v) for k, v in (a.get("resourceUsage") or {}).items() if k.startswith(MIG_PREFIX))
-            for a in admission.get("podSetAssignments") or ()
-        )
-        gs.devices = assigned or requested
+        gs.devices = workload_devices(spec, admission)
         gs.queue = admission.get("clusterQueue") or spec.get("queueName")
-        if not gs.devices or gs.ended:
-            if watch_type == "DELETED":
-                self.gangs.pop(gang, None)
-            return []
-        out: list[dict[str, Any]] = []
-
-        def emit(etype: str, ts: int, **fields: Any) -> None:
-            out.append(self._gang_event(wl, "kueue", "KUEUE", etype, ts, gs, **fields))
-
-        if not gs.submitted:
-            gs.submitted = True
-            emit("SUBMITTED", parse_time(m.get("creationTimestamp")) or now_ms)
-        conds = _conditions(wl)
-
-        def new(ctype: str) -> Mapping[str, Any] | None:
-            c = conds.get(ctype)
-            if not c or c.get("status") != "True":
-                return None
-            mark = (ctype, str(c.get("lastTransitionTime")))
-            if mark in gs.seen_conditions:
-                return None
-            gs.seen_conditions.add(mark)
-            return c
-
-        evicted = new("Evicted")
-        if evicted is not None:
-            ts = parse_time(evicted.get("lastTransitionTime")) or now_ms
-            reason = evicted.get("reason")
-            if reason == "Preempted":
-                gs.evicted = "PREEMPTED"
-                emit("PREEMPTED", ts)
-            elif reason in ("InactiveWorkload", "Deactivated") or spec.get("active") is False:
-                gs.inactive = True
-                gs.evicted = "SUSPENDED"
-                emit("SUSPENDED", ts)
-            else:
-                gs.evicted = "REQUEUED"
-                emit("REQUEUED", ts)
-        if spec.get("active") is False and not gs.inactive:
-            gs.inactive = True
-            emit("SUSPENDED", now_ms)
-        requeued = new("Requeued")
-        if requeued is not None and evicted is None and requeued.get("reason") not in (None, "Admitted"):
-            emit("REQUEUED", parse_time(requeued.get("lastTransitionTime")) or now_ms)
-        admitted = new("Admitted")
-        if admitted is not None:
-            gs.evicted = None
-            ts = parse_time(admitted.get("lastTransitionTime")) or now_ms
-            if gs.inactive and spec.get("active", True) is not False:
-                gs.inactive = False
-                emit("RESUMED", ts)
-            else:
-                emit("UPDATED", ts)
-        elif gs.inactive and spec.get("active", True) is not False and evicted is None:
-            gs.inactive = False
-            emit("RESUMED", now_ms)
-        finished = new("Finished")
-        if finished is not None or watch_type == "DELETED":
-            ts = (parse_time(finished.get("lastTransitionTime")) if finished else None) or now_ms
-            reason = (finished or {}).get("reason")
-            state = "COMPLETED" if reason in ("Succeeded", "JobFinished", None) and finished else (
-                "FAILED" if finished else "CANCELLED")
-            emit("ENDED", ts, end_ts_ms=ts, exit_state=state)
-            gs.ended = True
-        if watch_type == "DELETED":
-            self.gangs.pop(gang, None)
-        return out
+        return self._gang_events(
+            watch_type, wl, now_ms, gang, gs, ("kueue", "KUEUE"), partial(workload_transitions, wl, gs, watch_type)
+        )
 
     # -- Volcano PodGroups -----------------------------------------------------------------------
 
+    @parses_untrusted("Volcano PodGroup")
     def on_podgroup(self, watch_type: str, pg: Mapping[str, Any], now_ms: int) -> list[dict[str, Any]]:
-        key = _key(pg)
-        gang = f"volcano:{key}"
-        gs = self.gangs.setdefault(gang, _GangState("volcano"))
-        spec, status = pg.get("spec") or {}, pg.get("status") or {}
+        gang = f"volcano:{_key(pg)}"
+        gs = self.book.open(gang, "volcano")
+        spec = pg.get("spec") or {}
         min_res = spec.get("minResources") or {}
         gs.devices = _quantity(min_res.get(GPU_RESOURCE, 0)) + sum(
             _quantity(v) for k, v in min_res.items() if k.startswith(MIG_PREFIX))
         gs.queue = spec.get("queue")
-        if not gs.devices or gs.ended:
-            if watch_type == "DELETED":
-                self.gangs.pop(gang, None)
-            return []
+        return self._gang_events(
+            watch_type, pg, now_ms, gang, gs, ("volcano", "VOLCANO"), partial(podgroup_transitions, pg, gs, watch_type)
+        )
+
+    def _gang_events(
+        self,
+        watch_type: str,
+        obj: Mapping[str, Any],
+        now_ms: int,
+        gang: str,
+        gs: _GangState,
+        kind: tuple[str, str],
+        transitions: Callable[[int, Emit], None],
+    ) -> list[dict[str, Any]]:
+        """A gang object's events once its devices and queue are read (Workload, PodGroup): none without
+        devices or once ended; SUBMITTED the first time; then its `transitions(now_ms, emit)`. The gang
+        of a deleted object is forgotten."""
         out: list[dict[str, Any]] = []
-        phase = status.get("phase")
+        if gs.devices and not gs.ended:
 
-        def emit(etype: str, ts: int, **fields: Any) -> None:
-            out.append(self._gang_event(pg, "volcano", "VOLCANO", etype, ts, gs, **fields))
+            def emit(etype: str, ts: int, **fields: Any) -> None:
+                out.append(self.events.gang_event(obj, *kind, etype, ts, gs, **fields))
 
-        if not gs.submitted:
-            gs.submitted = True
-            emit("SUBMITTED", parse_time(_meta(pg).get("creationTimestamp")) or now_ms)
-        conds = _conditions(pg)
-        if phase == "Running" and gs.admitted_at is None:
-            sched = conds.get("Scheduled") or {}
-            gs.admitted_at = str(sched.get("lastTransitionTime") or now_ms)
-            emit("UPDATED", parse_time(sched.get("lastTransitionTime")) or now_ms)
-        if phase in ("Completed",) or watch_type == "DELETED":
-            emit("ENDED", now_ms, end_ts_ms=now_ms, exit_state="COMPLETED" if phase == "Completed" else "CANCELLED")
-            gs.ended = True
+            if not gs.submitted:
+                gs.submitted = True
+                emit("SUBMITTED", parse_time(_meta(obj).get("creationTimestamp")) or now_ms)
+            transitions(now_ms, emit)
         if watch_type == "DELETED":
-            self.gangs.pop(gang, None)
+            self.book.forget(gang)
         return out
 
 
@@ -564,6 +678,25 @@ class WatchTarget:
     group: str | None = None
     version: str = "v1"
     plural: str = "pods"
+
+
+WATCH_BACKOFF_S = (0.5, 5.0)  # first and longest wait before watching again after an error
+
+
+def _watch_errors() -> tuple[type[BaseException], ...]:
+    """What a list or watch raises when refused (ApiException) or when the API server cannot be reached
+    or drops the connection (urllib3's HTTPError: MaxRetryError, ProtocolError; ConnectionError)."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    return ApiException, urllib3.exceptions.HTTPError, ConnectionError
+
+
+def _describe(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status is not None:
+        return f"{status} {getattr(exc, 'reason', '')}".strip()
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 WATCH_TARGETS = (
@@ -595,6 +728,7 @@ class KubeWatcher:
         self._queue: queue.Queue[tuple[str, str, dict[str, Any]] | None] = queue.Queue()
         self._stop = threading.Event()
         self.errors: list[str] = []
+        self.rejected = 0  # watch objects refused (see `apply`)
 
     def _list_fn(self, target: WatchTarget) -> Callable[..., Any]:
         from kubernetes import client
@@ -630,12 +764,30 @@ class KubeWatcher:
         return list(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion")
 
     def _watch(self, target: WatchTarget, rv: str | None, rounds: int | None) -> None:
+        """Watch from `rv`. A refused watch (ApiException) or a broken connection (the API server down or
+        restarting: urllib3's MaxRetryError, ProtocolError, ConnectionError) is recorded in `errors`, and
+        the watch lists again after a bounded backoff (`WATCH_BACKOFF_S`, doubling while it fails)."""
         from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
 
         fn = self._list_fn(target)
-        done = 0
-        while not self._stop.is_set() and (rounds is None or done < rounds):
+        done = 0  # watch calls (and failed lists) so far, for `rounds`
+        backoff = WATCH_BACKOFF_S[0]
+        relist = False
+        while not self._stop.is_set():
+            if relist:
+                try:
+                    rv = self._relist(target)
+                    relist, backoff = False, WATCH_BACKOFF_S[0]
+                except _watch_errors() as exc:
+                    self.errors.append(f"{target.name}: relist {_describe(exc)}")
+                    done += 1
+                    if rounds is not None and done >= rounds:
+                        return
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
+                    continue
+            if rounds is not None and done >= rounds:
+                return
             done += 1
             w = watch.Watch()
             try:
@@ -643,6 +795,7 @@ class KubeWatcher:
                 if rv:
                     kwargs["resource_version"] = rv
                 for ev in w.stream(fn, **kwargs):
+                    backoff = WATCH_BACKOFF_S[0]
                     if self._stop.is_set():
                         w.stop()
                         break
@@ -651,24 +804,20 @@ class KubeWatcher:
                         rv = _meta(obj).get("resourceVersion") or rv
                         continue
                     if ev["type"] == "ERROR":  # 410 Gone: the watch window was lost; list again
-                        rv = self._relist(target)
-                        continue
+                        relist = True
+                        break
                     rv = _meta(obj).get("resourceVersion") or rv
                     self._queue.put((target.name, ev["type"], obj))
-            except ApiException as exc:
-                self.errors.append(f"{target.name}: {exc.status} {exc.reason}")
-                self._stop.wait(1.0)
-                rv = self._relist(target)
+            except _watch_errors() as exc:  # refused, or the API server unreachable: back off, list again
+                self.errors.append(f"{target.name}: {_describe(exc)}")
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
+                relist = True
 
     def _relist(self, target: WatchTarget) -> str | None:
-        """List again after a gap: current objects as ADDED, then a RELIST marker naming them."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            listed = self._list(target)
-        except ApiException as exc:
-            self.errors.append(f"{target.name}: relist {exc.status} {exc.reason}")
-            return None
+        """List again after a gap: current objects as ADDED, then a RELIST marker naming them. A failed
+        list (refused, or the API server unreachable) raises: the watch backs off and lists again."""
+        listed = self._list(target)
         if listed is None:
             return None
         items, rv = listed
@@ -678,17 +827,26 @@ class KubeWatcher:
         return rv
 
     def apply(self, target: str, watch_type: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Track one watch event and publish what it implies. An object that does not parse, or whose
+        event the contract refuses, is logged and counted (`rejected`), and the watch goes on."""
         now = self.clock()
-        if watch_type == "RELIST":
-            events = self.tracker.on_pod_relist(set(obj["keys"]), now) if target == "pods" else []
-        elif target == "pods":
-            events = self.tracker.on_pod(watch_type, obj, now)
-        elif target == "workloads":
-            events = self.tracker.on_workload(watch_type, obj, now)
-        else:
-            events = self.tracker.on_podgroup(watch_type, obj, now)
-        for e in events:
-            self.sink.publish(JOB_EVENTS, job_key(e["cluster"], e["job_id"]), e)
+        try:
+            if watch_type == "RELIST":
+                events = self.tracker.on_pod_relist(set(obj["keys"]), now) if target == "pods" else []
+            elif watch_type == "RECHECK":
+                events = self.tracker.recheck_devices(now)
+            elif target == "pods":
+                events = self.tracker.on_pod(watch_type, obj, now)
+            elif target == "workloads":
+                events = self.tracker.on_workload(watch_type, obj, now)
+            else:
+                events = self.tracker.on_podgroup(watch_type, obj, now)
+            for e in events:
+                self.sink.publish(JOB_EVENTS, job_key(e["cluster"], e["job_id"]), e)
+        except (ParseError, ContractError) as exc:
+            self.rejected += 1
+            log.warning("kube %s %s: object refused: %s", target, watch_type, exc)
+            return []
         return events
 
     def run(self, rounds: int | None = None) -> list[dict[str, Any]]:
@@ -720,6 +878,10 @@ class KubeWatcher:
             drain()
         drain()
         return applied
+
+    def recheck_devices(self) -> None:
+        """From any thread: have the apply thread ask the device source again for pods of unknown devices."""
+        self._queue.put(("pods", "RECHECK", {}))
 
     def stop(self) -> None:
         self._stop.set()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 
 NOT_CARRIED = "-"
 # Units a rule can declare; `auto_ratio` reads values above 1 as percent (old catalogues said "(in %)").

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 from producers.mapping import MappingCatalogue, MetricMapping, load_mappings
 from producers.records import coerce_device, empty_device, node_scrape_record
 

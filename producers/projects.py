@@ -7,6 +7,12 @@ Modes:
 - grace: a job without a (valid) project is recorded with the user's default, `source=DEFAULT`;
 - strict: no fallback. The scheduler's own hooks reject such jobs at submission (see `policy`);
   one that got through anyway is recorded as given (`MISSING` or `UNKNOWN_PROJECT`), never guessed.
+
+Attribution cannot be claimed (both modes): an explicit project the user is not a member of is never
+charged. It is kept as `claimed` (the job event's `project_claimed`, for audit and the reports' flag)
+and the job is charged to the user's default project (`source=DEFAULT`), or to none when the user has
+no default (`source=MISSING`, `validation=NOT_A_MEMBER`). Only the charged project counts anywhere
+else (reclaim exemptions, idle thresholds, rollups).
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from typing import Any, Literal
 
 import yaml
 
-from gpuledger.errors import ConfigError, ParseError
+from base.errors import ConfigError, ParseError
 
 Mode = Literal["grace", "strict"]
-PROJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# Matched whole (`fullmatch`): `$` would also accept a trailing newline.
+PROJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +80,7 @@ def _str_set(value: Any) -> frozenset[str]:
 
 
 def _check_id(pid: str, where: str) -> str:
-    if not PROJECT_ID.match(pid):
+    if not PROJECT_ID.fullmatch(pid):
         raise ParseError(f"{where}: invalid project id {pid!r} (letters, digits, . _ -; at most 63)")
     return pid
 
@@ -177,7 +184,7 @@ def parse_comment_pairs(comment: str | None) -> dict[str, str]:
     if not comment:
         return out
     for piece in re.split(r"[,;\s]+", comment):
-        m = re.match(r"^([A-Za-z0-9_.-]+)[=:](.*)$", piece)
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)[=:](.*)", piece)
         if m:
             out[m.group(1).lower()] = m.group(2)
     return out
@@ -218,6 +225,7 @@ class Attribution:
     source: str  # EXPLICIT, DEFAULT, MISSING
     validation: str  # VALID, UNKNOWN_PROJECT, NOT_A_MEMBER, NOT_CHECKED
     cost_centre: str | None = None
+    claimed: str | None = None  # an explicit project the user is not a member of: recorded, never charged
 
 
 class Attributor:
@@ -244,6 +252,8 @@ class Attributor:
     def resolve(self, user: str, explicit: str | None, teams: frozenset[str] = frozenset()) -> Attribution:
         if explicit:
             verdict = self.validate(explicit, user, teams)
+            if verdict == "NOT_A_MEMBER":
+                return self._claimed(user, explicit, teams)
             if verdict in ("VALID", "NOT_CHECKED") or self.rule.mode == "strict":
                 return Attribution(explicit, "EXPLICIT", verdict, self._cost_centre(explicit))
         if self.rule.mode == "grace" and self.registry is not None:
@@ -253,6 +263,15 @@ class Attributor:
         if explicit:  # grace, invalid, and no default to fall back on: keep what was given, flagged
             return Attribution(explicit, "EXPLICIT", self.validate(explicit, user, teams), None)
         return Attribution(None, "MISSING", "NOT_CHECKED", None)
+
+    def _claimed(self, user: str, claimed: str, teams: frozenset[str]) -> Attribution:
+        """A non-member's explicit project: charged to the user's default (in either mode), the claim kept."""
+        default = self.registry.default_for(user) if self.registry is not None else None
+        if default is not None:
+            return Attribution(
+                default, "DEFAULT", self.validate(default, user, teams), self._cost_centre(default), claimed
+            )
+        return Attribution(None, "MISSING", "NOT_A_MEMBER", None, claimed)
 
     def resolve_slurm(
         self,

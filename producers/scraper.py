@@ -5,7 +5,11 @@ ticks plus a fixed per-target offset (jitter, so hundreds of targets do not hit 
 same millisecond), with a per-request timeout; a target that fails backs off exponentially (up to
 `backoff_max_s`) and is retried, never dropped. The record's `ts_ms` is the tick the scrape was
 made for (event time, whole seconds plus the target's offset). Parsing, mapping and record
-building are `producers.dcgm` (pure); publishing goes through `gpuledger.kafka.RecordPublisher`.
+building are `producers.dcgm` (pure); publishing goes through `schemas.publish.RecordPublisher`.
+
+An endpoint is untrusted: a scrape bigger than `max_scrape_bytes` (declared or streamed) is refused
+without reading the rest, and one bigger than `OFFLOAD_BYTES` is parsed in a worker thread so the
+event loop keeps every other target on its tick. Either failure counts against that target only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from gpuledger.errors import ConfigError, GpuledgerError, ParseError
+from base.errors import ConfigError, GpuledgerError, ParseError
 from producers.dcgm import ExpositionParser, Normalizer, scrape_record
 from schemas.topics import DEVICE_SAMPLES, Topic, node_key
 
@@ -90,6 +94,27 @@ class ScrapeStats:
     targets: dict[str, TargetState] = field(default_factory=dict)
 
 
+MAX_SCRAPE_BYTES = 4 << 20  # an 8-GPU dcgm-exporter scrape is ~50-300 KiB; a malformed one costs ~13 us/byte
+OFFLOAD_BYTES = 1 << 20  # parse bigger scrapes in a thread (~10 ms of CPU and more): the loop stays on time
+
+
+async def fetch_capped(client: httpx.AsyncClient, url: str, timeout_s: float, max_bytes: int) -> str:
+    """The body of `url` as text, refusing (ParseError) a body over `max_bytes` before reading all of it."""
+    async with client.stream("GET", url, timeout=timeout_s) as resp:
+        resp.raise_for_status()
+        declared = resp.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
+            raise ParseError(f"scrape of {int(declared)} bytes declared (at most {max_bytes})")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.aiter_bytes():  # decoded: a compressed bomb is counted as it inflates
+            size += len(chunk)
+            if size > max_bytes:
+                raise ParseError(f"scrape over {max_bytes} bytes: refused")
+            chunks.append(chunk)
+        return b"".join(chunks).decode(resp.encoding or "utf-8", errors="replace")
+
+
 def _offset(url: str, jitter_s: float) -> float:
     return (zlib.crc32(url.encode()) % 1000) / 1000 * jitter_s
 
@@ -107,6 +132,7 @@ class DcgmScraper:
         backoff_max_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         topic: Topic = DEVICE_SAMPLES,
+        max_scrape_bytes: int = MAX_SCRAPE_BYTES,
     ) -> None:
         if not targets:
             raise ConfigError("dcgm producer: no targets")
@@ -119,31 +145,41 @@ class DcgmScraper:
         self.backoff_max_s = backoff_max_s
         self.clock = clock
         self.topic = topic
+        self.max_scrape_bytes = max_scrape_bytes
         self.parser = ExpositionParser()
         self.normalizer = Normalizer()
         self.stats = ScrapeStats(targets={t.url: TargetState() for t in targets})
         self._ssl: ssl.SSLContext | None = None
 
-    def handle(self, target: Target, text: str, ts_ms: int) -> dict[str, Any]:
-        """Parse, map, build and publish one scrape's record (the CPU part of a scrape)."""
+    def build(self, target: Target, text: str, ts_ms: int) -> tuple[str, dict[str, Any]]:
+        """Parse, map and build one scrape's record (the CPU part of a scrape): (node, record)."""
         exposition = self.parser.parse(text)
         norm = self.normalizer.normalize(exposition.samples, exporter_version=target.exporter_version)
         node = target.node or norm.hostname or urlsplit(target.url).hostname or target.url
         record = scrape_record(
             cluster=self.cluster, node=node, ts_ms=ts_ms, normalized=norm, exporter_version=target.exporter_version
         )
+        return node, record
+
+    def _publish(self, node: str, record: dict[str, Any]) -> dict[str, Any]:
         self.publisher.publish(self.topic, node_key(self.cluster, node), record)
         self.stats.records += 1
-        self.stats.devices += len(norm.devices)
+        self.stats.devices += len(record["devices"])
         return record
+
+    def handle(self, target: Target, text: str, ts_ms: int) -> dict[str, Any]:
+        """Build and publish one scrape's record."""
+        return self._publish(*self.build(target, text, ts_ms))
 
     async def scrape_once(self, client: httpx.AsyncClient, target: Target, ts_ms: int) -> dict[str, Any] | None:
         state = self.stats.targets[target.url]
         try:
-            resp = await client.get(target.url, timeout=self.timeout_s)
-            resp.raise_for_status()
-            record = self.handle(target, resp.text, ts_ms)
-        except (httpx.HTTPError, GpuledgerError, ValueError, UnicodeDecodeError) as exc:
+            text = await fetch_capped(client, target.url, self.timeout_s, self.max_scrape_bytes)
+            if len(text) > OFFLOAD_BYTES:
+                record = self._publish(*await asyncio.to_thread(self.build, target, text, ts_ms))
+            else:
+                record = self.handle(target, text, ts_ms)
+        except (httpx.HTTPError, GpuledgerError, ValueError, UnicodeDecodeError, RecursionError) as exc:
             # One target's failure (network, a scrape that does not parse or map) never stops the others.
             state.failures += 1
             state.failed += 1

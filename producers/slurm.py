@@ -10,6 +10,12 @@ Formats accepted (auto-detected by `parse_capture`):
   in openapi dbv0.0.37, a list from v0.0.40) and `time.{submission,start,end}`; GPUs only as a TRES count.
 - `scontrol show job -d` text, with per-node lines in the old `GRES_IDX=gpu(IDX:0,2-3)` style and the
   newer `JOB_GRES=` / `GRES=gpu:type:N(IDX:...)` style.
+
+The text comes from outside (and job names, comments and wckeys from users), so every expansion is
+bounded before it allocates: a hostlist names at most `MAX_HOSTS` hosts (`a[1-99999999]` is refused
+from its bounds, not by expanding it), an index list at most `MAX_NODE_GPUS` indices below
+`MAX_GPU_INDEX`, a node at most `MAX_NODE_GPUS` devices, a job at most `MAX_JOB_GPUS`. Anything else that
+does not parse is a `ParseError`, never a bare ValueError or TypeError.
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ from datetime import UTC, datetime, tzinfo
 from functools import lru_cache
 from typing import Any
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
+from base.untrusted import parses_untrusted, small_int
+
+MAX_HOSTS = 65_536  # hosts one hostlist expression may name (the largest clusters have ~10,000 nodes)
+MAX_HOSTLIST_BRACKETS = 16  # bracket groups in one host pattern (`r[1-2]n[1-4]` has two)
+MAX_NODE_GPUS = 1_024  # devices (GPUs or MIG instances) one node may hold in a record
+MAX_GPU_INDEX = 65_535
+MAX_JOB_GPUS = 1 << 24  # GPUs one job may hold in a record
 
 BASE_STATES = frozenset(
     {
@@ -75,6 +88,10 @@ class NodeGpus:
     count: int
     indices: tuple[int, ...] = ()
     gpu_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.count <= MAX_NODE_GPUS:
+            raise ParseError(f"{self.count} GPUs on node {self.node[:80]!r}: more than {MAX_NODE_GPUS} per node")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +167,9 @@ class SlurmNode:
 
 @lru_cache(maxsize=8192)
 def expand_hostlist(expr: str | None) -> tuple[str, ...]:
-    """`gpu[1-2],cn[01-03,07]-ib` -> ('gpu1', 'gpu2', 'cn01-ib', ...). Empty/`(null)`/`None assigned` -> ()."""
+    """`gpu[1-2],cn[01-03,07]-ib` -> ('gpu1', 'gpu2', 'cn01-ib', ...). Empty/`(null)`/`None assigned` -> ().
+
+    More than `MAX_HOSTS` hosts is a `ParseError`, found from the ranges' bounds before expanding."""
     if not expr:
         return ()
     expr = expr.strip()
@@ -158,7 +177,7 @@ def expand_hostlist(expr: str | None) -> tuple[str, ...]:
         return ()
     out: list[str] = []
     for part in _split_top(expr, ","):
-        out.extend(_expand_one(part.strip()))
+        out.extend(_expand_one(part.strip(), MAX_HOSTS - len(out), expr))
     return tuple(h for h in out if h)
 
 
@@ -181,41 +200,72 @@ def _split_top(text: str, sep: str) -> list[str]:
     return [p for p in parts if p != ""]
 
 
-def _expand_one(part: str) -> list[str]:
+def _bracket_items(body: str, expr: str) -> list[tuple[int, int, int] | str]:
+    """`01-03,07` -> [(1, 3, 2), '07']: ranges as (lo, hi, zero-pad width), single names as text."""
+    out: list[tuple[int, int, int] | str] = []
+    for rng in body.split(","):
+        if "-" not in rng:
+            out.append(rng)
+            continue
+        lo, hi = rng.split("-", 1)
+        what = f"hostlist {expr[:80]!r}: range {rng[:40]!r}"
+        out.append((small_int(lo, what, 10**18), small_int(hi, what, 10**18), len(lo) if lo.startswith("0") else 0))
+    return out
+
+
+def _expand_one(part: str, budget: int, expr: str) -> list[str]:
+    """The hosts of one pattern; more than `budget` is a `ParseError`."""
     lb = part.find("[")
     if lb < 0:
         return [part]
+    if part.count("[") > MAX_HOSTLIST_BRACKETS:
+        raise ParseError(f"hostlist {expr[:80]!r}: more than {MAX_HOSTLIST_BRACKETS} bracket groups in one name")
     rb = part.find("]", lb)
     if rb < 0:
-        raise ParseError(f"unbalanced hostlist {part!r}")
+        raise ParseError(f"unbalanced hostlist {part[:80]!r}")
     prefix, body, suffix = part[:lb], part[lb + 1 : rb], part[rb + 1 :]
+    items = _bracket_items(body, expr)
+    n = sum(1 if isinstance(it, str) else max(0, it[1] - it[0] + 1) for it in items)
+    if n > budget:
+        raise ParseError(f"hostlist {expr[:80]!r} names more than {MAX_HOSTS} hosts")
+    if n == 0:
+        return []
+    rests = _expand_one(suffix, budget // n, expr)
+    if n * len(rests) > budget:
+        raise ParseError(f"hostlist {expr[:80]!r} names more than {MAX_HOSTS} hosts")
     out: list[str] = []
-    for rng in body.split(","):
-        if "-" in rng:
-            lo, hi = rng.split("-", 1)
-            width = len(lo) if lo.startswith("0") else 0
-            for n in range(int(lo), int(hi) + 1):
-                out.extend(prefix + str(n).zfill(width) + rest for rest in _expand_one(suffix))
+    for it in items:
+        if isinstance(it, str):
+            out.extend(prefix + it + rest for rest in rests)
         else:
-            out.extend(prefix + rng + rest for rest in _expand_one(suffix))
+            lo, hi, width = it
+            for k in range(lo, hi + 1):
+                out.extend(prefix + str(k).zfill(width) + rest for rest in rests)
     return out
 
 
 def parse_index_list(text: str) -> tuple[int, ...]:
-    """`0,2-3,5` -> (0, 2, 3, 5); `N/A` or empty -> ()."""
+    """`0,2-3,5` -> (0, 2, 3, 5); `N/A` or empty -> (). At most `MAX_NODE_GPUS` indices, each at most
+    `MAX_GPU_INDEX`; anything else is a `ParseError`."""
     text = text.strip()
     if not text or text.upper() == "N/A":
         return ()
     out: list[int] = []
+    what = f"GPU index list {text[:80]!r}"
     for piece in text.split(","):
         piece = piece.strip()
         if not piece:
             continue
         if "-" in piece:
             lo, hi = piece.split("-", 1)
-            out.extend(range(int(lo), int(hi) + 1))
+            first, last = small_int(lo.strip(), what, MAX_GPU_INDEX), small_int(hi.strip(), what, MAX_GPU_INDEX)
+            if len(out) + last - first + 1 > MAX_NODE_GPUS:
+                raise ParseError(f"{what}: more than {MAX_NODE_GPUS} indices")
+            out.extend(range(first, last + 1))
         else:
-            out.append(int(piece))
+            if len(out) >= MAX_NODE_GPUS:
+                raise ParseError(f"{what}: more than {MAX_NODE_GPUS} indices")
+            out.append(small_int(piece, what, MAX_GPU_INDEX))
     return tuple(out)
 
 
@@ -253,8 +303,8 @@ def parse_gres(text: str | None) -> tuple[GresItem, ...]:
         for tok in (a, b):
             if tok is None:
                 continue
-            if tok.isdigit():
-                count = int(tok)
+            if tok.isascii() and tok.isdigit():
+                count = small_int(tok, f"gres {text[:80]!r}", MAX_JOB_GPUS)  # also mps/shard counts
             elif gpu_type is None:
                 gpu_type = tok
         indices: tuple[int, ...] = ()
@@ -264,7 +314,7 @@ def parse_gres(text: str | None) -> tuple[GresItem, ...]:
                 if piece.startswith("IDX:"):
                     indices = parse_index_list(piece[4:])
                 elif piece.startswith("CNT:") and count is None:
-                    count = int(piece[4:])
+                    count = small_int(piece[4:], f"gres {text[:80]!r}", MAX_JOB_GPUS)
         if count is None and indices:
             count = len(indices)
         items.append(GresItem(name, gpu_type, count, indices))
@@ -278,26 +328,27 @@ def gpus_in_tres(tres: str | None) -> int | None:
     for piece in tres.split(","):
         key, _, value = piece.partition("=")
         if key.strip() == "gres/gpu":
-            try:
-                return int(value)
-            except ValueError:
+            value = value.strip()
+            if not (value.isascii() and value.isdigit()):
                 return None
+            return small_int(value, f"TRES {tres[:80]!r}", MAX_JOB_GPUS)
     return None
 
 
 def gpus_in_tres_per(spec: str | None) -> int | None:
-    """`gres/gpu:8`, `gpu:h100:2`, `gres/gpu:a100=2` (tres_per_job/tres_per_node) -> count of GPUs."""
+    """`gres/gpu:8`, `gpu:h100:2`, `gres/gpu:a100=2`, `gres:gpu:a100:2` (Slurm 22.05's squeue --json)
+    (tres_per_job/tres_per_node) -> count of GPUs."""
     if not spec:
         return None
     total = None
     for piece in spec.split(","):
         piece = piece.strip()
-        if piece.startswith("gres/"):
+        if piece.startswith(("gres/", "gres:")):
             piece = piece[5:]
         if not piece.startswith("gpu"):
             continue
         tail = re.split(r"[:=]", piece)[-1]
-        total = (total or 0) + (int(tail) if tail.isdigit() else 1)
+        total = (total or 0) + (small_int(tail, f"TRES {spec[:80]!r}", MAX_JOB_GPUS) if tail.isdigit() else 1)
     return total
 
 
@@ -336,11 +387,19 @@ def _num(value: Any) -> int | None:
         value = value.get("number")
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, int):
+        return value if -_NUM_LIMIT <= value <= _NUM_LIMIT else None
+    if isinstance(value, float):
+        return int(value) if -_NUM_LIMIT <= value <= _NUM_LIMIT else None  # NaN and infinities fail both
+    if isinstance(value, str):
+        text = value.strip()
+        digits = text[1:] if text.startswith("-") else text
+        if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+            return int(text)
     return None
+
+
+_NUM_LIMIT = (1 << 63) - 1  # Slurm's numbers are 64-bit at most
 
 
 def _ts_ms(value: Any) -> int | None:
@@ -379,8 +438,7 @@ def _exit_code(value: Any) -> int | None:
     if isinstance(value, Mapping):
         return _num(value.get("return_code"))
     if isinstance(value, str) and ":" in value:
-        head = value.split(":", 1)[0]
-        return int(head) if head.isdigit() else None
+        return _num(value.split(":", 1)[0])
     return _num(value)
 
 
@@ -415,6 +473,7 @@ def _when_ran(state: str, start: int | None, end: int | None, nodes: tuple[str, 
 # slurmctld JSON (squeue --json, slurmrestd /slurm/.../jobs)
 
 
+@parses_untrusted("slurmctld job record")
 def parse_ctld_job(rec: Mapping[str, Any]) -> SlurmJob:
     numeric = _num(rec.get("job_id"))
     if numeric is None:
@@ -493,6 +552,7 @@ def _tres_gpus(tres_list: Any) -> int | None:
     return None
 
 
+@parses_untrusted("slurmdbd job record")
 def parse_dbd_job(rec: Mapping[str, Any]) -> SlurmJob:
     numeric = _num(rec.get("job_id"))
     if numeric is None:
@@ -607,6 +667,7 @@ def _scontrol_opt(value: str | None) -> str | None:
     return value
 
 
+@parses_untrusted("scontrol job record")
 def parse_scontrol_job(lines: list[str], tz: tzinfo = UTC) -> SlurmJob:
     fields: dict[str, str] = {}
     node_lines: list[dict[str, str]] = []
@@ -617,15 +678,14 @@ def parse_scontrol_job(lines: list[str], tz: tzinfo = UTC) -> SlurmJob:
             continue
         for k, v in pairs:
             fields.setdefault(k, v)
-    numeric_text = fields.get("JobId", "")
-    if not numeric_text.isdigit():
+    numeric = _num(fields.get("JobId", ""))
+    if numeric is None or numeric < 0:
         raise ParseError(f"scontrol record without a numeric JobId: {lines[0][:80]!r}")
-    numeric = int(numeric_text)
     state, flags = parse_state(fields.get("JobState", ""))
 
     def opt_int(key: str) -> int | None:
-        v = fields.get(key)
-        return int(v) if v and v.isdigit() else None
+        v = _num(fields.get(key))
+        return v if v is not None and v >= 0 else None
 
     job_id, aj, at, hj, ho = _job_id_text(
         numeric, opt_int("ArrayJobId"), opt_int("ArrayTaskId"), None, opt_int("HetJobId"), opt_int("HetJobOffset")
@@ -683,6 +743,7 @@ def parse_scontrol_job(lines: list[str], tz: tzinfo = UTC) -> SlurmJob:
     )
 
 
+@parses_untrusted("scontrol node record")
 def parse_scontrol_node(lines: list[str]) -> SlurmNode:
     fields: dict[str, str] = {}
     for line in lines:
@@ -699,6 +760,7 @@ def parse_scontrol_node(lines: list[str]) -> SlurmNode:
     )
 
 
+@parses_untrusted("scontrol text")
 def parse_scontrol_text(text: str, tz: tzinfo = UTC) -> Capture:
     jobs: list[SlurmJob] = []
     nodes: list[SlurmNode] = []
@@ -727,13 +789,23 @@ def _ctld_node(rec: Mapping[str, Any]) -> SlurmNode:
     )
 
 
+# slurmdbd's "Nothing found with query" (ESLURM_REST_EMPTY_RESULT): `sacct --json` over a window without
+# jobs exits 0 with this error and `"jobs": []` (Slurm 22.05, seen on the live cluster of the tests).
+EMPTY_RESULT_ERROR = 9003
+
+
+def _empty_result(error: Any) -> bool:
+    return isinstance(error, Mapping) and _num(error.get("error_number")) == EMPTY_RESULT_ERROR
+
+
+@parses_untrusted("Slurm JSON document")
 def parse_json_doc(doc: Mapping[str, Any]) -> Capture:
     meta = doc.get("meta") or {}
     plugin = meta.get("plugin") or {}
     slurm_meta = meta.get("slurm") or meta.get("Slurm") or {}
     version = slurm_meta.get("release") if isinstance(slurm_meta, Mapping) else None
     parser = plugin.get("data_parser") or plugin.get("type")
-    errors = doc.get("errors") or []
+    errors = [e for e in doc.get("errors") or [] if not _empty_result(e)]
     if errors and not doc.get("jobs") and not doc.get("nodes"):
         raise ParseError(f"Slurm answered with errors: {json.dumps(errors)[:300]}")
     if "nodes" in doc and "jobs" not in doc:
@@ -759,6 +831,7 @@ def parse_json_doc(doc: Mapping[str, Any]) -> Capture:
     return Capture(kind, tuple(jobs), version, parser)
 
 
+@parses_untrusted("Slurm output")
 def parse_capture(text: str, tz: tzinfo = UTC) -> Capture:
     """Auto-detect: JSON (squeue/sacct/slurmrestd) or scontrol text."""
     stripped = text.lstrip()

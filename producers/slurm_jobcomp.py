@@ -4,50 +4,88 @@ Field names follow the plugin (23.02 to 26.05: `jobid`, `username`, `@start`, `@
 `tres_alloc`, `array_job_id`, `het_job_id`, `wc_key`, `account`, ...). GPUs appear only as a count in
 `tres_alloc` (`gres/gpu=4`): per-GPU indices come from the STARTED event already seen for the job
 (`StartIndex`), else from the node's GPU map when the job holds every GPU of its nodes.
+
+Records arrive on a topic anyone with produce rights can write to: `parse_jobcomp_bytes` takes at most
+`MAX_RECORD_BYTES` of JSON, and whatever does not parse or is out of range (a time past year 9999, a
+text field that is an object) is a `ParseError`, which the consumer dead-letters before going on.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
+from base.untrusted import parses_untrusted
 from producers.devicemap import DeviceMap
 from producers.jobevents import EventContext
 from producers.slurm import NodeGpus, SlurmJob, even_split, expand_hostlist, gpus_in_tres, parse_state
 from producers.slurm_events import slurm_event
 
+MAX_RECORD_BYTES = 1 << 20
+MAX_EPOCH_S = 253_402_300_799  # 9999-12-31T23:59:59Z
+
+
+@parses_untrusted("jobcomp record")
+def parse_jobcomp_bytes(data: bytes | None) -> Mapping[str, Any]:
+    """The JSON object of one jobcomp message."""
+    if data is None or len(data) > MAX_RECORD_BYTES:
+        raise ParseError(f"jobcomp record of {0 if data is None else len(data)} bytes (at most {MAX_RECORD_BYTES})")
+    rec = json.loads(data)
+    if not isinstance(rec, Mapping):
+        raise ParseError(f"jobcomp record is a JSON {type(rec).__name__}, not an object")
+    return rec
+
 
 def _time(value: Any, tz: tzinfo) -> int | None:
     if value in (None, "", 0, "Unknown", "None"):
         return None
-    if isinstance(value, int | float):
-        return int(value) * 1000 if value > 0 else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not value > 0:
+            return None
+        if value > MAX_EPOCH_S:
+            raise ParseError(f"jobcomp time {value!r} is after year 9999")
+        return int(value) * 1000
     text = str(value).strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
+        if len(text) > 12 or int(text) > MAX_EPOCH_S:
+            raise ParseError(f"jobcomp time {text[:40]!r} is after year 9999")
         return int(text) * 1000
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
-        raise ParseError(f"jobcomp time {text!r} is not ISO 8601") from exc
+        raise ParseError(f"jobcomp time {text[:80]!r} is not ISO 8601") from exc
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=tz)
     return int(dt.timestamp() * 1000)
 
 
+def _opt_text(rec: Mapping[str, Any], key: str) -> str | None:
+    value = rec.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise ParseError(f"jobcomp field {key!r} is a {type(value).__name__}, not text")
+
+
 def _opt_int(value: Any) -> int | None:
-    if value is None or value == "":
+    if value is None or value == "" or isinstance(value, bool):
         return None
     try:
         n = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return n
+    return n if -(1 << 63) <= n < (1 << 63) else None
 
 
+@parses_untrusted("jobcomp record")
 def parse_jobcomp(rec: Mapping[str, Any], tz: tzinfo = UTC) -> SlurmJob:
+    if not isinstance(rec, Mapping):
+        raise ParseError(f"jobcomp record is a {type(rec).__name__}, not an object")
     numeric = _opt_int(rec.get("jobid"))
     if numeric is None:
         raise ParseError("jobcomp record without a numeric `jobid`")
@@ -75,13 +113,13 @@ def parse_jobcomp(rec: Mapping[str, Any], tz: tzinfo = UTC) -> SlurmJob:
         state_flags=flags,
         user=str(rec.get("username") or rec.get("user_id") or "unknown"),
         source="jobcomp",
-        name=rec.get("job_name"),
-        account=rec.get("account"),
-        partition=rec.get("partition"),
-        qos=rec.get("qos"),
+        name=_opt_text(rec, "job_name"),
+        account=_opt_text(rec, "account"),
+        partition=_opt_text(rec, "partition"),
+        qos=_opt_text(rec, "qos"),
         wckey=(str(rec["wc_key"]).lstrip("*") or None) if rec.get("wc_key") else None,
-        comment=rec.get("comment"),
-        cluster=rec.get("cluster"),
+        comment=_opt_text(rec, "comment"),
+        cluster=_opt_text(rec, "cluster"),
         array_job_id=aj,
         array_task_id=at,
         het_job_id=hj,
@@ -92,7 +130,7 @@ def parse_jobcomp(rec: Mapping[str, Any], tz: tzinfo = UTC) -> SlurmJob:
         nodes=nodes,
         gpus=even_split(nodes, count),
         gpu_count=count,
-        exit_code=int(head) if head.lstrip("-").isdigit() else None,
+        exit_code=_opt_int(head) if head.lstrip("-").isascii() and head.lstrip("-").isdigit() else None,
     )
 
 

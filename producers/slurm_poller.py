@@ -13,6 +13,7 @@ The adapter `SlurmPoller` runs the commands (injected runner and clock) and publ
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,13 +22,15 @@ from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any
 
-from gpuledger.errors import ParseError, ServiceError
+from base.errors import ParseError, ServiceError
 from producers.jobevents import EventContext, EventSink
-from producers.slurm import SlurmJob, parse_capture
+from producers.slurm import SlurmJob, even_split, parse_capture
 from producers.slurm_events import het_gang_sizes, slurm_event
 from schemas.topics import JOB_EVENTS, job_key
 
 Runner = Callable[[Sequence[str]], str]
+log = logging.getLogger(__name__)
+ACCOUNTING_OFF = "accounting_storage/none"
 
 
 @dataclass
@@ -42,6 +45,9 @@ class PollState:
     jobs: dict[str, Tracked] = field(default_factory=dict)  # jobs seen in the listing, not yet closed
     vanished: dict[str, Tracked] = field(default_factory=dict)  # active when last seen, gone since
     closed: dict[str, int] = field(default_factory=dict)  # job_id -> end ms of jobs already ENDED
+    # GPU jobs last seen pending that left the listing: sacct may show them run (between two polls) without
+    # GPU TRES (AccountingStorageTRES without gres/gpu); their request is what says how many GPUs they held.
+    left_pending: dict[str, Tracked] = field(default_factory=dict)
     last_poll_ms: int | None = None
 
 
@@ -174,13 +180,16 @@ def step(
         tracked = state.jobs.pop(job_id)
         if tracked.job.active:
             state.vanished[job_id] = tracked
+        elif tracked.job.gpu_count:
+            state.left_pending[job_id] = tracked
 
     for acct in accounting:
-        if cfg.gpu_jobs_only and not _is_gpu(acct):
-            continue
+        acct = _with_requested_gpus(state, acct)
         if track_key(acct) in seen_ids:
             continue
-        vanished = state.vanished.get(track_key(acct))
+        vanished = state.vanished.get(track_key(acct))  # a GPU job, whatever TRES its accounting carries
+        if vanished is None and cfg.gpu_jobs_only and not _is_gpu(acct):
+            continue
         if vanished is not None:
             if acct.terminal or acct.state == "REQUEUED":
                 # keep the device detail the listing had; take the real times and final state from sacct
@@ -208,10 +217,26 @@ def step(
         lost = replace(tracked.job, state="UNKNOWN", end_ms=tracked.last_seen_ms)
         emit(lost, [("ENDED", tracked.last_seen_ms)], tracked)
 
-    for job_id in [k for k, end in state.closed.items() if now_ms - end > cfg.closed_retention_ms]:
-        del state.closed[job_id]
+    _forget_old(state, now_ms, cfg)
     state.last_poll_ms = now_ms
     return events
+
+
+def _with_requested_gpus(state: PollState, acct: SlurmJob) -> SlurmJob:
+    """A job last seen pending whose accounting names its nodes but carries no GPU TRES: its nodes, with
+    the GPUs it asked for spread over them (indices unknown)."""
+    pending = state.left_pending.pop(track_key(acct), None)
+    if pending is None or _is_gpu(acct) or not acct.nodes:
+        return acct
+    count = pending.job.gpu_count
+    return replace(acct, gpu_count=count, gpus=even_split(acct.nodes, count))
+
+
+def _forget_old(state: PollState, now_ms: int, cfg: PollConfig) -> None:
+    for job_id in [k for k, end in state.closed.items() if now_ms - end > cfg.closed_retention_ms]:
+        del state.closed[job_id]
+    for job_id in [k for k, t in state.left_pending.items() if now_ms - t.last_seen_ms > cfg.closed_retention_ms]:
+        del state.left_pending[job_id]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -280,6 +305,17 @@ class SlurmCommands:
     detail: tuple[str, ...] = ("scontrol", "show", "job", "-d")
     accounting: tuple[str, ...] = ("sacct", "--json", "-X", "--allusers")
     accounting_overlap_s: int = 300
+    # Asked when sacct fails, to tell a cluster without accounting (AccountingStorageType) from an outage.
+    config: tuple[str, ...] = ("scontrol", "show", "config")
+
+
+def accounting_storage_type(config_text: str) -> str | None:
+    """`AccountingStorageType` from `scontrol show config` (`Key = value` lines); None when absent."""
+    for line in config_text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "AccountingStorageType":
+            return value.strip() or None
+    return None
 
 
 class SlurmPoller:
@@ -308,6 +344,7 @@ class SlurmPoller:
         self.state = PollState()
         self.state_path = state_path
         self.max_catch_up_s = max_catch_up_s
+        self.accounting_disabled = False  # set once sacct failed on a cluster without accounting
         # When the last run's poll time is known, the first sacct window reaches back to it, so jobs that
         # started and ended while the poller was down are still recorded (same event ids: no duplicates).
         self.resume_from_ms: int | None = None
@@ -356,13 +393,39 @@ class SlurmPoller:
                 else j
                 for j in listing
             ]
-        accounting: list[SlurmJob] = []
-        if self.commands.accounting:
-            accounting = list(parse_capture(self.runner(self._accounting_argv(now_ms)), self.tz).jobs)
+        accounting = self._accounting(now_ms)
         events = step(self.state, listing, accounting, now_ms, self.ctx, self.config)
         for ev in events:
             self.sink.publish(JOB_EVENTS, job_key(ev["cluster"], ev["job_id"]), ev)
         return events
+
+    def _accounting(self, now_ms: int) -> list[SlurmJob]:
+        """sacct's records of the window; none, after one warning, on a cluster whose accounting is disabled
+        (sacct then exits 1). Any other sacct failure fails the cycle, as before."""
+        if not self.commands.accounting or self.accounting_disabled:
+            return []
+        try:
+            text = self.runner(self._accounting_argv(now_ms))
+        except ServiceError:
+            if not self._accounting_off():
+                raise
+            self.accounting_disabled = True
+            log.warning(
+                "Slurm accounting is disabled on this cluster (AccountingStorageType=%s): polling without sacct, "
+                "so a job that starts and ends between two polls is not recorded, and a job that leaves the "
+                "listing while running is closed at its last-seen time after %d s", ACCOUNTING_OFF,
+                self.config.lost_after_ms // 1000,
+            )  # fmt: skip
+            return []
+        return list(parse_capture(text, self.tz).jobs)
+
+    def _accounting_off(self) -> bool:
+        if not self.commands.config:
+            return False
+        try:
+            return accounting_storage_type(self.runner(self.commands.config)) == ACCOUNTING_OFF
+        except ServiceError:
+            return False
 
     def run(
         self,

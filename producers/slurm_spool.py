@@ -2,22 +2,31 @@
 
 Per-node events: a multi-node job's prolog runs on every node, so each node's STARTED carries that
 node's devices only and its `event_id` includes the node. Files are deleted only after the publisher's
-flush succeeded; an unreadable file moves to `<spool>/bad/` with the reason next to it.
+flush succeeded. The spool is writable by job hooks, so a file is untrusted: one that is too big
+(`MAX_SPOOL_FILE_BYTES`), does not parse, or makes a record the contract refuses is quarantined to
+`<spool>/bad/` with the reason next to it (`<name>.reason`), and the drain goes on with the next file.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuledger.errors import ParseError
+from base.errors import ContractError, ParseError
+from base.untrusted import parses_untrusted
 from producers.jobevents import EventContext, EventSink, HeldDevices, job_event
 from producers.projects import Attribution
-from producers.slurm import parse_index_list
+from producers.slurm import MAX_NODE_GPUS, parse_index_list
 from schemas.topics import JOB_EVENTS, job_key
+
+log = logging.getLogger(__name__)
+
+MAX_SPOOL_FILE_BYTES = 256 * 1024  # a hook record is ~2-10 KiB (the job's environment)
+QUARANTINE_DIR = "bad"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +50,20 @@ def _gpu_env(env: Mapping[str, str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
             continue
         parts = [p.strip() for p in value.split(",") if p.strip()]
         if all(p.startswith(("GPU-", "MIG-")) for p in parts):
+            if len(parts) > MAX_NODE_GPUS:
+                raise ParseError(f"{var} names {len(parts)} devices (at most {MAX_NODE_GPUS})")
             return (), tuple(parts)
         try:
             return parse_index_list(value), ()
-        except ValueError:
+        except ParseError:
             continue
     return (), ()
 
 
+@parses_untrusted("spool record")
 def parse_hook_record(data: Mapping[str, Any]) -> HookRecord:
+    if not isinstance(data, Mapping):
+        raise ParseError(f"spool record is a JSON {type(data).__name__}, not an object")
     try:
         env = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
         kind = str(data["kind"])
@@ -69,8 +83,13 @@ def parse_hook_record(data: Mapping[str, Any]) -> HookRecord:
         job_id = str(numeric)
     ts_var = "SLURM_JOB_START_TIME" if kind == "start" else "SLURM_JOB_END_TIME"
     ts_text = env.get(ts_var, "")
-    hook_ts = int(data.get("hook_ts_ms") or 0)
-    ts_ms = int(ts_text) * 1000 if ts_text.isdigit() and int(ts_text) > 0 else hook_ts
+    hook_ts = data.get("hook_ts_ms") or 0
+    if not isinstance(hook_ts, int) or isinstance(hook_ts, bool) or not 0 <= hook_ts < 1 << 62:
+        raise ParseError(f"spool record hook_ts_ms {str(hook_ts)[:40]!r} is not epoch milliseconds")
+    if not 0 <= numeric < 1 << 63:
+        raise ParseError(f"spool record job id {numeric} is out of range")
+    ts_ok = ts_text.isascii() and ts_text.isdigit() and len(ts_text) <= 12 and int(ts_text) > 0
+    ts_ms = int(ts_text) * 1000 if ts_ok else hook_ts
     if kind == "end" and ts_ms > hook_ts > 0:
         ts_ms = hook_ts  # END_TIME in the epilog can be the projected limit: the job is over now
     indices, uuids = _gpu_env(env)
@@ -87,6 +106,7 @@ def parse_hook_record(data: Mapping[str, Any]) -> HookRecord:
     )
 
 
+@parses_untrusted("spool record")
 def hook_event(rec: HookRecord, ctx: EventContext) -> dict[str, Any]:
     env = rec.env
     attribution = Attribution(None, "MISSING", "NOT_CHECKED")
@@ -139,8 +159,36 @@ def hook_event(rec: HookRecord, ctx: EventContext) -> dict[str, Any]:
     )
 
 
+def read_hook_file(path: Path) -> HookRecord:
+    """The record of one spool file; `ParseError` for one too big, unreadable or not a hook record."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_SPOOL_FILE_BYTES:
+            raise ParseError(f"{size} bytes (at most {MAX_SPOOL_FILE_BYTES})")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParseError(f"unreadable: {type(exc).__name__}: {exc}") from exc
+    return parse_hook_record(_json(text))
+
+
+@parses_untrusted("spool file")
+def _json(text: str) -> Any:
+    return json.loads(text)
+
+
+def quarantine(spool: Path, path: Path, exc: Exception) -> None:
+    """Move `path` to `<spool>/bad/` with `<name>.reason` next to it (best effort: a failure is logged)."""
+    try:
+        bad_dir = spool / QUARANTINE_DIR
+        bad_dir.mkdir(exist_ok=True)
+        (bad_dir / (path.name + ".reason")).write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")
+        path.replace(bad_dir / path.name)
+    except OSError as err:
+        log.error("spool: cannot quarantine %s (%s): %s", path, exc, err)
+
+
 def drain(spool: Path, ctx: EventContext, sink: EventSink, flush: Callable[[], None]) -> tuple[int, int]:
-    """Publish every spooled record, flush, then delete what was sent. Returns (sent, bad)."""
+    """Publish every spooled record, flush, then delete what was sent. Returns (sent, quarantined)."""
     if not spool.is_dir():
         return 0, 0
     files = sorted(p for p in spool.glob("*.json") if not p.name.startswith("."))
@@ -148,16 +196,12 @@ def drain(spool: Path, ctx: EventContext, sink: EventSink, flush: Callable[[], N
     bad = 0
     for path in files:
         try:
-            rec = parse_hook_record(json.loads(path.read_text(encoding="utf-8")))
-        except (ParseError, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-            bad_dir = spool / "bad"
-            bad_dir.mkdir(exist_ok=True)
-            path.replace(bad_dir / path.name)
-            (bad_dir / (path.name + ".reason")).write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")
+            ev = hook_event(read_hook_file(path), ctx)
+            sink.publish(JOB_EVENTS, job_key(ev["cluster"], ev["job_id"]), ev)  # encodes: the contract may refuse
+        except (ParseError, ContractError) as exc:
+            quarantine(spool, path, exc)
             bad += 1
             continue
-        ev = hook_event(rec, ctx)
-        sink.publish(JOB_EVENTS, job_key(ev["cluster"], ev["job_id"]), ev)
         sent.append(path)
     if sent:
         flush()  # raises when Kafka did not acknowledge: the files stay for the next round

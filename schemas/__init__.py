@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gpuledger.errors import ContractError
+from base.errors import ContractError
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 HISTORY = "history"

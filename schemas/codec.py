@@ -1,8 +1,9 @@
 """Avro encoding of every record on the wire.
 
 Two framings, told apart by the first bytes:
-- Avro single-object encoding (`C3 01` + 8-byte little-endian CRC-64-AVRO fingerprint + body),
-  used when no Schema Registry is configured;
+- Avro single-object encoding (`C3 01` + the 8-byte CRC-64-AVRO fingerprint of the schema's
+  Parsing Canonical Form, little-endian, + body: the Avro specification's "Single object
+  encoding", what Java's `BinaryMessageEncoder` writes), used when no Schema Registry is configured;
 - Confluent's wire format (`00` + 4-byte big-endian schema id + body), when one is
   (`settings.kafka.schema_registry_url`; `mock://...` gives confluent-kafka's in-process mock).
 
@@ -15,6 +16,11 @@ record name, which works for any compatible change.
 Registry subjects are named `<topic_prefix><subject>` (one per contract subject, like
 Confluent's RecordNameStrategy: several topics share a subject, e.g. the late-samples topic).
 
+Before issue 15 this codec wrote the fingerprint big-endian, which no other Avro implementation
+reads. Such records can still be on the topics (retention up to 30 days, dead letters, spools), so
+the decoder also accepts that byte order, and counts each one in
+`gpuledger_legacy_fingerprint_records_total{subject}`; encoders only ever write the spec's order.
+
 Records are plain dicts; times are epoch milliseconds (ints), never datetimes.
 """
 
@@ -23,21 +29,30 @@ from __future__ import annotations
 import io
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import fastavro
 from fastavro.schema import fingerprint as avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
+from prometheus_client import Counter as PromCounter
 
-from gpuledger.errors import ContractError, ServiceError
-from gpuledger.settings import KafkaSettings
+from base.errors import ContractError, ServiceError
+from base.settings import KafkaSettings
 from schemas import DEFAULT_STORE, SchemaStore
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = b"\x00"
 SINGLE_OBJECT_HEADER_LEN = 10
 CONFLUENT_HEADER_LEN = 5
+
+LEGACY_FINGERPRINT_RECORDS = PromCounter(
+    "gpuledger_legacy_fingerprint_records",
+    "Single-object records decoded whose fingerprint is big-endian (gpuledger writers before issue 15; "
+    "other Avro implementations cannot read them). Zero once they have aged out of every topic.",
+    ["subject"],
+)
 
 
 class MalformedRecord(ContractError):
@@ -78,11 +93,21 @@ def _parse(schema: dict[str, Any]) -> Any:
 
 
 def crc64_fingerprint(parsed: Any) -> bytes:
-    """CRC-64-AVRO of the parsing canonical form, little-endian, as in the single-object header."""
-    return bytes.fromhex(avro_fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))[::-1]
+    """CRC-64-AVRO of the parsing canonical form as the 8 bytes of the single-object header.
+
+    That is the 64-bit fingerprint (Java's `SchemaNormalization.parsingFingerprint64`) written
+    little-endian, which is exactly the hex string fastavro returns: its bytes are used as they are.
+    """
+    return bytes.fromhex(avro_fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
 
 
-def _full_name(schema: dict[str, Any]) -> str:
+def fingerprint64(header_bytes: bytes) -> int:
+    """The unsigned 64-bit fingerprint that 8 header bytes (little-endian) stand for."""
+    return int.from_bytes(header_bytes, "little")
+
+
+def record_name(schema: dict[str, Any]) -> str:
+    """A record schema's full name (`namespace.name`)."""
     name = str(schema["name"])
     namespace = schema.get("namespace")
     return name if "." in name or not namespace else f"{namespace}.{name}"
@@ -119,6 +144,20 @@ def registry_client(url: str) -> Any:
     return client
 
 
+def registry_subjects(kafka: KafkaSettings, store: SchemaStore = DEFAULT_STORE) -> dict[str, str]:
+    """Each contract subject's registry subject under `kafka.schema_registry_subject`, named after the
+    first topic of the catalogue that carries it."""
+    from schemas.topics import all_topics
+
+    out: dict[str, str] = {}
+    for topic in all_topics():
+        if topic.subject in out or topic.subject not in store.subjects():
+            continue
+        record = record_name(store.versions(topic.subject)[-1])
+        out[topic.subject] = kafka.registry_subject(kafka.topic(topic.name), record)
+    return out
+
+
 class AvroCodec:
     """Encoder/decoder for every subject in `schemas/`.
 
@@ -131,16 +170,18 @@ class AvroCodec:
         registry: Any | None = None,
         *,
         store: SchemaStore = DEFAULT_STORE,
-        registry_subject_prefix: str = "",
+        registry_subjects: Mapping[str, str] | None = None,
     ) -> None:
         self._registry = registry
-        self._registry_prefix = registry_subject_prefix
+        self._registry_subjects = dict(registry_subjects or {})  # contract subject -> registry subject
         self._store = store
         self._parsed: dict[str, Any] = {}
         self._raw: dict[str, dict[str, Any]] = {}
         self._fingerprints: dict[str, bytes] = {}
         self._headers: dict[str, bytes] = {}
         self._by_fingerprint: dict[bytes, WriterSchema] = {}
+        self._by_legacy_fingerprint: dict[bytes, WriterSchema] = {}  # the same, big-endian (pre-fix writers)
+        self._legacy_counters: dict[str, Any] = {}
         self._by_name: dict[str, str] = {}
         self._by_registry_id: dict[int, WriterSchema] = {}
         for subject in store.subjects():
@@ -148,7 +189,7 @@ class AvroCodec:
             latest = _parse(versions[-1])
             self._raw[subject] = versions[-1]
             self._parsed[subject] = latest
-            self._by_name[_full_name(versions[-1])] = subject
+            self._by_name[record_name(versions[-1])] = subject
             for number, schema in enumerate(versions, start=1):
                 is_latest = number == len(versions)
                 parsed = latest if is_latest else _parse(schema)
@@ -158,6 +199,11 @@ class AvroCodec:
                 self._by_fingerprint[fp] = WriterSchema(subject, number, fp, parsed, None if is_latest else latest)
             self._fingerprints[subject] = crc64_fingerprint(latest)
             self._headers[subject] = SINGLE_OBJECT_MAGIC + self._fingerprints[subject]
+            self._legacy_counters[subject] = LEGACY_FINGERPRINT_RECORDS.labels(subject)
+        for fp, writer in self._by_fingerprint.items():
+            legacy = fp[::-1]
+            if legacy not in self._by_fingerprint:  # the spec's order always wins a (2^-64) clash
+                self._by_legacy_fingerprint[legacy] = writer
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings, *, store: SchemaStore = DEFAULT_STORE) -> AvroCodec:
@@ -166,7 +212,7 @@ class AvroCodec:
             return cls(
                 registry_client(kafka.schema_registry_url),
                 store=store,
-                registry_subject_prefix=kafka.topic_prefix,
+                registry_subjects=registry_subjects(kafka, store),
             )
         return cls(store=store)
 
@@ -187,8 +233,18 @@ class AvroCodec:
         """The 8 fingerprint bytes of the latest version as they appear in the single-object header."""
         return self._fingerprints[subject]
 
+    def legacy_fingerprint(self, subject: str) -> bytes:
+        """The same 8 bytes in the big-endian order gpuledger wrote before issue 15 (read, never written)."""
+        return self._fingerprints[subject][::-1]
+
+    def count_legacy(self, subject: str, n: int = 1) -> None:
+        """Count `n` records of `subject` read with a big-endian fingerprint (the lean decoders call this too)."""
+        self._legacy_counters[subject].inc(n)
+
     def registry_subject(self, subject: str) -> str:
-        return f"{self._registry_prefix}{subject}"
+        """Where `subject`'s schema is registered: the subject `gpuledger schemas register` gives the
+        first topic that carries it (TopicNameStrategy by default), else the contract's own name."""
+        return self._registry_subjects.get(subject, subject)
 
     def schema_id(self, subject: str) -> int:
         """The registry id of `subject`'s latest schema, registering it on first use."""
@@ -215,9 +271,12 @@ class AvroCodec:
 
     @staticmethod
     def writer_fingerprint(data: bytes) -> str | None:
-        """What the framing says about the writer schema: `crc64:<hex>` or `registry-id:<n>`; None if neither."""
+        """What the framing says about the writer schema: `crc64:<hex>` or `registry-id:<n>`; None if neither.
+
+        `<hex>` is the 64-bit fingerprint read little-endian, as the specification says (the number
+        Java's `SchemaNormalization.parsingFingerprint64` gives, as 16 unsigned hex digits)."""
         if len(data) >= SINGLE_OBJECT_HEADER_LEN and data[:2] == SINGLE_OBJECT_MAGIC:
-            return f"crc64:{data[2:10][::-1].hex()}"
+            return f"crc64:{fingerprint64(data[2:10]):016x}"
         if len(data) >= CONFLUENT_HEADER_LEN and data[:1] == CONFLUENT_MAGIC:
             return f"registry-id:{struct.unpack('>I', data[1:5])[0]}"
         return None
@@ -242,10 +301,19 @@ class AvroCodec:
     def _writer(self, data: bytes) -> tuple[WriterSchema, int]:
         """The writer schema named by the framing, and where the body starts."""
         if data[:2] == SINGLE_OBJECT_MAGIC and len(data) >= SINGLE_OBJECT_HEADER_LEN:
-            writer = self._by_fingerprint.get(data[2:10])
+            fp_bytes = data[2:10]
+            writer = self._by_fingerprint.get(fp_bytes)
             if writer is None:
-                fp = self.writer_fingerprint(data)
-                raise UnknownSchema(f"unknown schema fingerprint {fp}", fp)
+                writer = self._by_legacy_fingerprint.get(fp_bytes)
+                if writer is None:
+                    fp = self.writer_fingerprint(data)
+                    raise UnknownSchema(
+                        f"unknown schema fingerprint {fp}: no known schema has it, neither read little-endian "
+                        f"(the Avro specification's order) nor big-endian (crc64:{fp_bytes.hex()}, the order "
+                        "older gpuledger writers used)",
+                        fp,
+                    )
+                self._legacy_counters[writer.subject].inc()
             return writer, SINGLE_OBJECT_HEADER_LEN
         if data[:1] == CONFLUENT_MAGIC and len(data) >= CONFLUENT_HEADER_LEN:
             schema_id = int(struct.unpack(">I", data[1:5])[0])
@@ -281,7 +349,7 @@ class AvroCodec:
         fp = crc64_fingerprint(parsed)
         writer = self._by_fingerprint.get(fp)
         if writer is None:
-            subject = self._by_name.get(_full_name(raw)) if isinstance(raw, dict) and "name" in raw else None
+            subject = self._by_name.get(record_name(raw)) if isinstance(raw, dict) and "name" in raw else None
             if subject is None:
                 raise UnknownSchema(f"schema id {schema_id} is not a schema of any known subject", fp_text)
             writer = WriterSchema(subject, None, fp, parsed, self._parsed[subject])

@@ -21,7 +21,7 @@ from typing import Any
 
 import fastavro
 
-from gpuledger.errors import ContractError
+from base.errors import ContractError
 from schemas import DEFAULT_STORE, SchemaStore
 from schemas.codec import _strip_logical_types, crc64_fingerprint
 

@@ -9,7 +9,10 @@ types, optionality and defaults come from the schema. On top of the types, the u
   `index` are >= 0;
 - identifiers (`cluster`, `node`, `job_id`, `uuid`, `device_uuid`, `*_id` strings) are not empty;
 - usage rows: `allocated_s == active_s + starved_s + idle_s + dark_s`, `sm_weighted_s <= allocated_s`,
-  a device-minute holds at most 60 s; coverage: reporting never exceeds expected.
+  a device-minute holds at most 60 s; coverage: reporting never exceeds expected;
+- governance events (appeals, reservations; typed by people): strings at most 256 characters (`text` 2000),
+  arrays at most 256 items; a decision where a step needs one, a credit above zero, 1..1e6 GPUs, an end
+  after the start.
 
 `validate(subject, record)` is what consumers call on a decoded record: it raises `InvalidRecord`
 (a `ContractError`) with every broken rule, which sends the record to the dead-letter topic.
@@ -132,7 +135,40 @@ def _coverage(self: Any) -> Any:
     return self
 
 
+_MAX_TEXT, _MAX_NAME, _MAX_ITEMS = 2000, 256, 256  # governance events are typed by people: bounded
+
+
+def _bounded(self: Any) -> Any:
+    for name, value in self.__dict__.items():
+        limit = _MAX_TEXT if name == "text" else _MAX_NAME
+        if isinstance(value, str) and len(value) > limit:
+            raise ValueError(f"{name} is {len(value)} characters, at most {limit}")
+        if isinstance(value, list | tuple) and len(value) > _MAX_ITEMS:
+            raise ValueError(f"{name} has {len(value)} items, at most {_MAX_ITEMS}")
+    return self
+
+
+def _appeal(self: Any) -> Any:
+    _bounded(self)
+    if self.event_type == "DECIDED" and self.decision is None:
+        raise ValueError("a DECIDED step carries its decision")
+    if self.decision == "CREDIT" and (self.credit_cents is None or self.credit_cents <= 0):
+        raise ValueError("a CREDIT decision carries a positive credit_cents")
+    return self
+
+
+def _reservation(self: Any) -> Any:
+    _bounded(self)
+    if not 0 < self.gpus <= 1_000_000:
+        raise ValueError(f"gpus must be 1..1000000, got {self.gpus}")
+    if self.end_ms <= self.start_ms and self.event_type in ("REQUESTED", "APPROVED", "EXTENDED"):
+        raise ValueError("end_ms must be after start_ms")
+    return self
+
+
 _RULES: dict[str, dict[str, Any]] = {
+    "AppealEvent": {"_appeal_rules": model_validator(mode="after")(_appeal)},
+    "ReservationEvent": {"_reservation_rules": model_validator(mode="after")(_reservation)},
     "DeviceMinute": {"_seconds_add_up": model_validator(mode="after")(_usage_seconds(limit_per_device=True))},
     "JobMinute": {"_seconds_add_up": model_validator(mode="after")(_usage_seconds(limit_per_device=False))},
     "CoverageMinute": {"_within_expected": model_validator(mode="after")(_coverage)},

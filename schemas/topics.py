@@ -45,6 +45,9 @@ COVERAGE_MINUTES = Topic(
 )
 ALERTS = Topic("alerts.v1", "alerts", "cluster/job_id", retention_ms=30 * DAY_MS)
 RECLAIM_ACTIONS = Topic("actions.reclaim.v1", "actions.reclaim", "cluster/job_id", retention_ms=30 * DAY_MS)
+# Governance workflows (issue 19): every step an event, kept for good (the audit trail and the statements' credits).
+APPEALS = Topic("appeals.v1", "appeals", "cluster/job_id", retention_ms=-1)
+RESERVATIONS = Topic("reservations.v1", "reservations", "cluster/reservation_id", retention_ms=-1)
 
 CATALOGUE: tuple[Topic, ...] = (
     DEVICE_SAMPLES,
@@ -58,15 +61,37 @@ CATALOGUE: tuple[Topic, ...] = (
     COVERAGE_MINUTES,
     ALERTS,
     RECLAIM_ACTIONS,
+    APPEALS,
+    RESERVATIONS,
 )
 
 
+# Nodes and jobs are known by their cluster-qualified names, "cluster/name" (names repeat across
+# clusters). The text form keys the processors' tables; the record key on the wire is the same text
+# encoded, made only where a record meets Kafka (`node_key`, `job_key`).
+
+
+def qualified_node(cluster: str, node: str) -> str:
+    return f"{cluster}/{node}"
+
+
+def split_qualified_node(name: str) -> tuple[str, str]:
+    cluster, _, node = name.partition("/")
+    return cluster, node
+
+
+def qualified_job(cluster: str, job_id: str) -> str:
+    return f"{cluster}/{job_id}"
+
+
 def node_key(cluster: str, node: str) -> bytes:
-    return f"{cluster}/{node}".encode()
+    """The Kafka record key of a record about a node."""
+    return qualified_node(cluster, node).encode()
 
 
 def job_key(cluster: str, job_id: str) -> bytes:
-    return f"{cluster}/{job_id}".encode()
+    """The Kafka record key of a record about a job."""
+    return qualified_job(cluster, job_id).encode()
 
 
 def all_topics() -> tuple[Topic, ...]:

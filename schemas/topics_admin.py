@@ -5,8 +5,10 @@ topic, what to do (create, raise partitions, set configs) and what cannot be fix
 (fewer partitions wanted than exist, a different replication factor). Adapter part: `BrokerTopics`
 reads the broker's state and applies a plan with confluent-kafka's AdminClient.
 
-Only the configs the catalogue owns are compared and set (`cleanup.policy`, `retention.ms`), with
-incremental alters, so other configs an operator set stay as they are.
+Only the configs the catalogue and the settings own are compared and set (`cleanup.policy`,
+`retention.ms`, and `min.insync.replicas` from `kafka.min_insync_replicas`, or 2 of 3 replicas), with
+incremental alters, so other configs an operator set stay as they are. The replication factor is
+`kafka.replication_factor` (the local cluster's size by default, `broker.nodes`), or `--replication`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.errors import ServiceError
-from gpuledger.settings import KafkaSettings
+from base.errors import ServiceError
+from base.settings import KafkaSettings
 from schemas.topics import Topic, all_topics
 
-MANAGED_CONFIGS = ("cleanup.policy", "retention.ms")
+MANAGED_CONFIGS = ("cleanup.policy", "retention.ms", "min.insync.replicas")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +47,16 @@ class DesiredTopic:
 
     @classmethod
     def of(cls, topic: Topic, kafka: KafkaSettings, replication: int | None = None) -> DesiredTopic:
+        rf = replication or kafka.replication_factor or topic.replication
         return cls(
             kafka.topic(topic.name),
             topic.partitions,
-            replication or topic.replication,
-            {"cleanup.policy": topic.cleanup_policy, "retention.ms": str(topic.retention_ms)},
+            rf,
+            {
+                "cleanup.policy": topic.cleanup_policy,
+                "retention.ms": str(topic.retention_ms),
+                "min.insync.replicas": str(kafka.topic_min_insync(rf)),
+            },
         )
 
 
@@ -152,16 +159,15 @@ class BrokerTopics:
     """Reads and changes topics on the broker named by the settings."""
 
     def __init__(self, kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
-        from confluent_kafka.admin import AdminClient
+        from base.kafka import new_admin
 
         # librdkafka's own connection errors go to a silent logger: the command reports one line.
-        quiet = logging.getLogger("gpuledger.kafka.admin")
+        quiet = logging.getLogger("base.kafka.admin")
         quiet.addHandler(logging.NullHandler())
         quiet.propagate = False
         self._bootstrap = kafka.bootstrap_servers
         self._timeout = timeout_s
-        conf: dict[str, Any] = {**kafka.client_config(), "logger": quiet}
-        self._admin = AdminClient(conf)
+        self._admin = new_admin(kafka, logger=quiet)
 
     def _fail(self, what: str, exc: BaseException) -> ServiceError:
         return ServiceError(f"Kafka at {self._bootstrap}: {what}: {_kafka_message(exc)}")
@@ -183,6 +189,12 @@ class BrokerTopics:
         for resource, future in futures.items():
             try:
                 entries = future.result(timeout=self._timeout)
+            except KafkaException as exc:
+                if _error_name(exc) == "UNKNOWN_TOPIC_OR_PART":
+                    # In a cluster, metadata from one broker can name a topic another has not learnt yet:
+                    # not there for this caller (a create tolerates it exists; a wait asks again).
+                    continue
+                raise self._fail(f"cannot describe {resource.name}", exc) from exc
             except Exception as exc:
                 raise self._fail(f"cannot describe {resource.name}", exc) from exc
             topic = metadata.topics[resource.name]
@@ -251,8 +263,13 @@ class BrokerTopics:
         try:
             future.result(timeout=self._timeout)
         except Exception as exc:
-            code = getattr(exc.args[0], "name", lambda: None)() if exc.args else None
+            code = _error_name(exc)
             if tolerate is not None and code == tolerate:
                 return
             message = _kafka_message(exc)
             item.error = f"{item.error}; {message}" if item.error else message
+
+
+def _error_name(exc: BaseException) -> str | None:
+    """The Kafka error code's name of a client exception (`UNKNOWN_TOPIC_OR_PART`), None when it has none."""
+    return getattr(exc.args[0], "name", lambda: None)() if exc.args else None

@@ -8,24 +8,24 @@ Values are bound parameters; the only identifiers come from fixed tables in this
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from gpuledger.errors import ConfigError
+from base.errors import ConfigError
+from base.outputs import csv_text
 
 BY_CHOICES = ("team", "project", "user", "cost-centre")
 FORMATS = ("table", "csv", "json", "parquet")
-_PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+_PERIOD = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")  # fullmatch: no trailing newline
 
 
 def check_period(period: str) -> str:
-    if not _PERIOD.match(period):
+    if not _PERIOD.fullmatch(period):
         raise ConfigError(f"--period must be a month as YYYY-MM (e.g. 2026-11), got {period!r}")
     return period
 
@@ -68,12 +68,15 @@ def _pct(part: int, whole: int) -> float:
     return 0.0 if whole == 0 else round(100 * part / whole, 1)
 
 
-def chargeback(client: Any, period: str, by: str) -> ChargebackReport:
+def chargeback(client: Any, period: str, by: str, *, closed: bool = False) -> ChargebackReport:
+    """The month's report from the ledger as it is now (`v_chargeback_month`), or, for a closed month, from its
+    frozen statements (`v_statement_month`, the same columns over the lines frozen at the close)."""
     period, by = check_period(period), check_by(by)
     cols = ", ".join(LINE_COLUMNS)
+    view = "v_statement_month" if closed else "v_chargeback_month"  # a fixed name, never user input
     result = client.query(
         f"SELECT {cols}, allocated_seconds, active_seconds, starved_seconds, dark_seconds "
-        "FROM v_chargeback_month(period = {period:String}, by = {by:String}) ORDER BY line",
+        f"FROM {view}(period = {{period:String}}, by = {{by:String}}) ORDER BY line",
         parameters={"period": period, "by": by},
     )
     lines = []
@@ -103,22 +106,50 @@ def chargeback(client: Any, period: str, by: str) -> ChargebackReport:
     return ChargebackReport(period, by, tuple(lines), total)
 
 
+# device_uuid of a device-minute whose device no source identified (processors/attribution.py UNIDENTIFIED):
+# a pod's GPUs before the kubelet or dcgm-exporter named them, charged per device and counted dark
+UNIDENTIFIED_PREFIX = "unidentified:"
+
+
+@dataclass(frozen=True, slots=True)
+class Unidentified:
+    """The month's data-quality finding for device identity: allocated GPU-hours on unidentified devices."""
+
+    gpu_h: Decimal
+    jobs: int
+
+
+def unidentified(client: Any, period: str) -> Unidentified:
+    """Allocated time on devices of unknown identity in the month (bound parameters)."""
+    rows = client.query(
+        "SELECT sum(allocated_s), uniqExact(cluster, job_id) FROM device_minutes FINAL "
+        "WHERE startsWith(device_uuid, {prefix:String}) AND formatDateTime(day, '%Y-%m') = {period:String}",
+        parameters={"prefix": UNIDENTIFIED_PREFIX, "period": check_period(period)},
+    ).result_rows
+    seconds, jobs = rows[0] if rows else (0, 0)
+    return Unidentified((Decimal(int(seconds or 0)) / 3600).quantize(Decimal("0.001")), int(jobs or 0))
+
+
 EXPLAIN_COLUMNS = (
     "cluster", "job_id", "user", "team", "project", "original_project", "correction_id", "cost_centre",
     "generation", "pricing_tier", "preemptible", "first_day", "last_day", "allocated_s", "active_s", "starved_s",
-    "idle_s", "dark_s", "charge",
+    "idle_s", "dark_s", "charge", "claimed_project",
 )  # fmt: skip
+# `claimed_project`: the project the job named but its user is not a member of (v_job_claims); the
+# job is charged to `project`, never to the claim. Empty for every other job.
 
 
 def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
-    """The jobs (and their price segments) behind one project's line, corrections applied."""
+    """The jobs (and their price segments) behind one project's line, corrections applied, claims flagged."""
     period = check_period(period)
     if not project:
         raise ConfigError("--project must not be empty")
+    selected = ", ".join(f"j.{c}" for c in EXPLAIN_COLUMNS if c != "claimed_project")
     result = client.query(
-        f"SELECT {', '.join(EXPLAIN_COLUMNS)} FROM v_chargeback_jobs "
-        "WHERE period = {period:String} AND project = {project:String} ORDER BY cluster, job_id, generation, "
-        "pricing_tier, preemptible",
+        f"SELECT {selected}, c.claimed_project FROM v_chargeback_jobs AS j "
+        "LEFT JOIN v_job_claims AS c ON j.cluster = c.cluster AND j.job_id = c.job_id "
+        "WHERE j.period = {period:String} AND j.project = {project:String} "
+        "ORDER BY j.cluster, j.job_id, j.generation, j.pricing_tier, j.preemptible",
         parameters={"period": period, "project": project},
     )
     return [dict(zip(EXPLAIN_COLUMNS, row, strict=True)) for row in result.result_rows]
@@ -179,13 +210,11 @@ def report_rows(report: ChargebackReport) -> list[dict[str, Any]]:
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _plain(v) for k, v in row.items()})
-    return buf.getvalue()
+    """CSV for spreadsheets and finance tools: a text cell that would start a formula is neutralised."""
+    if not rows:
+        return ""
+    header = list(rows[0])
+    return csv_text(header, ([_plain(row.get(k)) for k in header] for row in rows))
 
 
 def to_json(rows: list[dict[str, Any]]) -> str:
@@ -201,9 +230,10 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def render_table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=escape(title))  # names and messages come from users: text, not markup
     for col in columns:
         numeric = (
             bool(rows)
@@ -213,5 +243,61 @@ def render_table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...
         table.add_column(col, justify="right" if numeric else "left")
     for i, row in enumerate(rows):
         style = "bold" if row.get("line") == "TOTAL" and i == len(rows) - 1 else None
-        table.add_row(*(str(_plain(row.get(c, ""))) for c in columns), style=style)
+        table.add_row(*(escape(str(_plain(row.get(c, "")))) for c in columns), style=style)
     return table
+
+
+# -- quota beside use -----------------------------------------------------------------------------
+
+QUOTA_COLUMNS = ("period", "team", "generation", "allocated_gpu_h", "quota_gpu_h", "quota_used_pct")
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLine:
+    """A team's allocated GPU-hours of one generation in a month beside its guaranteed quota's hours
+    (quota GPUs x the month's hours). `quota_used_pct` is None where the team has no quota there."""
+
+    period: str
+    team: str
+    generation: str
+    allocated_gpu_h: Decimal
+    quota_gpu_h: Decimal
+    quota_used_pct: float | None
+
+
+def period_hours(period: str) -> int:
+    import calendar
+
+    year, month = (int(p) for p in check_period(period).split("-"))
+    return calendar.monthrange(year, month)[1] * 24
+
+
+def quota_lines(quota: Mapping[str, Mapping[str, int]], period: str,
+                allocated_s: Mapping[tuple[str, str], int]) -> list[QuotaLine]:  # fmt: skip
+    """Pure: `quota` team -> generation -> GPUs (the policy's), `allocated_s` (team, generation) -> seconds
+    charged in `period`. One line per pair with a quota or with use, sorted."""
+    from sinks.ratecard import gpu_hours
+
+    hours = period_hours(period)
+    pairs = {(t, g) for t, gens in quota.items() for g, n in gens.items() if n > 0} | set(allocated_s)
+    out = []
+    for team, gen in sorted(pairs):
+        gpus = quota.get(team, {}).get(gen, 0)
+        used = allocated_s.get((team, gen), 0)
+        pct = None if gpus == 0 else round(100 * used / (gpus * hours * 3600), 1)
+        out.append(QuotaLine(period, team, gen, gpu_hours(used), Decimal(gpus * hours), pct))
+    return out
+
+
+def quota_usage(client: Any, period: str, quota: Mapping[str, Mapping[str, int]]) -> list[QuotaLine]:
+    """`quota_lines` over the month's allocated seconds per team and generation (v_chargeback_jobs) on owned
+    hardware: quota is a share of the fleet, and cloud burst is not in the fleet."""
+    from sinks.ratecard import ONPREM
+
+    period = check_period(period)
+    result = client.query(
+        "SELECT team, generation, sum(allocated_s) FROM v_chargeback_jobs WHERE period = {period:String} "
+        "AND pricing_tier = {tier:String} GROUP BY team, generation",
+        parameters={"period": period, "tier": ONPREM},
+    )
+    return quota_lines(quota, period, {(str(t), str(g)): int(s) for t, g, s in result.result_rows})

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gpuledger.settings import ChatRoute, ChatSettings
+from base.settings import ChatRoute, ChatSettings
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,45 @@ class ChatNotifier:
         ok = self._send(dest.route.url.get_secret_value(), title, body)
         log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
         return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel)
+
+
+# -- the delivery journal (ClickHouse `chat_deliveries`) ---------------------------------------------
+
+# Outcomes worth a row: a send attempt or a routing problem; duplicates and skipped kinds are not.
+RECORDED_STATUSES = frozenset({"sent", "dry-run", "failed", "rate-limited", "no-route"})
+DELIVERY_COLUMNS = ["alert_id", "ts_ms", "status", "channel", "destination"]
+
+
+def recently_delivered(client: Any, window: int) -> list[str]:
+    """The ids of the last `window` alerts delivered (or dry-run), oldest first: a restarted notifier
+    seeds its dedupe with them (`ChatNotifier(already_sent=...)`) so nothing is posted twice."""
+    rows = client.query(
+        "SELECT alert_id FROM chat_deliveries FINAL WHERE status IN ('sent', 'dry-run') "
+        "ORDER BY ts_ms DESC LIMIT {n:UInt32}",
+        parameters={"n": window},
+    ).result_rows
+    return [row[0] for row in reversed(rows)]
+
+
+def record_delivery(client: Any, delivery: Delivery, ts_ms: int) -> bool:
+    """Journal one delivery outcome in `chat_deliveries` when it is worth a row; True when written."""
+    if delivery.status not in RECORDED_STATUSES:
+        return False
+    row = [delivery.alert_id, ts_ms, delivery.status, delivery.channel, delivery.destination]
+    client.insert("chat_deliveries", [row], column_names=DELIVERY_COLUMNS)
+    return True
+
+
+def local_receiver_routes(chat: ChatSettings, port: int) -> ChatSettings:
+    """With no route configured (demos, tests), everything goes to the loopback `chat receiver` on `port`;
+    configured routes are kept as they are."""
+    if chat.default is not None or chat.users or chat.teams:
+        return chat
+    from pydantic import SecretStr
+
+    return chat.model_copy(
+        update={"default": ChatRoute(url=SecretStr(f"json://127.0.0.1:{port}/"), channel="#gpu-idle")}
+    )
 
 
 # -- local webhook receiver ----------------------------------------------------------------------

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -20,8 +19,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from gpuledger.errors import ConfigError, ServiceError
-from gpuledger.settings import Settings
+from base.errors import ConfigError, ServiceError
+from base.settings import Settings
+from gpuledger.cli_common import VERBOSE_OPTION, settings_for, start_service, stop_signal
 
 db_app = typer.Typer(help="The ClickHouse schema (versioned migrations).", no_args_is_help=True)
 sink_app = typer.Typer(help="Kafka -> ClickHouse sinks.", no_args_is_help=True)
@@ -31,20 +31,6 @@ chat_app = typer.Typer(help="Chat alerts (apprise) and a local webhook receiver.
 reclaim_app = typer.Typer(help="Reclaim executor (Slurm, Kueue); dry-run by default.", no_args_is_help=True)
 
 STATE_DIR = typer.Option(None, "--state-dir", help="State directory.")
-
-
-def _settings(state_dir: Path | None) -> Settings:
-    from gpuledger.cli import load_settings
-
-    return load_settings(state_dir)
-
-
-def _logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def _now_ms() -> int:
@@ -74,17 +60,6 @@ def _warehouse_errors() -> Iterator[None]:
         raise ServiceError(f"ClickHouse: {text[:400]}{hint}") from None
 
 
-def _stop_flag() -> Any:
-    stopping = {"flag": False}
-
-    def handler(signum: int, frame: Any) -> None:
-        stopping["flag"] = True
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return lambda: stopping["flag"]
-
-
 # -- db -------------------------------------------------------------------------------------------
 
 
@@ -93,7 +68,7 @@ def db_migrate(state_dir: Path | None = STATE_DIR) -> None:
     """Apply the migrations not applied yet (safe to repeat)."""
     from sinks.db import migrate
 
-    settings = _settings(state_dir)
+    settings = settings_for(state_dir)
     client = _client(settings)
     with _warehouse_errors():
         results = migrate(client, settings.clickhouse, clock_ms=_now_ms)
@@ -109,24 +84,23 @@ def sink_run(
     topic: list[str] = typer.Option([], "--topic", help="Catalogue topic to sink (repeatable; default: all)."),
     max_idle_s: float | None = typer.Option(None, "--max-idle-s", help="Exit after this long without records."),
     state_dir: Path | None = STATE_DIR,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """Consume the ledger topics into ClickHouse until SIGTERM (idempotent; commits after insert)."""
     from sinks.consumer import LedgerSink
     from sinks.writer import LedgerWriter
 
-    _logging(verbose)
-    settings = _settings(state_dir)
+    settings = start_service(state_dir, verbose)
     sink_cls = _metered_sink_class(settings) if settings.metrics.enabled else LedgerSink
     sink = sink_cls(settings.kafka, settings.sinks, LedgerWriter(_client(settings)), topics=list(topic) or None)
-    stats = sink.run(_stop_flag(), max_idle_s=max_idle_s)
+    stats = sink.run(stop_signal("sink"), max_idle_s=max_idle_s)
     typer.echo(json.dumps({"sink": dataclasses.asdict(stats)}))
 
 
 def _metered_sink_class(settings: Settings) -> Any:
     """LedgerSink that reports to /metrics: records in per topic and lag (per batch, from its
     consumer), rows written per table, dead letters by topic and error class."""
-    from gpuledger import metrics
+    from base import metrics
     from sinks.consumer import LedgerSink
 
     m = metrics.component("sinks")
@@ -135,8 +109,8 @@ def _metered_sink_class(settings: Settings) -> Any:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             group = self._cfg.group_id
-            self._consumer = metrics.MeteredConsumer(self._consumer, m, group, settings.metrics.lag_refresh_s)  # type: ignore[assignment]
-            metrics.count_dead_letters(self._publisher, m)
+            self.loop.consumer = metrics.MeteredConsumer(self.loop.consumer, m, group, settings.metrics.lag_refresh_s)
+            metrics.count_dead_letters(self.loop.publisher, m)
             metrics.start_metrics_server(settings, "sinks")
 
         def _write_with_retry(self, pending: list[Any]) -> Any:
@@ -154,7 +128,7 @@ def _metered_sink_class(settings: Settings) -> Any:
 def _card(settings: Settings, card: Path | None) -> Any:
     from sinks.ratecard import load_card
 
-    return load_card(card or settings.sinks.ratecard_path)
+    return load_card(card or settings.sinks.ratecard_path, settings.policy_path)
 
 
 @ratecard_app.command("show")
@@ -163,16 +137,18 @@ def ratecard_show(
     state_dir: Path | None = STATE_DIR,
 ) -> None:
     """Every rate and the arithmetic that produced it."""
+    from rich.markup import escape
     from rich.table import Table
 
-    rc = _card(_settings(state_dir), card)
-    table = Table(title=f"rate card {rc.version} ({rc.currency} per GPU-hour)", show_lines=True)
+    rc = _card(settings_for(state_dir), card)
+    table = Table(title=escape(f"rate card {rc.version} ({rc.currency} per GPU-hour)"), show_lines=True)
     for col in ("generation", "tier", "preemptible", "from", "rate", "arithmetic"):
         table.add_column(col, justify="right" if col == "rate" else "left")
     for r in rc.rates():
         how = "\n".join(f"{what}: {text}" for what, text in r.steps)
-        table.add_row(r.generation, r.pricing_tier, "yes" if r.preemptible else "no", r.effective_from.isoformat(),
-                      str(r.per_gpu_hour), how)  # fmt: skip
+        cells = (r.generation, r.pricing_tier, "yes" if r.preemptible else "no", r.effective_from.isoformat(),
+                 str(r.per_gpu_hour), how)  # fmt: skip
+        table.add_row(*map(escape, cells))  # the card's names are text, not markup
     Console(width=max(Console().width, 160)).print(table)
 
 
@@ -184,7 +160,7 @@ def ratecard_load(
     """Load the rate card into ClickHouse (a new load replaces the previous card)."""
     from sinks.ratecard import RATE_CARD_COLUMNS, rate_card_rows
 
-    settings = _settings(state_dir)
+    settings = settings_for(state_dir)
     rc = _card(settings, card)
     rows = rate_card_rows(rc, _now_ms())
     with _warehouse_errors():
@@ -223,18 +199,61 @@ def report_chargeback(
     by: str = typer.Option("team", "--by", help="team, project, user or cost-centre."),
     fmt: str = typer.Option("table", "--format", help="table, csv, json or parquet."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to a file (required for parquet)."),
+    quota: bool = typer.Option(False, "--quota", help="Per team and generation: allocated GPU-hours beside the "
+                               "policy's guaranteed quota (quota_gpu_h, quota_used_pct)."),
+    policy_path: Path | None = typer.Option(None, "--policy", help="With --quota: policy.yaml (default: "
+                                            "settings' policy_path)."),
     state_dir: Path | None = STATE_DIR,
 ) -> None:
-    """Charged on allocation; utilisation, idle/starved/dark time and coverage beside it."""
+    """Charged on allocation; utilisation, idle/starved/dark time and coverage beside it (with --quota: use
+    beside each team's guaranteed quota per generation)."""
     from sinks import chargeback as cb
 
     cb.check_period(period)
     cb.check_by(by)
-    settings = _settings(state_dir)
+    settings = settings_for(state_dir)
+    if quota:
+        _quota_report(settings, period, policy_path, fmt, output)
+        return
+    from sinks.statement_store import StatementStore, adjustments_since
+
+    client = _client(settings, analyst=True)
     with _warehouse_errors():
-        report = cb.chargeback(_client(settings, analyst=True), period, by)
+        store = StatementStore(client)
+        closed = store.closes().get(period)
+        report = cb.chargeback(client, period, by, closed=closed is not None)
+        since = adjustments_since(store, period) if closed is not None and fmt == "table" else []
     columns = ("line", *[c for c in cb.LINE_COLUMNS if c != "line"])
-    _emit(cb.report_rows(report), fmt, output, f"chargeback {period} by {by}", columns)
+    title = f"chargeback {period} by {by}"
+    if closed is not None:
+        title += f" (closed {closed.close_id[:12]} by {closed.closed_by}: the frozen statements)"
+    _emit(cb.report_rows(report), fmt, output, title, columns)
+    if fmt == "table":
+        with _warehouse_errors():
+            unknown = cb.unidentified(client, period)
+        if unknown.jobs:
+            typer.echo(f"data quality: {unknown.gpu_h} GPU-h of {unknown.jobs} job(s) on devices no source identified "
+                       f"(device_uuid {cb.UNIDENTIFIED_PREFIX}*: charged per device, counted dark)")
+    if closed is not None and fmt == "table":
+        rows = [{"posted_in": where, "team": a.team, "job_id": a.job_id, "project": a.project, "charge": a.charge,
+                 "cause_kind": a.cause_kind, "cause_ref": a.cause_ref} for where, a in since]  # fmt: skip
+        _emit(rows, fmt, None, f"adjustments to {period} since it closed",
+              ("posted_in", "team", "job_id", "project", "charge", "cause_kind", "cause_ref"))  # fmt: skip
+
+
+def _quota_report(settings: Settings, period: str, policy_path: Path | None, fmt: str, output: Path | None) -> None:
+    from dataclasses import asdict
+
+    from schemas.policy import load_policy
+    from sinks import chargeback as cb
+
+    chosen = policy_path or settings.policy_path
+    if chosen is None:
+        raise ConfigError("--quota needs a policy: pass --policy FILE or set policy_path (GPULEDGER_POLICY_PATH)")
+    policy = load_policy(chosen)
+    with _warehouse_errors():
+        lines = cb.quota_usage(_client(settings, analyst=True), period, {t.name: t.quota for t in policy.teams})
+    _emit([asdict(line) for line in lines], fmt, output, f"quota use {period}", cb.QUOTA_COLUMNS)
 
 
 @report_app.command("explain")
@@ -249,7 +268,7 @@ def report_explain(
     from sinks import chargeback as cb
 
     cb.check_period(period)
-    settings = _settings(state_dir)
+    settings = settings_for(state_dir)
     with _warehouse_errors():
         rows = cb.explain(_client(settings, analyst=True), period, project)
     _emit(rows, fmt, output, f"jobs behind {project} in {period}", cb.EXPLAIN_COLUMNS)
@@ -266,7 +285,7 @@ def report_journal(
     from sinks import chargeback as cb
 
     cb.check_period(period)
-    settings = _settings(state_dir)
+    settings = settings_for(state_dir)
     with _warehouse_errors():
         rows = cb.journal(_client(settings, analyst=True), period, account=account)
     _emit(rows, "csv", output, "", cb.JOURNAL_COLUMNS)
@@ -283,7 +302,7 @@ def alerts_cmd(
 
     if fmt == "parquet":
         raise ConfigError("--format must be table, csv or json for alerts")
-    settings = _settings(state_dir)
+    settings = settings_for(state_dir)
     with _warehouse_errors():
         rows = cb.recent_alerts(_client(settings, analyst=True), limit=limit, kind=kind)
     _emit(rows, fmt, None, "recent alerts", cb.ALERT_LIST_COLUMNS)
@@ -318,45 +337,29 @@ def chat_run(
     state_dir: Path | None = STATE_DIR,
 ) -> None:
     """Consume the alerts topic and post each alert to its routed channel."""
-    from pydantic import SecretStr
-
-    from gpuledger.settings import ChatRoute
     from schemas.topics import ALERTS
-    from sinks.chat import ChatNotifier
+    from sinks.chat import ChatNotifier, local_receiver_routes, recently_delivered, record_delivery
     from sinks.streams import consume_records
 
-    _logging()
-    settings = _settings(state_dir)
+    settings = start_service(state_dir)
     client = _client(settings)
-    recent = client.query(
-        "SELECT alert_id FROM chat_deliveries FINAL WHERE status IN ('sent', 'dry-run') "
-        "ORDER BY ts_ms DESC LIMIT {n:UInt32}",
-        parameters={"n": settings.sinks.chat.dedupe_window},
-    ).result_rows
     chat = settings.sinks.chat
-    if local_receiver is not None and chat.default is None and not chat.users and not chat.teams:
-        # Local-receiver mode (demos, tests): everything goes to the loopback webhook.
-        chat = chat.model_copy(
-            update={"default": ChatRoute(url=SecretStr(f"json://127.0.0.1:{local_receiver}/"), channel="#gpu-idle")}
-        )
-    notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=[r[0] for r in reversed(recent)])
+    if local_receiver is not None:
+        chat = local_receiver_routes(chat, local_receiver)
+    recent = recently_delivered(client, chat.dedupe_window)
+    notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=recent)
 
     def handle(record: dict[str, Any]) -> None:
         delivery = notifier.handle(record)
         logging.getLogger("gpuledger.chat").info("%s %s %s", delivery.alert_id, delivery.status, delivery.channel)
-        if delivery.status in ("sent", "dry-run", "failed", "rate-limited", "no-route"):
-            client.insert(
-                "chat_deliveries",
-                [[delivery.alert_id, _now_ms(), delivery.status, delivery.channel, delivery.destination]],
-                column_names=["alert_id", "ts_ms", "status", "channel", "destination"],
-            )
+        record_delivery(client, delivery, _now_ms())
 
     consume_records(
         settings,
         ALERTS,
         f"{settings.sinks.group_id}-chat",
         handle,
-        _stop_flag(),
+        stop_signal("chat"),
         max_idle_s,
         metrics_component="chat",
         out_label="chat",
@@ -366,22 +369,31 @@ def chat_run(
 # -- reclaim --------------------------------------------------------------------------------------
 
 
-def _executor(settings: Settings, execute: bool) -> Any:
-    from sinks.reclaim import ClickHouseRecorder, ReclaimExecutor
+def _executor(settings: Settings, execute: bool, *, recheck: bool = True) -> Any:
+    """`recheck`: before acting, confirm in ClickHouse that the job is still allocated and idle (the
+    actions the processors decided); a manual `reclaim exec` names its job itself and is not re-checked."""
+    from sinks.gang import ClickHouseGang
+    from sinks.kube_owner import kubernetes_owner
+    from sinks.reclaim import ClickHouseJobState, ClickHouseRecorder, ReclaimExecutor
 
+    client = _client(settings)
+    state = ClickHouseJobState(client)
     return ReclaimExecutor(
-        ClickHouseRecorder(_client(settings)),
+        ClickHouseRecorder(client),
         dry_run=not execute and settings.sinks.reclaim_dry_run,
         signal=settings.sinks.reclaim_checkpoint_signal,
         grace_s=settings.sinks.reclaim_checkpoint_grace_s,
         clock_ms=_now_ms,
+        job_state=state if recheck else None,
+        kueue_owner=kubernetes_owner,  # a Kubernetes job is a pod: deactivate the Workload that owns it
+        gang_check=ClickHouseGang(client, state) if recheck else None,  # a gang is reclaimed only when all idle
     )
 
 
 @reclaim_app.command("exec")
 def reclaim_exec(
     scheduler: str = typer.Option(..., "--scheduler", help="SLURM or KUEUE."),
-    job: str = typer.Option(..., "--job", help="Slurm job id, or <namespace>/<workload> for Kueue."),
+    job: str = typer.Option(..., "--job", help="Slurm job id, or <namespace>/<pod or workload> for Kueue."),
     action: str = typer.Option(..., "--action", help="SUSPEND, REQUEUE, CANCEL, CHECKPOINT_THEN_REQUEUE, ..."),
     cluster: str = typer.Option("", "--cluster"),
     reason: str = typer.Option("manual", "--reason"),
@@ -391,7 +403,7 @@ def reclaim_exec(
     """Plan (or with --execute run) one reclaim action and record each step's outcome."""
     from sinks.reclaim import plan
 
-    settings = _settings(state_dir)
+    settings = settings_for(state_dir)
     record = {
         "action_id": f"manual-{_now_ms()}",
         "cluster": cluster or settings.cluster,
@@ -402,7 +414,7 @@ def reclaim_exec(
         "reason": reason,
     }
     plan(record)  # argument errors as one line before anything is recorded
-    for o in _executor(settings, execute).execute(record):
+    for o in _executor(settings, execute, recheck=False).execute(record):
         typer.echo(f"{o.step}. {o.command}: {o.status}{' - ' + o.detail if o.detail else ''}")
 
 
@@ -416,15 +428,14 @@ def reclaim_run(
     from schemas.topics import RECLAIM_ACTIONS
     from sinks.streams import consume_records
 
-    _logging()
-    settings = _settings(state_dir)
+    settings = start_service(state_dir)
     executor = _executor(settings, execute)
     consume_records(
         settings,
         RECLAIM_ACTIONS,
         f"{settings.sinks.group_id}-reclaim",
         executor.execute,
-        _stop_flag(),
+        stop_signal("reclaim"),
         max_idle_s,
         metrics_component="reclaim",
         out_label="actions",

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from gpuledger.errors import ConfigError, ServiceError
-from gpuledger.settings import ClickHouseSettings
+from base.errors import ConfigError, ServiceError
+from base.settings import ClickHouseSettings
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+# Matched whole (`fullmatch`): `$` would also accept a trailing newline.
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MIGRATION_NAME = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
 # Server errors that mean "this server has no SQL access management", not "the SQL is wrong".
 _NO_ACCESS_MANAGEMENT = {"ACCESS_DENIED", "UNKNOWN_ROLE", "ACCESS_STORAGE_READONLY", "SUPPORT_IS_DISABLED"}
 
@@ -74,7 +75,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def check_identifier(name: str) -> str:
-    if not _IDENT.match(name):
+    if not _IDENT.fullmatch(name):
         raise ConfigError(f"not a valid ClickHouse identifier: {name!r}")
     return name
 
@@ -110,7 +111,7 @@ def load_migrations() -> list[Migration]:
     folder = resources.files("sinks") / "migrations"
     found = []
     for entry in folder.iterdir():
-        match = _MIGRATION_NAME.match(entry.name)
+        match = _MIGRATION_NAME.fullmatch(entry.name)
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)

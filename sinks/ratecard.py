@@ -10,7 +10,8 @@ Owned hardware (tier `on-prem`):
     capex/h  = purchase price x (1 + shared infra ratio) / (depreciation years x hours per year)
     power/h  = power draw (kW) x PUE x facility $/kWh
     rate     = (capex/h + power/h) / billable fraction
-    preemptible rate = rate x (1 - preemptible discount)
+    preemptible rate = rate x (1 - preemptible discount)   (the policy's `preemptible.discount` when
+                                                            settings name a policy.yaml)
 Cloud burst: tier `cloud-on-demand` at the provider's on-demand price and `cloud-spot` at its spot
 price, never blended with each other or with owned hardware; the preemptible discount does not
 apply (spot is already the preemptible price).
@@ -25,7 +26,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from gpuledger.errors import ConfigError
+from base.errors import ConfigError
 
 ONPREM = "on-prem"
 CLOUD_ON_DEMAND = "cloud-on-demand"
@@ -202,18 +203,38 @@ def _date(entry: dict[str, Any], where: str) -> dt.date:
     raise ConfigError(f"rate card {where}: missing effective_from")
 
 
-def parse_card(data: dict[str, Any]) -> RateCard:
-    """Validate the card's plain data (as read from TOML) into a `RateCard`."""
-    discount = _dec(data, "preemptible_discount", "top level", positive=False)
+def _entry_generation(section: str, i: int, entry: dict[str, Any]) -> tuple[str, str]:
+    """Where an entry is (for messages) and its generation, which every entry must name."""
+    where = f"{section}[{i}] ({entry.get('generation', '?')})"
+    generation = str(entry.get("generation") or "")
+    if not generation:
+        raise ConfigError(f"rate card {where}: missing generation")
+    return where, generation
+
+
+def _discount(data: dict[str, Any], policy_discount: Decimal | None) -> Decimal:
+    """The preemptible discount: the policy's (policy.yaml `preemptible.discount`) when there is a policy,
+    the card's own otherwise. A card that states one too must state the same value."""
+    if policy_discount is None:
+        return _dec(data, "preemptible_discount", "top level", positive=False)
+    if "preemptible_discount" in data:
+        own = _dec(data, "preemptible_discount", "top level", positive=False)
+        if own != policy_discount:
+            raise ConfigError(f"rate card: preemptible_discount {own} differs from the policy's preemptible.discount "
+                              f"{policy_discount}; state it once, in the policy")  # fmt: skip
+    return policy_discount
+
+
+def parse_card(data: dict[str, Any], policy_discount: Decimal | None = None) -> RateCard:
+    """Validate the card's plain data (as read from TOML) into a `RateCard`; `policy_discount`, when given,
+    is the organisation policy's preemptible discount, which the card then charges."""
+    discount = _discount(data, policy_discount)
     if not Decimal(0) <= discount < 1:
         raise ConfigError(f"rate card: preemptible_discount must be in [0, 1), got {discount}")
     onprem = []
     seen: set[tuple[str, str, dt.date]] = set()
     for i, entry in enumerate(data.get("onprem", [])):
-        where = f"onprem[{i}] ({entry.get('generation', '?')})"
-        generation = str(entry.get("generation") or "")
-        if not generation:
-            raise ConfigError(f"rate card {where}: missing generation")
+        where, generation = _entry_generation("onprem", i, entry)
         item = OnPremInputs(
             generation=generation,
             effective_from=_date(entry, where),
@@ -234,10 +255,7 @@ def parse_card(data: dict[str, Any]) -> RateCard:
         onprem.append(item)
     cloud = []
     for i, entry in enumerate(data.get("cloud", [])):
-        where = f"cloud[{i}] ({entry.get('generation', '?')})"
-        generation = str(entry.get("generation") or "")
-        if not generation:
-            raise ConfigError(f"rate card {where}: missing generation")
+        where, generation = _entry_generation("cloud", i, entry)
         citem = CloudInputs(
             generation=generation,
             effective_from=_date(entry, where),
@@ -262,8 +280,16 @@ def parse_card(data: dict[str, Any]) -> RateCard:
     )
 
 
-def load_card(path: Path | None = None) -> RateCard:
+def load_card(path: Path | None = None, policy_path: Path | None = None) -> RateCard:
+    """The card at `path` (default: the shipped one); with `policy_path`, its preemptible discount is the
+    policy's (schemas/policy.py), so the rate card and the scheduler's preemptible tier read one value."""
     target = path or DEFAULT_CARD
+    policy_discount = None
+    if policy_path is not None:
+        from schemas.policy import load_policy
+
+        policy = load_policy(policy_path)
+        policy_discount = policy.preemptible_discount if policy.preemptible is not None else None
     try:
         with target.open("rb") as fh:
             data = tomllib.load(fh)
@@ -271,7 +297,7 @@ def load_card(path: Path | None = None) -> RateCard:
         raise ConfigError(f"rate card file not found: {target}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"rate card {target} is not valid TOML: {exc}") from exc
-    return parse_card(data)
+    return parse_card(data, policy_discount)
 
 
 RATE_CARD_COLUMNS = [

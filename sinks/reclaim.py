@@ -1,28 +1,53 @@
 """Reclaim executor: turn a ReclaimAction into scheduler commands, run them (or, by default, only
 plan them), and record every step and its outcome.
 
-Slurm: `scontrol suspend|requeue <job>`, `scancel --signal=<SIG> --full <job>` to ask the job to
-checkpoint, a grace period, then `scontrol requeue` or `scancel`. Kueue: set the Workload's
+Before acting, and before logging what a dry run would do, the executor re-checks in ClickHouse that
+the job is still allocated (no closing event after its last start) and that its latest job-minute is
+idle (`recheck`, pure, over a `JobNow` read by `ClickHouseJobState`). The action was decided minutes
+earlier from a stream: the job may have ended, or woken up, since. If not, the action is skipped
+with the reason recorded, logged and counted (`gpuledger_reclaim_skipped_total{reason}`).
+
+Slurm: `scontrol requeue <job>`, `scancel --signal=<SIG> --full <job>` to ask the job to checkpoint, a
+grace period, then `scontrol requeue` or `scancel`. Never `scontrol suspend`: a suspended Slurm job keeps
+its GPUs (Slurm only stops its processes; the devices stay allocated and no other job gets them, as the
+live-Slurm tests show), so it reclaims nothing: SUSPEND for a Slurm job is refused. Kueue: set the Workload's
 `spec.active` to false (Kueue evicts it, its pods get SIGTERM: the workload's checkpoint chance,
 and it stays queued until reactivated). Commands are argv lists (no shell); job ids are checked.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuledger.errors import ConfigError
+from prometheus_client import Counter as PromCounter
+
+from base.errors import ConfigError
+from sinks.kube_owner import Owner, kubernetes_owner_patch
+
+log = logging.getLogger(__name__)
+SKIPPED = PromCounter(
+    "gpuledger_reclaim_skipped", "Reclaim actions not carried out: the re-check found the job ended or busy.",
+    ["reason"],
+)  # fmt: skip
 
 SLURM_JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 SIGNAL = re.compile(r"^(?:SIG)?[A-Z0-9]{2,8}$")
-KUEUE_GROUP, KUEUE_VERSION, KUEUE_PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
+# v1beta2: the version Kueue (0.17) stores; once quota is reserved it refuses a patch converted from v1beta1
+KUEUE_GROUP, KUEUE_VERSION, KUEUE_PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
+KUEUE_READ_POLLS, KUEUE_READ_EVERY_S = 6, 0.5  # reading Kueue's condition back: at most 3 s
 ACTIONS = ("SUSPEND", "REQUEUE", "CANCEL", "CHECKPOINT_THEN_REQUEUE", "CHECKPOINT_THEN_CANCEL")
+SLURM_SUSPEND_KEEPS_GPUS = (
+    "SUSPEND does not reclaim a Slurm job: `scontrol suspend` stops its processes but the job keeps its GPUs "
+    "allocated; use CHECKPOINT_THEN_REQUEUE, REQUEUE or CANCEL"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +95,14 @@ def plan(action: dict[str, Any], *, signal: str = "USR1", grace_s: float = 120.0
     scheduler = str(action.get("scheduler", "")).upper()
     job_id = str(action.get("job_id", ""))
     if scheduler == "SLURM":
-        if not SLURM_JOB_ID.match(job_id):
+        if not SLURM_JOB_ID.fullmatch(job_id):
             raise ConfigError(f"not a Slurm job id: {job_id!r}")
-        if not SIGNAL.match(signal):
+        if not SIGNAL.fullmatch(signal):
             raise ConfigError(f"not a signal name: {signal!r}")
+        if kind == "SUSPEND":
+            raise ConfigError(SLURM_SUSPEND_KEEPS_GPUS)
         checkpoint = [Step("exec", ("scancel", f"--signal={signal}", "--full", job_id)), Step("wait", wait_s=grace_s)]
         return {
-            "SUSPEND": [Step("exec", ("scontrol", "suspend", job_id))],
             "REQUEUE": [Step("exec", ("scontrol", "requeue", job_id))],
             "CANCEL": [Step("exec", ("scancel", job_id))],
             "CHECKPOINT_THEN_REQUEUE": [*checkpoint, Step("exec", ("scontrol", "requeue", job_id))],
@@ -84,10 +110,87 @@ def plan(action: dict[str, Any], *, signal: str = "USR1", grace_s: float = 120.0
         }[kind]
     if scheduler in ("KUEUE", "KUBERNETES"):
         namespace, _, name = job_id.partition("/")
-        if not (K8S_NAME.match(namespace) and K8S_NAME.match(name)):
+        if not (K8S_NAME.fullmatch(namespace) and K8S_NAME.fullmatch(name)):
             raise ConfigError(f"a Kueue job id is <namespace>/<workload name>, got {job_id!r}")
         return [Step("kueue-deactivate", namespace=namespace, name=name)]
     raise ConfigError(f"no reclaim executor for scheduler {scheduler!r} (SLURM, KUEUE)")
+
+
+# ------------------------------------------------------------------------------------------------
+# The re-check before acting
+
+OPENING_EVENTS = ("STARTED", "RESUMED")
+CLOSING_EVENTS = ("ENDED", "PREEMPTED", "SUSPENDED", "REQUEUED")
+
+
+@dataclass(frozen=True, slots=True)
+class JobNow:
+    """What the warehouse says about a job when the executor is about to act (epoch milliseconds)."""
+
+    last_open_ms: int | None  # latest STARTED/RESUMED event
+    last_close_ms: int | None  # latest ENDED/PREEMPTED/SUSPENDED/REQUEUED event
+    last_minute_ms: int | None = None  # start of the job's latest job-minute
+    last_minute: tuple[int, int, int] | None = None  # its (active_s, starved_s, idle_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Recheck:
+    ok: bool
+    reason: str  # "ok", "not-allocated", "ended", "no-minutes", "busy", "dark", "check-failed"
+    detail: str
+
+
+def recheck(now: JobNow) -> Recheck:
+    """Whether the job is still allocated and idle (pure). A closing event at or after the last opening
+    one means it no longer holds its devices; the latest job-minute must be idle: busy means it woke up,
+    dark (no telemetry) is not evidence of idleness."""
+    if now.last_open_ms is None:
+        return Recheck(False, "not-allocated", "no start of this job in the warehouse")
+    if now.last_close_ms is not None and now.last_close_ms >= now.last_open_ms:
+        return Recheck(False, "ended", f"the job released its devices at {now.last_close_ms} (ms)")
+    if now.last_minute is None or now.last_minute_ms is None:
+        return Recheck(False, "no-minutes", "no job-minutes of this job in the warehouse")
+    active, starved, idle = now.last_minute
+    if active > 0 or starved > 0:
+        return Recheck(False, "busy", f"busy in its latest minute ({now.last_minute_ms}): {active + starved} s")
+    if idle == 0:
+        return Recheck(False, "dark", f"no telemetry in its latest minute ({now.last_minute_ms})")
+    return Recheck(True, "ok", f"allocated and idle in its latest minute ({now.last_minute_ms})")
+
+
+JobState = Callable[[str, str], JobNow]  # (cluster, job_id) -> JobNow
+GangCheck = Callable[[str, str], Recheck]  # (cluster, job_id) -> may its whole gang be reclaimed
+
+
+class ClickHouseJobState:
+    """Reads `JobNow` from `job_events` and `job_minutes` (bound parameters)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __call__(self, cluster: str, job_id: str) -> JobNow:
+        params = {"cluster": cluster, "job": job_id, "opening": list(OPENING_EVENTS), "closing": list(CLOSING_EVENTS)}
+        events = self._client.query(
+            "SELECT maxIf(ts_ms, event_type IN {opening:Array(String)}), "
+            "countIf(event_type IN {opening:Array(String)}), "
+            "maxIf(ts_ms, event_type IN {closing:Array(String)}), "
+            "countIf(event_type IN {closing:Array(String)}) "
+            "FROM job_events FINAL WHERE cluster = {cluster:String} AND job_id = {job:String}",
+            parameters=params,
+        ).result_rows
+        last_open, opens, last_close, closes = events[0] if events else (0, 0, 0, 0)
+        minutes = self._client.query(
+            "SELECT minute_start_ms, active_s, starved_s, idle_s FROM job_minutes FINAL "
+            "WHERE cluster = {cluster:String} AND job_id = {job:String} ORDER BY minute_start_ms DESC LIMIT 1",
+            parameters=params,
+        ).result_rows
+        minute = minutes[0] if minutes else None
+        return JobNow(
+            last_open_ms=int(last_open) if opens else None,
+            last_close_ms=int(last_close) if closes else None,
+            last_minute_ms=int(minute[0]) if minute else None,
+            last_minute=(int(minute[1]), int(minute[2]), int(minute[3])) if minute else None,
+        )
 
 
 class OutcomeRecorder(Protocol):
@@ -118,19 +221,39 @@ class ClickHouseRecorder:
 
 
 KueuePatch = Callable[[str, str, dict[str, Any]], None]  # (namespace, name, body)
+KueueRead = Callable[[str, str], dict[str, Any]]  # (namespace, name) -> the Workload
+KueueOwner = Callable[[str, str], Owner | None]  # (namespace, job name) -> the Workload (or JobSet) to stop
+OwnerPatch = Callable[[Owner, dict[str, Any]], None]  # patch a non-Workload owner (a JobSet)
 
 
-def kubernetes_patch(namespace: str, name: str, body: dict[str, Any]) -> None:
-    """Patch a Kueue Workload through the kubernetes client (in-cluster or kubeconfig)."""
+def _custom_objects() -> Any:
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    client.CustomObjectsApi().patch_namespaced_custom_object(
-        KUEUE_GROUP, KUEUE_VERSION, namespace, KUEUE_PLURAL, name, body
-    )
+    return client.CustomObjectsApi()
+
+
+def kubernetes_patch(namespace: str, name: str, body: dict[str, Any]) -> None:
+    """Patch a Kueue Workload through the kubernetes client (in-cluster or kubeconfig)."""
+    _custom_objects().patch_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, KUEUE_PLURAL, name, body)
+
+
+def kubernetes_read(namespace: str, name: str) -> dict[str, Any]:
+    """Read a Kueue Workload through the kubernetes client (in-cluster or kubeconfig)."""
+    got = _custom_objects().get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, KUEUE_PLURAL, name)
+    return dict(got)
+
+
+def kueue_eviction(workload: dict[str, Any]) -> str | None:
+    """Kueue's answer to a deactivation, from the Workload (pure): its Evicted condition, when true, as
+    `Evicted/<reason>: <message>` (reason `Deactivated`); None while Kueue has not evicted it."""
+    for c in (workload.get("status") or {}).get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == "Evicted" and c.get("status") == "True":
+            return f"Evicted/{c.get('reason')}: {c.get('message', '')}"[:500]
+    return None
 
 
 class ReclaimExecutor:
@@ -144,15 +267,30 @@ class ReclaimExecutor:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         sleep: Callable[[float], None] = time.sleep,
         kueue_patch: KueuePatch = kubernetes_patch,
+        kueue_read: KueueRead | None = kubernetes_read,
         timeout_s: float = 60.0,
+        job_state: JobState | None = None,
+        kueue_owner: KueueOwner | None = None,
+        gang_check: GangCheck | None = None,
+        owner_patch: OwnerPatch = kubernetes_owner_patch,
     ) -> None:
         self._recorder = recorder
+        # (namespace, job name) -> the Workload owning the pod (sinks/kube_owner.py); None: the job id names
+        # the Workload itself
+        self._kueue_owner = kueue_owner
+        # (cluster, job_id) -> whether the job's whole gang may be reclaimed (sinks/gang.py); asked only
+        # after the job's own re-check passed
+        self._gang_check = gang_check
+        self._owner_patch = owner_patch
+        self._job_state = job_state  # None: no re-check (a manual `reclaim exec`)
+        self.skipped: Counter[str] = Counter()  # by re-check reason
         self._dry_run = dry_run
         self._signal = signal
         self._grace_s = grace_s
         self._clock_ms = clock_ms
         self._sleep = sleep
         self._kueue_patch = kueue_patch
+        self._kueue_read = kueue_read  # None: Kueue's condition is not read back after the patch
         self._timeout_s = timeout_s
 
     def execute(self, action: dict[str, Any]) -> list[Outcome]:
@@ -181,7 +319,14 @@ class ReclaimExecutor:
             outcomes = [outcome(0, "", "failed", str(exc))]
             self._recorder.record(outcomes)
             return outcomes
+        verdict = self._recheck(base["cluster"], base["job_id"])
+        if not verdict.ok:
+            outcomes = [outcome(0, "", "skipped", f"re-check: {verdict.reason}: {verdict.detail}")]
+            self._recorder.record(outcomes)
+            return outcomes
         if dry:
+            log.info("reclaim %s of %s/%s would act (dry-run): %s", base["action"], base["cluster"], base["job_id"],
+                     verdict.detail)  # fmt: skip
             outcomes = [outcome(i, s.describe(), "planned", "dry-run: not executed") for i, s in enumerate(steps, 1)]
             self._recorder.record(outcomes)
             return outcomes
@@ -201,16 +346,70 @@ class ReclaimExecutor:
             outcomes.append(done)
         return outcomes
 
+    def _recheck(self, cluster: str, job_id: str) -> Recheck:
+        if self._job_state is None:
+            return Recheck(True, "ok", "not re-checked")
+        try:
+            verdict = recheck(self._job_state(cluster, job_id))
+            if verdict.ok and self._gang_check is not None:
+                verdict = self._gang_check(cluster, job_id)
+        except Exception as exc:  # the warehouse is unreachable or refused: do not act blind
+            verdict = Recheck(False, "check-failed", f"{type(exc).__name__}: {exc}"[:500])
+        if not verdict.ok:
+            self.skipped[verdict.reason] += 1
+            SKIPPED.labels(verdict.reason).inc()
+            log.warning("reclaim of %s/%s skipped: %s (%s)", cluster, job_id, verdict.reason, verdict.detail)
+        return verdict
+
+    def _kueue_outcome(self, namespace: str, name: str) -> str:
+        """Kueue's condition after the deactivation, read back for the outcome: a few reads, at most
+        `KUEUE_READ_POLLS * KUEUE_READ_EVERY_S` seconds, so the executor is not held for long."""
+        if self._kueue_read is None:
+            return "Kueue's condition not read"
+        for poll in range(KUEUE_READ_POLLS):
+            try:
+                evicted = kueue_eviction(self._kueue_read(namespace, name))
+            except Exception as exc:  # the patch was applied: a failed read does not fail the step
+                return f"Kueue's condition not read: {type(exc).__name__}: {exc}"[:1000]
+            if evicted is not None:
+                return f"Kueue: {evicted}"
+            if poll < KUEUE_READ_POLLS - 1:
+                self._sleep(KUEUE_READ_EVERY_S)
+        return f"Kueue has not evicted it within {KUEUE_READ_POLLS * KUEUE_READ_EVERY_S:g} s"
+
+    def _deactivate(self, namespace: str, job: str) -> tuple[str, str]:
+        """Deactivate the Workload of the job: the one owning its pod when an owner resolver is set. A
+        Workload already inactive is not patched again: a gang (every pod of one Workload) is reclaimed once,
+        whichever of its pods' actions comes first."""
+        name, what = job, "Workload"
+        if self._kueue_owner is not None:
+            try:
+                owner = self._kueue_owner(namespace, job)
+            except Exception as exc:  # the kubernetes client raises ApiException and transport errors
+                return "failed", f"finding the Workload of {namespace}/{job}: {type(exc).__name__}: {exc}"[:2000]
+            if owner is None:
+                return "failed", f"no Kueue Workload owns {namespace}/{job}"
+            if not owner.active:
+                return "skipped", f"{owner.describe()} already stopped: the gang is reclaimed as one"
+            if owner.kind != "Workload":  # a JobSet no Kueue Workload owns: suspend it
+                try:
+                    self._owner_patch(owner, owner.stop_body)
+                except Exception as exc:  # the kubernetes client raises ApiException and transport errors
+                    return "failed", f"{type(exc).__name__}: {exc}"[:2000]
+                return "ok", f"{owner.describe()} suspended"
+            name, what = owner.name, owner.describe()
+        try:
+            self._kueue_patch(namespace, name, {"spec": {"active": False}})
+        except Exception as exc:  # the kubernetes client raises ApiException and transport errors
+            return "failed", f"{type(exc).__name__}: {exc}"[:2000]
+        return "ok", f"{what} deactivated; {self._kueue_outcome(namespace, name)}"
+
     def _run(self, step: Step) -> tuple[str, str]:
         if step.kind == "wait":
             self._sleep(step.wait_s)
             return "ok", ""
         if step.kind == "kueue-deactivate":
-            try:
-                self._kueue_patch(step.namespace, step.name, {"spec": {"active": False}})
-            except Exception as exc:  # the kubernetes client raises ApiException and transport errors
-                return "failed", f"{type(exc).__name__}: {exc}"[:2000]
-            return "ok", "Workload deactivated"
+            return self._deactivate(step.namespace, step.name)
         try:
             proc = subprocess.run(list(step.argv), capture_output=True, text=True, timeout=self._timeout_s, check=False)
         except FileNotFoundError:

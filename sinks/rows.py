@@ -1,17 +1,32 @@
-"""Pure mapping from contract records (decoded Avro dicts) to warehouse rows, per topic.
+"""Pure mapping from contract records (the typed records of `schemas.records`) to warehouse rows, per topic.
 
-No IO here. Each `TableSpec` says which table a topic fills, its columns, and, where the table
-feeds a daily rollup, the key that identifies a row so the writer can drop rows already stored.
+No IO here. Each `TableSpec` says which table a topic fills, the record type it reads, its columns,
+and, where the table feeds a daily rollup, the key that identifies a row so the writer can drop rows
+already stored. The mappings read attributes, so mypy checks every field name and type against the
+generated classes (and so against the `.avsc`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from schemas import topics
+from schemas.records import (
+    Alert,
+    AppealEvent,
+    AttributionCorrection,
+    ContractRecord,
+    CoverageMinute,
+    DeviceMinute,
+    JobEvent,
+    JobMinute,
+    NodeScrape,
+    ReclaimAction,
+    ReservationEvent,
+)
 from schemas.topics import Topic
 
 Row = list[Any]
@@ -21,12 +36,18 @@ Row = list[Any]
 class TableSpec:
     table: str
     columns: tuple[str, ...]
-    rows: Callable[[dict[str, Any]], list[Row]]
+    record_type: type[ContractRecord]
+    to_rows: Callable[[Any], list[Row]]  # takes a `record_type`
     # Columns that identify a row. Set for tables feeding a rollup: the writer inserts only keys
     # not yet stored, so a replay never reaches the materialized view twice.
     dedupe_key: tuple[str, ...] = ()
     # Column holding the event time in ms, used to bound the "already stored?" look-up.
     time_column: str = ""
+
+    def rows(self, record: ContractRecord | Mapping[str, Any]) -> list[Row]:
+        """The rows of one record: a typed one, or a decoded dict (read as `record_type`)."""
+        typed = self.record_type.from_avro(record) if isinstance(record, Mapping) else record
+        return self.to_rows(typed)
 
 
 def _s(value: Any) -> str:
@@ -45,14 +66,13 @@ DEVICE_MINUTE_COLUMNS = (
 )  # fmt: skip
 
 
-def device_minute_rows(r: dict[str, Any]) -> list[Row]:
+def device_minute_rows(r: DeviceMinute) -> list[Row]:
     return [[
-        r["cluster"], r["node"], r["device_uuid"], _mig(r.get("mig_instance_id")), r["minute_start_ms"],
-        _s(r.get("model")), r["generation"], _s(r.get("job_id")), _s(r.get("user")), _s(r.get("project")),
-        _s(r.get("team")), _s(r.get("cost_centre")), bool(r["preemptible"]), r["pricing_tier"],
-        r["unallocated_s"], r["allocated_s"], r["active_s"], r["starved_s"], r["idle_s"], r["dark_s"],
-        float(r["sm_weighted_s"]), r["sample_count"], r.get("activity_mean_ratio"), r.get("activity_max_ratio"),
-        r.get("fb_used_mib_max"), r.get("power_w_mean"), r["mapping_version"], r["classifier_version"],
+        r.cluster, r.node, r.device_uuid, _mig(r.mig_instance_id), r.minute_start_ms, _s(r.model), r.generation,
+        _s(r.job_id), _s(r.user), _s(r.project), _s(r.team), _s(r.cost_centre), bool(r.preemptible),
+        r.pricing_tier, r.unallocated_s, r.allocated_s, r.active_s, r.starved_s, r.idle_s, r.dark_s,
+        float(r.sm_weighted_s), r.sample_count, r.activity_mean_ratio, r.activity_max_ratio, r.fb_used_mib_max,
+        r.power_w_mean, r.mapping_version, r.classifier_version,
     ]]  # fmt: skip
 
 
@@ -64,13 +84,12 @@ JOB_MINUTE_COLUMNS = (
 )  # fmt: skip
 
 
-def job_minute_rows(r: dict[str, Any]) -> list[Row]:
+def job_minute_rows(r: JobMinute) -> list[Row]:
     return [[
-        r["cluster"], r["job_id"], r["minute_start_ms"], r["device_count"], r["generation"], _s(r.get("user")),
-        _s(r.get("project")), _s(r.get("team")), _s(r.get("cost_centre")), bool(r["preemptible"]),
-        r["pricing_tier"], r["allocated_s"], r["active_s"], r["starved_s"], r["idle_s"], r["dark_s"],
-        float(r["sm_weighted_s"]), r["sample_count"], r.get("activity_mean_ratio"), r.get("activity_max_ratio"),
-        r.get("fb_used_mib_max"), r.get("power_w_mean"), r["mapping_version"], r["classifier_version"],
+        r.cluster, r.job_id, r.minute_start_ms, r.device_count, r.generation, _s(r.user), _s(r.project),
+        _s(r.team), _s(r.cost_centre), bool(r.preemptible), r.pricing_tier, r.allocated_s, r.active_s, r.starved_s,
+        r.idle_s, r.dark_s, float(r.sm_weighted_s), r.sample_count, r.activity_mean_ratio, r.activity_max_ratio,
+        r.fb_used_mib_max, r.power_w_mean, r.mapping_version, r.classifier_version,
     ]]  # fmt: skip
 
 
@@ -80,8 +99,11 @@ COVERAGE_COLUMNS = (
 )  # fmt: skip
 
 
-def coverage_rows(r: dict[str, Any]) -> list[Row]:
-    return [[r[c] for c in COVERAGE_COLUMNS]]
+def coverage_rows(r: CoverageMinute) -> list[Row]:
+    return [[
+        r.cluster, r.node, r.minute_start_ms, r.expected_devices, r.reporting_devices, r.expected_device_s,
+        r.reporting_device_s, r.unexpected_devices,
+    ]]  # fmt: skip
 
 
 RAW_SAMPLE_COLUMNS = (
@@ -91,53 +113,50 @@ RAW_SAMPLE_COLUMNS = (
     "power_w", "temperature_c", "xid_last", "pod", "namespace", "container", "hpc_job",
 )  # fmt: skip
 
-_SAMPLE_METRICS = RAW_SAMPLE_COLUMNS[11:23]
 
-
-def raw_sample_rows(r: dict[str, Any]) -> list[Row]:
-    head = [r["cluster"], r["node"], r["ts_ms"], r["source"], _s(r.get("exporter_version")), r["mapping_version"]]
-    out = []
-    for d in r["devices"]:
-        out.append([
-            *head, d["uuid"], d.get("index"), _mig(d.get("mig_instance_id")), _s(d.get("mig_profile")),
-            _s(d.get("model")), *(d.get(m) for m in _SAMPLE_METRICS), _s(d.get("pod")), _s(d.get("namespace")),
-            _s(d.get("container")), _s(d.get("hpc_job")),
-        ])  # fmt: skip
-    return out
+def raw_sample_rows(r: NodeScrape) -> list[Row]:
+    head = [r.cluster, r.node, r.ts_ms, r.source, _s(r.exporter_version), r.mapping_version]
+    return [[
+        *head, d.uuid, d.index, _mig(d.mig_instance_id), _s(d.mig_profile), _s(d.model), d.sm_active_ratio,
+        d.sm_occupancy_ratio, d.gr_engine_active_ratio, d.tensor_active_ratio, d.dram_active_ratio, d.gpu_util_pct,
+        d.mem_copy_util_pct, d.fb_used_mib, d.fb_free_mib, d.power_w, d.temperature_c, d.xid_last, _s(d.pod),
+        _s(d.namespace), _s(d.container), _s(d.hpc_job),
+    ] for d in r.devices]  # fmt: skip
 
 
 JOB_EVENT_COLUMNS = (
     "event_id", "event_type", "ts_ms", "scheduler", "cluster", "job_id", "array_job_id", "array_task_id",
     "het_job_id", "het_job_offset", "job_name", "user", "account", "project", "project_source",
-    "project_validation", "team", "cost_centre", "partition", "qos", "preemptible", "interactive",
+    "project_validation", "project_claimed", "team", "cost_centre", "partition", "qos", "preemptible", "interactive",
     "checkpointable", "gang_size", "gang_id", "allocations", "requested_devices", "pricing_tier", "submit_ts_ms",
     "start_ts_ms", "end_ts_ms", "exit_state", "exit_code",
 )  # fmt: skip
 
-_PASS_THROUGH = {"team", "cost_centre", "allocations"}
 
-
-def job_event_rows(r: dict[str, Any]) -> list[Row]:
-    identity = r.get("identity") or {}
-    team = identity.get("primary_team") or ((identity.get("teams") or [None])[0])
-    derived = {
-        "team": team,
-        "cost_centre": identity.get("cost_centre"),
-        "allocations": json.dumps(r.get("allocations") or [], sort_keys=True),
-    }
-    return [[derived[c] if c in _PASS_THROUGH else r.get(c) for c in JOB_EVENT_COLUMNS]]
+def job_event_rows(r: JobEvent) -> list[Row]:
+    identity = r.identity
+    team = None if identity is None else identity.primary_team or (identity.teams[0] if identity.teams else None)
+    cost_centre = None if identity is None else identity.cost_centre
+    allocations = json.dumps([a.to_avro() for a in r.allocations], sort_keys=True)
+    return [[
+        r.event_id, r.event_type, r.ts_ms, r.scheduler, r.cluster, r.job_id, r.array_job_id, r.array_task_id,
+        r.het_job_id, r.het_job_offset, r.job_name, r.user, r.account, r.project, r.project_source,
+        r.project_validation, r.project_claimed, team, cost_centre, r.partition, r.qos, r.preemptible, r.interactive,
+        r.checkpointable, r.gang_size, r.gang_id, allocations, r.requested_devices, r.pricing_tier, r.submit_ts_ms,
+        r.start_ts_ms, r.end_ts_ms, r.exit_state, r.exit_code,
+    ]]  # fmt: skip
 
 
 IDENTITY_COLUMNS = ("cluster", "job_id", "user", "teams", "groups", "cost_centre", "snapshot_ts_ms")
 
 
-def identity_rows(r: dict[str, Any]) -> list[Row]:
-    identity = r.get("identity")
-    if not identity:
+def identity_rows(r: JobEvent) -> list[Row]:
+    identity = r.identity
+    if identity is None:
         return []
     return [[
-        r["cluster"], r["job_id"], identity["user"], list(identity.get("teams") or []),
-        list(identity.get("groups") or []), identity.get("cost_centre"), identity["snapshot_ts_ms"],
+        r.cluster, r.job_id, identity.user, list(identity.teams), list(identity.groups), identity.cost_centre,
+        identity.snapshot_ts_ms,
     ]]  # fmt: skip
 
 
@@ -146,8 +165,8 @@ CORRECTION_COLUMNS = (
 )  # fmt: skip
 
 
-def correction_rows(r: dict[str, Any]) -> list[Row]:
-    return [[r.get(c) for c in CORRECTION_COLUMNS]]
+def correction_rows(r: AttributionCorrection) -> list[Row]:
+    return [[r.correction_id, r.ts_ms, r.cluster, r.job_id, r.old_project, r.new_project, r.reason, r.corrected_by]]
 
 
 ALERT_COLUMNS = (
@@ -156,8 +175,12 @@ ALERT_COLUMNS = (
 )  # fmt: skip
 
 
-def alert_rows(r: dict[str, Any]) -> list[Row]:
-    return [[list(r.get(c) or []) if c == "device_uuids" else r.get(c) for c in ALERT_COLUMNS]]
+def alert_rows(r: Alert) -> list[Row]:
+    return [[
+        r.alert_id, r.kind, r.ts_ms, r.cluster, r.job_id, r.node, list(r.device_uuids), r.user, r.team, r.project,
+        r.idle_minutes, r.cost_so_far, r.action, r.action_at_ms, r.dry_run, r.message, r.appeal_route,
+        r.emitted_ts_ms,
+    ]]  # fmt: skip
 
 
 ACTION_COLUMNS = (
@@ -166,13 +189,43 @@ ACTION_COLUMNS = (
 )  # fmt: skip
 
 
-def action_rows(r: dict[str, Any]) -> list[Row]:
-    return [[list(r.get(c) or []) if c == "device_uuids" else r.get(c) for c in ACTION_COLUMNS]]
+def action_rows(r: ReclaimAction) -> list[Row]:
+    return [[
+        r.action_id, r.ts_ms, r.cluster, r.job_id, r.scheduler, r.action, r.dry_run, r.reason, list(r.device_uuids),
+        r.user, r.project,
+    ]]  # fmt: skip
+
+
+APPEAL_COLUMNS = (
+    "event_id", "event_type", "appeal_id", "ts_ms", "actor", "cluster", "job_id", "alert_id", "user", "team",
+    "project", "period", "text", "decision", "credit_cents", "exemption_until_ms", "deadline_ms",
+)  # fmt: skip
+
+
+def appeal_rows(r: AppealEvent) -> list[Row]:
+    return [[
+        r.event_id, r.event_type, r.appeal_id, r.ts_ms, r.actor, r.cluster, r.job_id, r.alert_id, r.user, r.team,
+        r.project, r.period, r.text, r.decision, r.credit_cents, r.exemption_until_ms, r.deadline_ms,
+    ]]  # fmt: skip
+
+
+RESERVATION_COLUMNS = (
+    "event_id", "event_type", "reservation_id", "ts_ms", "actor", "cluster", "team", "generation", "gpus", "nodes",
+    "start_ms", "end_ms", "text", "engine", "engine_ref",
+)  # fmt: skip
+
+
+def reservation_rows(r: ReservationEvent) -> list[Row]:
+    return [[
+        r.event_id, r.event_type, r.reservation_id, r.ts_ms, r.actor, r.cluster, r.team, r.generation, r.gpus,
+        list(r.nodes), r.start_ms, r.end_ms, r.text, r.engine, r.engine_ref,
+    ]]  # fmt: skip
 
 
 DEVICE_MINUTES = TableSpec(
     "device_minutes",
     DEVICE_MINUTE_COLUMNS,
+    DeviceMinute,
     device_minute_rows,
     # job_id too: a device shared within a minute (one job ends, the next starts) has a row per job.
     ("cluster", "node", "device_uuid", "mig_instance_id", "minute_start_ms", "job_id"),
@@ -181,6 +234,7 @@ DEVICE_MINUTES = TableSpec(
 COVERAGE_MINUTES = TableSpec(
     "coverage_minutes",
     COVERAGE_COLUMNS,
+    CoverageMinute,
     coverage_rows,
     ("cluster", "node", "minute_start_ms"),
     "minute_start_ms",
@@ -189,16 +243,22 @@ COVERAGE_MINUTES = TableSpec(
 # topic name -> the tables its records fill (ReplacingMergeTree everywhere; dedupe_key where a rollup reads).
 SINKS: dict[str, tuple[TableSpec, ...]] = {
     topics.DEVICE_MINUTES.name: (DEVICE_MINUTES,),
-    topics.JOB_MINUTES.name: (TableSpec("job_minutes", JOB_MINUTE_COLUMNS, job_minute_rows),),
+    topics.JOB_MINUTES.name: (TableSpec("job_minutes", JOB_MINUTE_COLUMNS, JobMinute, job_minute_rows),),
     topics.COVERAGE_MINUTES.name: (COVERAGE_MINUTES,),
-    topics.DEVICE_SAMPLES.name: (TableSpec("raw_samples", RAW_SAMPLE_COLUMNS, raw_sample_rows),),
+    topics.DEVICE_SAMPLES.name: (TableSpec("raw_samples", RAW_SAMPLE_COLUMNS, NodeScrape, raw_sample_rows),),
     topics.JOB_EVENTS.name: (
-        TableSpec("job_events", JOB_EVENT_COLUMNS, job_event_rows),
-        TableSpec("identity_snapshots", IDENTITY_COLUMNS, identity_rows),
+        TableSpec("job_events", JOB_EVENT_COLUMNS, JobEvent, job_event_rows),
+        TableSpec("identity_snapshots", IDENTITY_COLUMNS, JobEvent, identity_rows),
     ),
-    topics.CORRECTIONS.name: (TableSpec("attribution_corrections", CORRECTION_COLUMNS, correction_rows),),
-    topics.ALERTS.name: (TableSpec("alerts", ALERT_COLUMNS, alert_rows),),
-    topics.RECLAIM_ACTIONS.name: (TableSpec("actions", ACTION_COLUMNS, action_rows),),
+    topics.CORRECTIONS.name: (
+        TableSpec("attribution_corrections", CORRECTION_COLUMNS, AttributionCorrection, correction_rows),
+    ),
+    topics.ALERTS.name: (TableSpec("alerts", ALERT_COLUMNS, Alert, alert_rows),),
+    topics.RECLAIM_ACTIONS.name: (TableSpec("actions", ACTION_COLUMNS, ReclaimAction, action_rows),),
+    topics.APPEALS.name: (TableSpec("appeal_events", APPEAL_COLUMNS, AppealEvent, appeal_rows),),
+    topics.RESERVATIONS.name: (
+        TableSpec("reservation_events", RESERVATION_COLUMNS, ReservationEvent, reservation_rows),
+    ),
 }
 
 TOPICS_BY_NAME: dict[str, Topic] = {t.name: t for t in topics.CATALOGUE}

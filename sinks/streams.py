@@ -1,24 +1,19 @@
-"""A small at-least-once consumer for the chat and reclaim workers: decode, handle, commit.
+"""The chat and reclaim workers' consumer: one faust agent over one topic (`schemas.agents.run_record_agent`)
+with a handler per record.
 
-Records that cannot be decoded are logged and skipped here: the ledger sink, reading the same
-topics in its own group, is the one that dead-letters them.
+Like every consumer of the project, a record that does not decode or validate goes to `<topic>.dlq`
+(the reason in its headers, `schemas.consume.decode_or_dead_letter`), and a batch is acked (faust commits
+what was acked) only after each of its records was handled and its dead letters were delivered.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer
-
-from gpuledger.errors import ContractError, ServiceError
-from gpuledger.settings import Settings
-from schemas.codec import AvroCodec
+from base.settings import Settings
+from schemas.agents import run_record_agent
 from schemas.topics import Topic
-
-log = logging.getLogger(__name__)
 
 
 def consume_records(
@@ -32,54 +27,34 @@ def consume_records(
     metrics_component: str | None = None,
     out_label: str = "handled",
 ) -> int:
-    """Handle every record of `topic` until `should_stop()`; with `metrics_component`, count records
-    in (per topic) and handled (`records_out{topic=out_label}`) per batch and serve /metrics."""
-    codec = AvroCodec.from_settings(settings.kafka)
-    consumer: Any = Consumer(
-        {
-            **settings.kafka.client_config(),
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    """Handle every record of `topic` until `should_stop()` (or `max_idle_s` without a record, once the
+    topic is read to its end); returns how many were handled. The faust app's id is `group_id` (its
+    consumer group). With `metrics_component`, count records in (per topic), handled
+    (`records_out{topic=out_label}`) per batch, dead letters and lag, and serve /metrics.
+
+    At least once: a batch not acked and committed is handled again at the next start (or by the fresh
+    app that replaces a crashed one in-process). The stop is bounded by the deadline of `should_stop`
+    when it is a `base.shutdown.StopSignal`."""
     meter = None
+    count_dead_letters = None
     if metrics_component is not None and settings.metrics.enabled:
-        from gpuledger import metrics
+        from base import metrics
 
         meter = metrics.component(metrics_component)
-        consumer = metrics.MeteredConsumer(consumer, meter, group_id, settings.metrics.lag_refresh_s)
         metrics.start_metrics_server(settings, metrics_component)
-    consumer.subscribe([settings.kafka.topic(topic.name)])
-    handled = 0
-    idle_since = time.monotonic()
-    try:
-        while not should_stop():
-            messages = consumer.consume(num_messages=500, timeout=0.5)
-            if not messages:
-                if not consumer.assignment():  # still joining the group: not idle yet
-                    idle_since = time.monotonic()
-                elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
-                    break
-                continue
-            idle_since = time.monotonic()
-            before = handled
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.fatal():
-                        raise ServiceError(f"Kafka consumer failed: {err}")
-                    continue
-                try:
-                    record = codec.decode(msg.value() or b"", expected_subject=topic.subject).record
-                except ContractError as exc:
-                    log.warning("skipping undecodable %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), exc)
-                    continue
-                handle(record)
-                handled += 1
-            consumer.commit(asynchronous=False)
-            if meter is not None and handled > before:
-                meter.records_out(out_label, handled - before)
-    finally:
-        consumer.close()
-    return handled
+
+        def count_dead_letters(sink: Any) -> None:
+            metrics.count_dead_letters(sink, meter)
+
+    stats = run_record_agent(
+        settings.kafka,
+        group_id,
+        settings.kafka.topic(topic.name),
+        handle,
+        should_stop,
+        max_idle_s=max_idle_s,
+        meter=meter,
+        out_label=out_label,
+        dead_letters=count_dead_letters,
+    )
+    return stats.handled

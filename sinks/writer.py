@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.errors import ServiceError
+from base.errors import ServiceError
 from sinks.rows import Row, TableSpec
 
 # ClickHouse error names that mean "this data is wrong", as opposed to "the server is not well".

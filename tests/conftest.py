@@ -3,7 +3,7 @@
 Kafka (session-scoped, started once):
   kafka_bootstrap   "host:port" of a real broker: `GPULEDGER_KAFKA_BOOTSTRAP` when set, else
                     testcontainers' Kafka when a Docker engine answers, else the project's own
-                    launcher (gpuledger.broker) on free loopback ports with a temporary data dir.
+                    launcher (gpuledger.stack.broker) on free loopback ports with a temporary data dir.
   kafka_config      librdkafka configuration dict for that broker (copy it before changing it).
   unique_topic      factory: unique_topic("samples") -> "test.samples.<hex>"; never shared.
   new_topic         factory: creates a unique topic on the broker (partitions, config) and
@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.settings import BrokerSettings, KafkaSettings, Settings
+from base.settings import BrokerSettings, KafkaSettings, Settings
 
-pytest_plugins = ["fixtures_clickhouse"]  # embedded ClickHouse fixtures (tests/fixtures_clickhouse.py)
+# embedded ClickHouse; the schema registry; the Java reference program of tests/interop; Kubernetes + Kueue;
+# a live Slurm
+pytest_plugins = ["fixtures_clickhouse", "fixtures_registry", "fixtures_interop", "fixtures_kube", "fixtures_slurm"]
 
 # ------------------------------------------------------------------------------------------------
 # Kafka
@@ -58,15 +60,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from gpuledger.broker import BrokerConfig, LocalBroker, free_ports
+    from gpuledger.stack.broker import BrokerConfig, LocalBroker
 
-    port, controller_port = free_ports(2)
-    cfg = BrokerConfig(
-        data_dir=tmp_path_factory.mktemp("kafka"),
-        port=port,
-        controller_port=controller_port,
-        kafka_version=Settings().broker.kafka_version,
-    )
+    cfg = BrokerConfig.on_free_ports(tmp_path_factory.mktemp("kafka"), Settings().broker.kafka_version)
     with LocalBroker(cfg) as broker:
         yield broker.bootstrap
 

@@ -34,7 +34,7 @@ Library API (pure Python, no Kafka):
   and silent devices, for tests that need to know the ground truth.
 - `write_ledger(config, path)` (JSON or CSV), `unallocated_seconds(config)`.
 - `run(config, publisher, realtime=False, clock=time.time, sleep=time.sleep)`: publishes through
-  `gpuledger.kafka.RecordPublisher` (what `gpuledger simulate run` does).
+  `schemas.publish.RecordPublisher` (what `gpuledger simulate run` does).
 
 The cluster: nodes of mixed generations (H100, A100, L40S, V100) in on-prem, cloud on-demand and
 spot pricing tiers; five teams with projects and users. Job mix: multi-node training gangs,

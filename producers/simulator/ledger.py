@@ -6,13 +6,12 @@ with the processors. Per job: allocated = active + starved + idle + dark seconds
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from base.outputs import csv_text
 from producers.simulator.model import SimConfig, SimDevice, SimJob, SimPlan, plan
 from producers.simulator.telemetry import DeviceSchedule, device_schedules, truth
 
@@ -269,12 +268,7 @@ def ledger_json(config: SimConfig, ledger: dict[str, Ledger]) -> dict[str, Any]:
 
 
 def ledger_csv(ledger: dict[str, Ledger]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(LEDGER_COLUMNS)
-    for led in ledger.values():
-        w.writerow([getattr(led, c) for c in LEDGER_COLUMNS])
-    return buf.getvalue()
+    return csv_text(LEDGER_COLUMNS, ([getattr(led, c) for c in LEDGER_COLUMNS] for led in ledger.values()))
 
 
 def write_ledger(config: SimConfig, path: Path, ledger: dict[str, Ledger] | None = None) -> Path:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 
-from gpuledger.errors import ConfigError
-from producers.generations import generation_of
+from base.errors import ConfigError
+from schemas.generations import generation_of
 
 # Monday 2 March 2026, 11:30 UTC: a two-hour run covers lunch; a day-long run covers the night.
 DEFAULT_START_MS = int(datetime(2026, 3, 2, 11, 30, tzinfo=UTC).timestamp() * 1000)
@@ -59,6 +59,10 @@ class SimConfig:
     hpc_job_label: bool = True  # exporters label allocated devices with the job id (hpc_job)
     # The last `mig_nodes` nodes are A100s in MIG mode: jobs hold single MIG slices (uuid + GPU_I_ID).
     mig_nodes: int = 0
+    # Job ids are job_id_base + 1, + 2, ...: a plan that follows another on the same cluster (a restarted
+    # simulator whose plan ran out, producers/simulator/position.py) takes a fresh block, as a scheduler's
+    # counter moves on, so no id names two jobs.
+    job_id_base: int = 1000
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -264,21 +268,22 @@ def _groups(n: int, rng: random.Random) -> list[list[int]]:
     return out
 
 
-def build_plan(cfg: SimConfig) -> SimPlan:
-    rng = random.Random(cfg.seed)  # noqa: S311 (a reproducible simulation, not cryptography)
-    nodes = _build_nodes(cfg, rng)
-    people = _build_people()
-    D = cfg.duration_s
-    jobs: list[SimJob] = []
-    counter = [1000]
+class _JobMaker:
+    """Numbers jobs from 1001 and draws each one's project, flags and submit time from the plan's rng."""
 
-    def next_id() -> str:
-        counter[0] += 1
-        return str(counter[0])
+    def __init__(self, cfg: SimConfig, nodes: tuple[SimNode, ...], rng: random.Random) -> None:
+        self._cfg = cfg
+        self._nodes = nodes
+        self._rng = rng
+        self._counter = cfg.job_id_base
 
-    def make(kind: str, person: Person, start: int, end: int, devs: tuple[tuple[str, int], ...], gang: bool) -> SimJob:
-        job_id = next_id()
-        tier = nodes[int(devs[0][0].rsplit("-", 1)[-1])].pricing_tier
+    def make(
+        self, kind: str, person: Person, start: int, end: int, devs: tuple[tuple[str, int], ...], gang: bool
+    ) -> SimJob:
+        rng = self._rng
+        self._counter += 1
+        job_id = str(self._counter)
+        tier = self._nodes[int(devs[0][0].rsplit("-", 1)[-1])].pricing_tier
         explicit = rng.random() < 0.85
         project = rng.choice(person.projects) if explicit else person.default_project
         interactive = kind == "notebook"
@@ -295,7 +300,7 @@ def build_plan(cfg: SimConfig) -> SimPlan:
             interactive=interactive,
             preemptible=preemptible,
             checkpointable=kind in ("training", "batch") and rng.random() < 0.8,
-            gang_id=f"{cfg.cluster}/{job_id}" if gang else None,
+            gang_id=f"{self._cfg.cluster}/{job_id}" if gang else None,
             partition="interactive" if interactive else "gpu",
             qos="preempt" if preemptible else "normal",
             pricing_tier=tier,
@@ -303,7 +308,14 @@ def build_plan(cfg: SimConfig) -> SimPlan:
             submit_s=start - rng.randint(0, 300),
         )
 
-    # 1. Multi-node training gangs on whole nodes.
+
+def _training_gangs(
+    cfg: SimConfig, nodes: tuple[SimNode, ...], people: tuple[Person, ...], rng: random.Random, maker: _JobMaker
+) -> tuple[list[SimJob], dict[str, tuple[int, int]], set[str]]:
+    """Multi-node training gangs on whole nodes (never MIG ones): the jobs, each node's blocked
+    `(start, end)`, and the MIG nodes."""
+    D = cfg.duration_s
+    jobs: list[SimJob] = []
     n_gangs = cfg.training_gangs if cfg.training_gangs is not None else max(1, cfg.nodes // 4)
     blocked: dict[str, tuple[int, int]] = {}
     free_nodes = [n.name for n in nodes]
@@ -319,37 +331,51 @@ def build_plan(cfg: SimConfig) -> SimPlan:
         start = rng.randint(0, max(0, D // 5))
         end = min(D, start + max(60, int(D * rng.uniform(0.5, 0.8))))
         devs = tuple((n, g) for n in chosen for g in range(cfg.gpus_per_node))
-        jobs.append(make("training", rng.choice(people), start, end, devs, gang=len(chosen) > 1))
+        jobs.append(maker.make("training", rng.choice(people), start, end, devs, gang=len(chosen) > 1))
         for n in chosen:
             blocked[n] = (start, end)
+    return jobs, blocked, mig
 
-    # 2. Everything else on per-node GPU groups, one job after another.
-    for node in nodes:
-        groups = [[d.slot] for d in node.devices] if node.name in mig else _groups(cfg.gpus_per_node, rng)
-        for group in groups:
-            t = rng.randint(0, 120)
-            while t < D - 60:
-                b = blocked.get(node.name)
-                if b is not None and b[0] <= t < b[1]:
-                    t = b[1] + rng.randint(5, 90)
-                    continue
-                kind = rng.choices([k for k, _ in _MIX], weights=[w for _, w in _MIX])[0]
-                if kind in ("notebook", "poker", "starved") and len(group) > 2:
-                    kind = "batch"
-                dur = _duration(kind, rng)
-                end = min(t + dur, D)
-                if b is not None and t < b[0]:
-                    end = min(end, b[0])
-                if kind == "gap" or end - t < 60:
-                    t = end + 1
-                    continue
-                devs = tuple((node.name, g) for g in group)
-                jobs.append(make(kind, rng.choice(people), t, end, devs, gang=False))
-                t = end + rng.randint(0, 120)
 
-    jobs.sort(key=lambda j: (j.start_s, int(j.job_id)))
+def _node_jobs(
+    cfg: SimConfig,
+    node: SimNode,
+    people: tuple[Person, ...],
+    rng: random.Random,
+    maker: _JobMaker,
+    blocked: tuple[int, int] | None,
+    is_mig: bool,
+) -> list[SimJob]:
+    """One node's per-GPU-group jobs, one after another, around a gang that blocks the node."""
+    D = cfg.duration_s
+    jobs: list[SimJob] = []
+    groups = [[d.slot] for d in node.devices] if is_mig else _groups(cfg.gpus_per_node, rng)
+    for group in groups:
+        t = rng.randint(0, 120)
+        while t < D - 60:
+            b = blocked
+            if b is not None and b[0] <= t < b[1]:
+                t = b[1] + rng.randint(5, 90)
+                continue
+            kind = rng.choices([k for k, _ in _MIX], weights=[w for _, w in _MIX])[0]
+            if kind in ("notebook", "poker", "starved") and len(group) > 2:
+                kind = "batch"
+            dur = _duration(kind, rng)
+            end = min(t + dur, D)
+            if b is not None and t < b[0]:
+                end = min(end, b[0])
+            if kind == "gap" or end - t < 60:
+                t = end + 1
+                continue
+            devs = tuple((node.name, g) for g in group)
+            jobs.append(maker.make(kind, rng.choice(people), t, end, devs, gang=False))
+            t = end + rng.randint(0, 120)
+    return jobs
 
-    # 3. Faults: exporters that die while the node is held, devices that never report.
+
+def _faults(cfg: SimConfig, jobs: list[SimJob]) -> tuple[list[Outage], set[tuple[str, int]]]:
+    """Exporters that die while their node is most held, and batch devices that never report."""
+    D = cfg.duration_s
     outages: list[Outage] = []
     at = cfg.dead_exporter_at_s if cfg.dead_exporter_at_s is not None else D // 3
     length = cfg.dead_exporter_for_s if cfg.dead_exporter_for_s is not None else max(60, D // 4)
@@ -364,6 +390,22 @@ def build_plan(cfg: SimConfig) -> SimPlan:
     candidates = [j for j in jobs if j.kind == "batch" and not any(o.node == j.devices[0][0] for o in outages)]
     for j in candidates[: cfg.silent_devices]:
         silent.add(j.devices[0])
+    return outages, silent
+
+
+def build_plan(cfg: SimConfig) -> SimPlan:
+    rng = random.Random(cfg.seed)  # noqa: S311 (a reproducible simulation, not cryptography)
+    nodes = _build_nodes(cfg, rng)
+    people = _build_people()
+    maker = _JobMaker(cfg, nodes, rng)
+    # 1. Multi-node training gangs on whole nodes.
+    jobs, blocked, mig = _training_gangs(cfg, nodes, people, rng, maker)
+    # 2. Everything else on per-node GPU groups, one job after another.
+    for node in nodes:
+        jobs.extend(_node_jobs(cfg, node, people, rng, maker, blocked.get(node.name), node.name in mig))
+    jobs.sort(key=lambda j: (j.start_s, int(j.job_id)))
+    # 3. Faults: exporters that die while the node is held, devices that never report.
+    outages, silent = _faults(cfg, jobs)
     devices = {d.key: d for n in nodes for d in n.devices}
     return SimPlan(cfg, nodes, people, tuple(jobs), tuple(outages), frozenset(silent), devices)
 

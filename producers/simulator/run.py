@@ -62,18 +62,28 @@ def run(
     chunk_s: int = 60,
     progress: Callable[[int, RunStats], None] | None = None,
     backfill_s: int = 0,
+    resume_s: int = 0,
+    on_flushed: Callable[[int], None] | None = None,
 ) -> RunStats:
     """Publish every record of the run. Real time: the records of second t go out at start + t.
 
     With `backfill_s`, real time runs that many seconds behind the start: the first `backfill_s`
     seconds of cluster time go out at once (history to look at), the rest at the wall clock's pace.
+    With `resume_s`, the first `resume_s` seconds of the plan are not published (a restarted run continues,
+    producers/simulator/position.py). With `on_flushed`, each chunk is flushed and then reported by the
+    event time published through (epoch ms).
     """
     stats = RunStats()
     began = clock()
     base_s = config.start_ms / 1000
     ordered = EventsBeforeSamples(publisher)
+    resume_ms = config.start_ms + resume_s * 1000
     for chunk_start in range(0, config.duration_s, chunk_s):
+        if chunk_start + chunk_s <= resume_s:
+            continue
         for topic, key, record in simulate(config, start_s=chunk_start, end_s=chunk_start + chunk_s):
+            if record["ts_ms"] < resume_ms:
+                continue
             if realtime:
                 due = record["ts_ms"] / 1000 - base_s + began - backfill_s
                 delay = due - clock()
@@ -81,6 +91,9 @@ def run(
                     sleep(delay)
             ordered.publish(topic, key, record)
             stats.records[topic.name] = stats.records.get(topic.name, 0) + 1
+        if on_flushed is not None:
+            publisher.flush()
+            on_flushed(config.start_ms + min(chunk_start + chunk_s, config.duration_s) * 1000)
         if progress is not None:
             progress(min(chunk_start + chunk_s, config.duration_s), stats)
     publisher.flush()

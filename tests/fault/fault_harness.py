@@ -12,8 +12,12 @@ test can stop it and bring it back at the same address).
     gpuledger db migrate                        the ledger tables and analyst views
     gpuledger sink run                          long-running, every ledger topic -> ClickHouse
     gpuledger simulate run --fast ...           the simulated cluster (or `publish()` from this process)
-    gpuledger processors run --event-time       long-running; `finish()` stops it (SIGTERM) and runs
-                                                `processors run --exit-when-idle` to close the last minutes
+    gpuledger processors run --event-time       long-running, the rekey and node stages; `finish()` stops it
+                                                (SIGTERM) and runs `processors run --exit-when-idle` to close
+                                                the last minutes
+    gpuledger processors agents --event-time    long-running, the job stage as faust agents; `finish()` stops
+                                                it (SIGTERM), then runs it with `--exit-when-idle` once the
+                                                last device-minutes are out
 
 then `Ledger` is read back from ClickHouse: per job allocated/active/starved/idle/dark seconds from
 `job_minutes FINAL`, from `device_minutes FINAL` and from the analyst view `v_chargeback_jobs`
@@ -39,12 +43,15 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from fixtures_clickhouse import ClickHouseServer, server_env, start_server, stop_server, wait_for
 
-from gpuledger.broker import BrokerConfig, LocalBroker, free_ports
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import KafkaSettings, Settings
-from producers.simulator import DEFAULT_START_MS, SimConfig
+from base.settings import KafkaSettings, Settings
+from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
+from producers.simulator import DEFAULT_START_MS, SimConfig, expected_ledger
+from schemas.codec import AvroCodec
+from schemas.publish import RecordPublisher
 from schemas.topics import (
+    DEVICE_MINUTES,
     DEVICE_SAMPLES,
+    JOB_MINUTES,
     LATE_SAMPLES,
     Topic,
     all_topics,
@@ -59,6 +66,18 @@ LEDGER_FIELDS = ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s")
 # defaults put the exporter upgrade half-way, one dead exporter (from a third of the run, for a
 # quarter of it) and one device that never reports.
 SIM = SimConfig(seed=11, nodes=5, duration_s=1500, start_ms=DEFAULT_START_MS, cluster="sim")
+
+
+# Outputs a restarted stage emits again, with their keys (device-minutes: one row per job in a device's minute).
+REEMITTED = (
+    (DEVICE_MINUTES, ("cluster", "device_uuid", "mig_instance_id", "minute_start_ms", "job_id")),
+    (JOB_MINUTES, ("cluster", "job_id", "minute_start_ms")),
+)
+
+
+def expected_jobs(sim: SimConfig = SIM) -> dict[str, dict[str, int]]:
+    """The simulator's own per-job ledger (allocated/active/starved/idle/dark seconds)."""
+    return {j: {f: getattr(led, f) for f in LEDGER_FIELDS} for j, led in expected_ledger(sim).items()}
 
 
 def log(msg: str) -> None:
@@ -337,6 +356,7 @@ class PipelineRun:
         self.processor_group = self.prefix + "processors"
         self.sink_group = self.prefix + "sinks"
         self.processors: Proc | None = None
+        self.agents: Proc | None = None
         self.sink: Proc | None = None
         self.simulator: Proc | None = None
         self.timings: dict[str, float] = {}
@@ -418,6 +438,25 @@ class PipelineRun:
             "--stats-file", str(self.root / "processors-stats.json"),
         )  # fmt: skip
 
+    def start_agents(self) -> None:
+        self.agents = self.spawn(
+            "agents", "processors", "agents", "--event-time", "--stats-file", str(self.agents_stats),
+        )  # fmt: skip
+
+    @property
+    def agents_stats(self) -> Path:
+        return self.root / "agents-stats.json"
+
+    def agents_events(self) -> int:
+        """Input records the running agents worker has processed (0 until it writes its stats)."""
+        proc = self.agents
+        try:
+            if proc is None or self.agents_stats.stat().st_mtime <= proc.started:
+                return 0
+            return int(json.loads(self.agents_stats.read_text())["events"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
     def start_simulator(self) -> None:
         s = self.sim
         start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.start_ms / 1000))
@@ -492,33 +531,52 @@ class PipelineRun:
             wait_until(lambda: stats.exists() and stats.stat().st_mtime > started, 120, "the processors loop", 0.2)
             self.kill(self.processors, signal.SIGTERM)
             assert self.processors.popen.returncode == 0, self.tail(self.processors)
+        if self.agents is not None and self.alive(self.agents):
+            stats, started = self.agents_stats, self.agents.started
+            wait_until(lambda: stats.exists() and stats.stat().st_mtime > started, 120, "the agents' loop", 0.2)
+            self.kill(self.agents, signal.SIGTERM)
+            assert self.agents.popen.returncode == 0, self.tail(self.agents)
         final = self.spawn("processors", "processors", "run", "--instance", "w1", "--event-time",
                            "--exit-when-idle", "3")  # fmt: skip
         rc = final.popen.wait(timeout_s)
         assert rc == 0, f"processors exited {rc}: {self.tail(final)}"
         self.processors = None
-        assert self.sink is not None
-        wait_until(lambda: self.sink_lag() == 0, timeout_s, "the sink to commit every record", interval_s=0.5)
-        self.check_alive(self.sink)
-        self.kill(self.sink, signal.SIGTERM)
-        assert self.sink.popen.returncode == 0, self.tail(self.sink)
+        # Every device-minute is out: the job stage reads them to the end, then exits.
+        final = self.spawn("agents", "processors", "agents", "--event-time", "--exit-when-idle", "3")
+        rc = final.popen.wait(timeout_s)
+        assert rc == 0, f"agents exited {rc}: {self.tail(final)}"
+        self.agents = None
+        sink = self.sink
+        assert sink is not None
+
+        def sink_caught_up() -> bool:
+            self.check_alive(sink)  # a sink that died will never catch up: say so, with its log
+            return self.sink_lag() == 0
+
+        try:
+            wait_until(sink_caught_up, timeout_s, "the sink to commit every record", interval_s=0.5)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (lag {self.sink_lag()}); the sink's log ends:\n{self.tail(sink)}") from None
+        self.kill(sink, signal.SIGTERM)
+        assert sink.popen.returncode == 0, self.tail(sink)
         self.timings["finish_s"] = time.monotonic() - t0
 
     def start_pipeline(self) -> None:
-        """Start sink, simulator and processors (what every test does first)."""
+        """Start sink, simulator, processors and the job-stage agents (what every test does first)."""
         self.start_sink()
         self.start_simulator()
         self.start_processors()
+        self.start_agents()
 
     # -- what is left -----------------------------------------------------------------------------
     def dlq_counts(self) -> dict[str, int]:
         dlqs = [self.prefix + t.name for t in all_topics() if t.name.endswith(".dlq")]
         return {k: v for k, v in topic_counts(self.stack.bootstrap, dlqs).items() if v}
 
-    def late_records(self) -> list[bytes]:
-        """Values in the late topic (a restart re-reads held input, so a late record may be sent twice)."""
-        topic = self.topic(LATE_SAMPLES)
-        c = Consumer({"bootstrap.servers": self.stack.bootstrap, "group.id": "fault-late-reader",
+    def topic_values(self, t: Topic) -> list[bytes]:
+        """Every value in the run's topic `t`, all partitions, start to end."""
+        topic = self.topic(t)
+        c = Consumer({"bootstrap.servers": self.stack.bootstrap, "group.id": "fault-topic-reader",
                       "enable.auto.commit": False})  # fmt: skip
         try:
             md = c.list_topics(topic, timeout=10).topics[topic]
@@ -539,6 +597,29 @@ class PipelineRun:
         finally:
             c.close()
 
+    def late_records(self) -> list[bytes]:
+        """Values in the late topic (a restart re-reads held input, so a late record may be sent twice)."""
+        return self.topic_values(LATE_SAMPLES)
+
+    def conflicting_copies(self, t: Topic, key_fields: tuple[str, ...]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+        """Records of `t` emitted more than once (a restart re-emits what it had not committed) whose
+        copies differ: the sinks keep the first copy and the agents may use another, so a difference is
+        a ledger that disagrees with itself."""
+        codec = AvroCodec()
+        copies: dict[tuple[Any, ...], dict[bytes, dict[str, Any]]] = {}
+        for value in self.topic_values(t):
+            record = codec.decode(value).record
+            copies.setdefault(tuple(record[f] for f in key_fields), {})[value] = record
+        return {k: list(v.values()) for k, v in copies.items() if len(v) > 1}
+
+    def assert_reemitted_identical(self) -> None:
+        """Every output a restarted stage emitted again equals its first copy (`conflicting_copies`)."""
+        for topic, key in REEMITTED:
+            differing = self.conflicting_copies(topic, key)
+            assert not differing, f"{len(differing)} {topic.name} records re-emitted with another content: " + str(
+                list(differing.items())[:3]
+            )
+
     def late_count(self) -> int:
         return topic_counts(self.stack.bootstrap, [self.topic(LATE_SAMPLES)])[self.topic(LATE_SAMPLES)]
 
@@ -557,7 +638,7 @@ class PipelineRun:
         self.close()
 
     def close(self) -> None:
-        for p in (self.processors, self.sink, self.simulator):
+        for p in (self.processors, self.agents, self.sink, self.simulator):
             if p is not None and p.popen.poll() is None:
                 with contextlib.suppress(Exception):
                     p.popen.kill()

@@ -6,7 +6,8 @@ ledger. Each fault then gets its own run (own topics, groups and database) and m
 ClickHouse exactly the undisturbed ledger (per job allocated/active/starved/idle/dark seconds, and
 every device-, job- and coverage-minute row), with nothing in any dead-letter topic:
 
-1. the processors killed -9 five times during the run (restarted each time);
+1. the processors (rekey and node) and the job-stage agents killed -9 five times each during the run
+   (restarted each time);
 2. the broker stopped and restarted while the simulator publishes;
 3. the ClickHouse server down for GPULEDGER_FAULT_OUTAGE_S seconds (default 60) mid-run;
 4. the sink killed -9 mid-batch, three times;
@@ -35,11 +36,12 @@ from fault_harness import (
     Stack,
     assert_same_ledger,
     check_consistent,
+    expected_jobs,
     log,
     wait_until,
 )
 
-from producers.simulator import expected_ledger, simulate
+from producers.simulator import simulate
 from producers.simulator.run import EventsBeforeSamples
 from producers.simulator.stream import exporter_version_at
 from producers.simulator.telemetry import exporter_profile
@@ -59,9 +61,6 @@ class Baseline:
     late: int
 
 
-def _expected() -> dict[str, dict[str, int]]:
-    return {j: {f: getattr(led, f) for f in LEDGER_FIELDS} for j, led in expected_ledger(SIM).items()}
-
 
 def _finish_and_read(run: PipelineRun) -> Ledger:
     run.wait_simulator()
@@ -74,6 +73,7 @@ def _finish_and_read(run: PipelineRun) -> Ledger:
 def _assert_clean(run: PipelineRun, led: Ledger, base: Baseline, late: int = 0) -> None:
     assert run.dlq_counts() == {}, "records were dead-lettered"
     assert len(set(run.late_records())) == late
+    run.assert_reemitted_identical()
     assert_same_ledger(led, base.ledger)
     assert led.jobs == base.expected
 
@@ -84,7 +84,7 @@ def baseline(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with PipelineRun(stack, "base", tmp_path_factory.mktemp("base")) as run:
         run.start_pipeline()
         led = _finish_and_read(run)
-        yield Baseline(led, _expected(), run.expected_from_cli(), run.dlq_counts(), run.late_count())
+        yield Baseline(led, expected_jobs(), run.expected_from_cli(), run.dlq_counts(), run.late_count())
 
 
 def test_undisturbed_run_matches_the_simulator(baseline: Baseline) -> None:
@@ -116,6 +116,16 @@ def test_processors_killed_9_five_times(stack: Stack, baseline: Baseline, tmp_pa
             run.kill(run.processors)
             log(f"kill-proc: kill -9 #{i + 1} at committed offset {last} of {run.samples_published()} samples")
             run.start_processors()
+            # The job stage's worker too, once it has processed input (it restarts in about 10 s: the next
+            # kill may land while it recovers its Table, which is a fault too).
+            deadline = time.monotonic() + 15
+            while run.agents_events() == 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.1, 0.8))
+            events = run.agents_events()
+            run.kill(run.agents)
+            log(f"kill-proc: agents kill -9 #{i + 1} after {events} input records")
+            run.start_agents()
         led = _finish_and_read(run)
         _assert_clean(run, led, baseline)
 
@@ -134,7 +144,7 @@ def test_broker_stop_and_restart_mid_run(stack: Stack, baseline: Baseline, tmp_p
         t1 = time.monotonic()
         stack.start_broker()
         log(f"broker: restarted ({time.monotonic() - t1:.1f} s; down {time.monotonic() - t0:.1f} s)")
-        run.check_alive(run.sink, run.processors)  # every client rides out the outage
+        run.check_alive(run.sink, run.processors, run.agents)  # every client rides out the outage
         led = _finish_and_read(run)
         assert run.samples_published() == total
         _assert_clean(run, led, baseline)
@@ -213,6 +223,7 @@ def test_duplicated_out_of_order_and_late_events(stack: Stack, baseline: Baselin
     with PipelineRun(stack, "dup-late", tmp_path) as run:
         run.start_sink()
         run.start_processors()
+        run.start_agents()
         records = list(simulate(SIM))
         mid_ms = SIM.start_ms + SIM.duration_s * 1000 // 2
         first = _reordered([r for r in records if r[2]["ts_ms"] < mid_ms], rng, True)

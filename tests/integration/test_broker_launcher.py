@@ -1,4 +1,4 @@
-"""The local broker launcher (gpuledger.broker): restart keeps data, one-line errors, jar cache reuse."""
+"""The local broker launcher (gpuledger.stack.broker): restart keeps data, one-line errors, jar cache reuse."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from fixtures_cli import run_gpuledger
 
-from gpuledger import broker
-from gpuledger.errors import DependencyMissing, PortInUse
-from gpuledger.settings import Settings
+from base.errors import DependencyMissing, PortInUse
+from base.settings import Settings
+from gpuledger.stack import broker
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +43,7 @@ def _path_without(bin_dir: Path, *tools: str, keep: tuple[str, ...] = ()) -> str
 
 
 def _gpuledger(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from gpuledger.cli import main; main()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_gpuledger(args, env, timeout)
 
 
 def _one_line(text: str) -> str:

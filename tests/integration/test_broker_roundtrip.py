@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 pytestmark = pytest.mark.integration
@@ -57,6 +57,19 @@ def test_round_trip_keys_values_headers_and_order(kafka_config, new_topic):
     assert all(len(p) == 1 for p in partition_of.values())
 
 
+def _take(consumer: Consumer, n: int, timeout_s: float = 30) -> tuple[list[bytes], Message | None]:
+    """Up to `n` values read within `timeout_s`, and the last message read."""
+    values: list[bytes] = []
+    last = None
+    deadline = time.monotonic() + timeout_s
+    while len(values) < n and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            values.append(msg.value())
+            last = msg
+    return values, last
+
+
 def test_committed_offset_resumes_consumer_group(kafka_config, new_topic):
     topic = new_topic("resume")
     producer = Producer(kafka_config)
@@ -68,25 +81,15 @@ def test_committed_offset_resumes_consumer_group(kafka_config, new_topic):
     conf = {**kafka_config, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": "false"}
     first = Consumer(conf)
     first.subscribe([topic])
-    seen: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(seen) < 4 and time.monotonic() < deadline:
-        msg = first.poll(0.5)
-        if msg is not None and msg.error() is None:
-            seen.append(msg.value())
-            if len(seen) == 4:
-                first.commit(message=msg, asynchronous=False)
+    seen, last = _take(first, 4)
+    if len(seen) == 4:
+        first.commit(message=last, asynchronous=False)
     first.close()
     assert seen == [b"0", b"1", b"2", b"3"]
 
     second = Consumer(conf)
     second.subscribe([topic])
-    rest: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(rest) < 6 and time.monotonic() < deadline:
-        msg = second.poll(0.5)
-        if msg is not None and msg.error() is None:
-            rest.append(msg.value())
+    rest, _ = _take(second, 6)
     committed = second.committed([TopicPartition(topic, 0)], timeout=10)
     second.close()
     assert rest == [str(i).encode() for i in range(4, 10)]

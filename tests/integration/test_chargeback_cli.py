@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -16,9 +15,10 @@ from typing import Any
 
 import pytest
 from contract_records import IDENTITY, job_event
+from fixtures_cli import fake_slurm_tools, run_gpuledger
 from test_chargeback_ledger import cli_env
 
-from gpuledger.settings import ClickHouseSettings
+from base.settings import ClickHouseSettings
 from schemas import topics
 from sinks.chat import apprise_send
 from sinks.db import connect
@@ -30,10 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def gpuledger(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from gpuledger.cli import main; main()", *args],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=180,
-    )  # fmt: skip
+    return run_gpuledger(list(args), env, timeout=180, cwd=REPO)
 
 
 @pytest.fixture
@@ -116,13 +113,7 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
     assert bad.returncode == 2 and "not a Slurm job id" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
     # Live, with fake Slurm tools on PATH.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    calls = tmp_path / "calls"
-    for tool in ("scontrol", "scancel"):
-        script = bindir / tool
-        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n')
-        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    bindir, calls = fake_slurm_tools(tmp_path)
     live_env = {**env, "PATH": f"{bindir}{os.pathsep}{env['PATH']}", "GPULEDGER_SINKS__RECLAIM_CHECKPOINT_GRACE_S": "0"}
     live = gpuledger(live_env, "reclaim", "exec", "--scheduler", "SLURM", "--job", "4242", "--action",
                      "CHECKPOINT_THEN_REQUEUE", "--execute")  # fmt: skip
@@ -140,13 +131,17 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
 
     (actions,) = SINKS[topics.RECLAIM_ACTIONS.name]
     act = {"action_id": "act-1", "ts_ms": 3_000, "cluster": "c1", "job_id": "4242", "scheduler": "SLURM",
-           "action": "SUSPEND", "dry_run": True, "reason": "idle 60 min", "device_uuids": ["GPU-a"],
+           "action": "CANCEL", "dry_run": True, "reason": "idle 60 min", "device_uuids": ["GPU-a"],
            "user": "alice", "project": "p-vision"}  # fmt: skip
-    LedgerWriter(client).write([Pending(actions, row, Origin("act", 0, 0)) for row in actions.rows(act)])
-    ReclaimExecutor(ClickHouseRecorder(client)).execute(act)
-    assert client.query("SELECT action_id, outcome, steps_recorded FROM v_actions").result_rows == [
-        ("act-1", "planned", 1)
-    ]
+    # Slurm's suspend keeps the GPUs, so a SUSPEND for a Slurm job is refused and ends as failed.
+    suspend = {**act, "action_id": "act-2", "action": "SUSPEND"}
+    LedgerWriter(client).write([Pending(actions, row, Origin("act", i, 0))
+                                for i, a in enumerate((act, suspend)) for row in actions.rows(a)])  # fmt: skip
+    for a in (act, suspend):
+        ReclaimExecutor(ClickHouseRecorder(client)).execute(a)
+    assert client.query("SELECT action_id, outcome, steps_recorded FROM v_actions ORDER BY action_id").result_rows == [
+        ("act-1", "planned", 1), ("act-2", "failed", 1)
+    ]  # fmt: skip
     client.close()
 
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from gpuledger.settings import ClickHouseSettings
+from base.settings import ClickHouseSettings
 from schemas import topics
 from sinks import chargeback as cb
 from sinks.db import connect, load_migrations, migrate

@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_clickhouse import wait_for
 
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import ChatRoute, ChatSettings, KafkaSettings, Settings, SinksSettings
+from base.settings import ChatRoute, ChatSettings, KafkaSettings, Settings, SinksSettings
+from schemas.publish import RecordPublisher
 from schemas.topics import ALERTS, job_key
 from sinks.chat import ChatNotifier, WebhookReceiver
 from sinks.streams import consume_records
@@ -79,7 +79,7 @@ def test_chat_run_command_posts_once_across_restarts(
     import sys
     from pathlib import Path
 
-    from gpuledger.settings import ClickHouseSettings
+    from base.settings import ClickHouseSettings
     from sinks.db import connect, migrate
 
     repo = Path(__file__).resolve().parents[2]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import KafkaSettings
+from base.settings import KafkaSettings
 from producers.dcgm import normalize_text
 from producers.scraper import DcgmScraper, parse_targets
 from schemas.codec import AvroCodec
+from schemas.publish import RecordPublisher
 from schemas.topics import DEVICE_SAMPLES
 
 pytestmark = pytest.mark.integration

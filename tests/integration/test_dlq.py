@@ -14,18 +14,19 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.consumer import (
+from base.settings import KafkaSettings
+from schemas.codec import AvroCodec
+from schemas.consume import (
     HEADER_ERROR_CLASS,
     HEADER_SCHEMA_FINGERPRINT,
     HEADER_SOURCE_OFFSET,
     HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
-    ContractConsumer,
+    ConsumerLoop,
+    Received,
 )
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import KafkaSettings
-from schemas.codec import AvroCodec
 from schemas.models import model_for
+from schemas.publish import RecordPublisher
 from schemas.topics import DEVICE_SAMPLES
 
 pytestmark = pytest.mark.integration
@@ -141,13 +142,24 @@ def test_bad_records_go_to_the_dlq_and_the_consumer_keeps_running(
         future.result(timeout=30)
 
     publisher = RecordPublisher(kafka, **{"linger.ms": "1"})
-    consumer = ContractConsumer(
-        kafka, f"worker-{uuid.uuid4().hex}", [topic], publisher=publisher, **{"fetch.wait.max.ms": "50"}
+    consumer = ConsumerLoop(
+        kafka,
+        f"worker-{uuid.uuid4().hex}",
+        [topic],
+        publisher=publisher,
+        batch_max_records=100,
+        batch_max_wait_s=0.2,
+        config={"fetch.wait.max.ms": "50"},
     )
     producer = Producer({**kafka_config, "linger.ms": "1"})
     dlq_reader = _dlq_reader(kafka_config, topic + ".dlq")
     processed: dict[bytes, dict[str, Any]] = {}
     dead: dict[bytes, Any] = {}
+
+    def take(batch: list[Received]) -> None:
+        for received in batch:
+            processed[received.source.key or b""] = received.record
+
     examples = 0
 
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -171,12 +183,11 @@ def test_bad_records_go_to_the_dlq_and_the_consumer_keeps_running(
         want_bad = {k: it for k, it in zip(keys, items, strict=True) if it[0] != GOOD}
         deadline = time.monotonic() + 60
         mine = lambda d: {k for k in d if k.startswith(run_id.encode())}  # noqa: E731
-        seen_before = consumer.decoded + consumer.dead_lettered
-        while consumer.decoded + consumer.dead_lettered - seen_before < len(items):
+        seen = lambda: consumer.stats.decoded + consumer.stats.dead_lettered  # noqa: E731
+        seen_before = seen()
+        while seen() - seen_before < len(items):
             assert time.monotonic() < deadline, "consumer stopped making progress"
-            for received in consumer.poll(100, timeout_s=0.2):
-                processed[received.source.key or b""] = received.record
-            consumer.commit()
+            consumer.step(take)  # dead letters delivered, then the batch committed
         assert mine(processed) == set(want_good)
         for key, record in want_good.items():
             assert processed[key] == record
@@ -213,8 +224,7 @@ def test_bad_records_go_to_the_dlq_and_the_consumer_keeps_running(
         producer.flush(30)
         deadline = time.monotonic() + 30
         while b"last" not in processed and time.monotonic() < deadline:
-            for received in consumer.poll(10, timeout_s=0.2):
-                processed[received.source.key or b""] = received.record
+            consumer.step(take)
         assert processed[b"last"] == last
     finally:
         consumer.close()

@@ -476,13 +476,18 @@ def test_concurrent_clients_do_not_block_each_other(
     assert elapsed < 1.5, f"writer waited {elapsed:.2f}s behind the analyst's slow query"
 
 
-def test_users_and_readonly(
-    clickhouse_server: ClickHouseServer, clickhouse_client: Any, clickhouse_database: str
-) -> None:
+LEDGER_DATABASE = "gpuledger"  # the server's default clickhouse.database: the one the analyst reads
+
+
+def test_users_and_readonly(clickhouse_server: ClickHouseServer, clickhouse_client: Any) -> None:
+    """The analyst reads the ledger database and nothing else; writes are refused on the engine's parse
+    of the statement (497) before they reach the read-only handle (which would refuse them too)."""
     writer = clickhouse_client()
-    writer.command("CREATE TABLE r (a UInt8) ENGINE = MergeTree ORDER BY a")
-    writer.command("INSERT INTO r VALUES (1)")
-    analyst = clickhouse_server.analyst_client(database=clickhouse_database)
+    ledger = LEDGER_DATABASE
+    writer.command(f"CREATE DATABASE IF NOT EXISTS {ledger}")
+    writer.command(f"CREATE OR REPLACE TABLE {ledger}.r (a UInt8) ENGINE = MergeTree ORDER BY a")
+    writer.command(f"INSERT INTO {ledger}.r VALUES (1)")
+    analyst = clickhouse_server.analyst_client(database=ledger)
     try:
         assert analyst.command("SELECT count() FROM r") == 1
         assert analyst.query("SELECT a FROM r").result_rows == [(1,)]
@@ -494,10 +499,10 @@ def test_users_and_readonly(
         ):
             with pytest.raises(DatabaseError) as err:
                 analyst.command(statement)
-            assert err.value.code == 164
+            assert err.value.code == 497, statement
         with pytest.raises(DatabaseError) as err:
             analyst.insert("r", [[3]], column_names=["a"])
-        assert err.value.code == 164
+        assert err.value.code == 497
         with pytest.raises(DatabaseError) as err:  # no reading the server's files
             analyst.query("SELECT * FROM file('/etc/hostname', 'LineAsString')")
         assert err.value.code == 497
@@ -507,17 +512,18 @@ def test_users_and_readonly(
         clickhouse_server,
         user=clickhouse_server.analyst_user,
         password=clickhouse_server.analyst_password,
-        path=q(clickhouse_database, "DROP TABLE r"),
+        path=q(ledger, "DROP TABLE r"),
         data=b"",
     )
-    assert status == 403 and headers["x-clickhouse-exception-code"] == "164"
-    assert writer.command("SELECT count() FROM r") == 1
-    # a per-request readonly setting from the writer applies to that request only
+    assert status == 403 and headers["x-clickhouse-exception-code"] == "497"
+    assert writer.command(f"SELECT count() FROM {ledger}.r") == 1
+    # a per-request readonly setting from the writer applies to that request only (the engine refuses)
     with pytest.raises(DatabaseError) as err:
-        writer.command("INSERT INTO r VALUES (9)", settings={"readonly": 1})
+        writer.command(f"INSERT INTO {ledger}.r SELECT 9", settings={"readonly": 1})
     assert err.value.code == 164
-    writer.command("INSERT INTO r VALUES (2)")
-    assert writer.command("SELECT count() FROM r") == 2
+    writer.command(f"INSERT INTO {ledger}.r VALUES (2)")
+    assert writer.command(f"SELECT count() FROM {ledger}.r") == 2
+    writer.command(f"DROP TABLE {ledger}.r SYNC")
 
 
 def test_authentication(clickhouse_server: ClickHouseServer) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
-from fixtures_clickhouse import REPO, launch, server_env, start_server, stop_server
+from fixtures_clickhouse import REPO, SERVE, launch, server_env, start_server, stop_server
 
 if TYPE_CHECKING:
     from fixtures_clickhouse import ClickHouseServer
@@ -163,14 +163,7 @@ def test_body_limit_and_secret_free_logs(tmp_path: Path) -> None:
 
 def test_listens_on_loopback_by_default_and_refuses_open_without_passwords(tmp_path: Path) -> None:
     env = server_env(GPULEDGER_STATE_DIR=str(tmp_path / "state"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(tmp_path / "d1"), "--port", "0"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    proc = launch(tmp_path / "d1", "--port", "0", env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -182,19 +175,7 @@ def test_listens_on_loopback_by_default_and_refuses_open_without_passwords(tmp_p
         proc.stdout.close()
     open_env = {k: v for k, v in env.items() if "PASSWORD" not in k}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sinks.embedded",
-            "clickhouse",
-            "serve",
-            "--path",
-            str(tmp_path / "d2"),
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "0",
-        ],
+        [*SERVE, "--path", str(tmp_path / "d2"), "--host", "0.0.0.0", "--port", "0"],
         cwd=REPO,
         env=open_env,
         capture_output=True,
@@ -215,7 +196,7 @@ def _sql(server: ClickHouseServer, *args: str, tmp_path: Path) -> subprocess.Com
         COLUMNS="200",
     )
     return subprocess.run(
-        [sys.executable, "-m", "sinks.embedded", "sql", *args],
+        [sys.executable, "-m", "gpuledger.stack.clickhouse", "sql", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -255,7 +236,10 @@ def test_sql_command(clickhouse_server: ClickHouseServer, tmp_path: Path) -> Non
         tmp_path=tmp_path,
     )
     assert js.returncode == 0 and js.stdout.strip() == '{"gpus":4}'
-    ddl = _sql(clickhouse_server, "CREATE TABLE IF NOT EXISTS scratch (a UInt8) ENGINE = Memory", tmp_path=tmp_path)
+    create = "CREATE TABLE IF NOT EXISTS scratch (a UInt8) ENGINE = Memory"
+    refused = _sql(clickhouse_server, create, tmp_path=tmp_path)  # `sql` is the read-only analyst ...
+    assert refused.returncode == 2 and refused.stderr.startswith("error:"), refused.stderr
+    ddl = _sql(clickhouse_server, create, "--writer", tmp_path=tmp_path)  # ... unless --writer
     assert ddl.returncode == 0, ddl.stderr
     bad = _sql(clickhouse_server, "SELECT * FROM no_such_table", tmp_path=tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
@@ -265,7 +249,7 @@ def test_sql_command(clickhouse_server: ClickHouseServer, tmp_path: Path) -> Non
 def test_sql_command_without_a_server(tmp_path: Path) -> None:
     env = server_env(GPULEDGER_STATE_DIR=str(tmp_path / "state"), GPULEDGER_CLICKHOUSE__URL="http://127.0.0.1:9")
     result = subprocess.run(
-        [sys.executable, "-m", "sinks.embedded", "sql", "SELECT 1"],
+        [sys.executable, "-m", "gpuledger.stack.clickhouse", "sql", "SELECT 1"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -283,7 +267,7 @@ def test_stream_outlives_every_other_reference_to_its_handle(tmp_path: Path) -> 
         f"""
         import gc, sys
         from pathlib import Path
-        from sinks.embedded.engine import Engine
+        from gpuledger.stack.clickhouse.engine import Engine
         engine = Engine(Path({str(tmp_path / "data")!r}))
         handle = engine.open_handle()
         stream = handle.stream("SELECT number FROM numbers(200000) SETTINGS max_block_size = 1000", "Native", {{}})
@@ -367,7 +351,7 @@ def test_path_held_by_another_chdb_process_is_named(tmp_path: Path) -> None:
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
         result = subprocess.run(
-            [sys.executable, "-m", "sinks.embedded", "clickhouse", "serve", "--path", str(path), "--port", "0"],
+            [*SERVE, "--path", str(path), "--port", "0"],
             cwd=REPO,
             env=server_env(GPULEDGER_STATE_DIR=str(tmp_path / "state")),
             capture_output=True,

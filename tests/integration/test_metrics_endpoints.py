@@ -23,8 +23,8 @@ from test_chargeback_ledger import CORRECTIONS, worked_ledger
 from test_processor_harness import CLI, REPO, create_topics, publish, read_all, start_worker, worker_env
 from test_sink_kafka import make_settings, publish_ledger
 
-from gpuledger import metrics
-from gpuledger.settings import Settings
+from base import metrics
+from base.settings import Settings
 from producers.simulator import SimConfig, simulate
 from schemas import topics
 

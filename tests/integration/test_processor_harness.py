@@ -1,25 +1,41 @@
-"""Helpers (no tests here) for the processor integration tests and bench: topics, publish, run, read."""
+"""Helpers (no tests here) for the processor integration tests and bench: topics, publish, run, read, and a
+broker of a test module's own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import KafkaSettings
+from base.settings import KafkaSettings, Settings
+from gpuledger.stack.broker import BrokerConfig, LocalBroker
 from schemas.codec import AvroCodec
+from schemas.publish import RecordPublisher
 from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = "from gpuledger.cli import main; main()"
+# Idle thresholds short enough for the simulated runs' idle jobs to be warned and reclaimed.
+SIM_IDLE = {"IDLE__IDLE_AFTER_MIN_INTERACTIVE": "10", "IDLE__IDLE_AFTER_MIN_BATCH": "15", "IDLE__GRACE_MIN": "5"}
+
+
+@contextlib.contextmanager
+def own_broker(root: Path) -> Iterator[LocalBroker]:
+    """A broker of the calling module's own (never the session's: the tests stop or freeze it), under `root`."""
+    cfg = BrokerConfig.on_free_ports(root / "kafka", Settings().broker.kafka_version)
+    b = LocalBroker(cfg, log_path=root / "broker.log").start(timeout=180)
+    try:
+        yield b
+    finally:
+        b.stop()
 
 
 def create_topics(bootstrap: str, prefix: str, partitions: int) -> None:
@@ -61,10 +77,16 @@ def worker_env(bootstrap: str, prefix: str, state_dir: Path, **processor: str) -
     return env
 
 
+# Unless a test names its stages, the runtime runs all three: its job stage is the reference the faust
+# agents (`processors agents`, the product's job stage) are held to (tests/integration/test_idle_faust.py).
+ALL_STAGES = ("--stage", "rekey", "--stage", "node", "--stage", "job")
+
+
 def start_worker(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    stages = () if "--stage" in args else ALL_STAGES
     return subprocess.Popen(
-        [sys.executable, "-c", CLI, "processors", "run", "--instance", "w1", *args],
+        [sys.executable, "-c", CLI, "processors", "run", "--instance", "w1", *stages, *args],
         env=env,
         cwd=REPO,
         stdout=out,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from test_processor_harness import (
+    SIM_IDLE,
     create_topics,
     decode_all,
     publish,
@@ -33,7 +34,6 @@ from producers.simulator import SimConfig, expected_ledger, simulate
 pytestmark = pytest.mark.integration
 
 CFG = SimConfig(seed=3, nodes=4, duration_s=3600)
-IDLE = {"IDLE__IDLE_AFTER_MIN_INTERACTIVE": "10", "IDLE__IDLE_AFTER_MIN_BATCH": "15", "IDLE__GRACE_MIN": "5"}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def _setup(bootstrap: str, records: list[Any], partitions: int, tmp: Path) -> Ru
 
 
 def _run_to_end(run: Run, timeout_s: float = 240) -> None:
-    env = worker_env(run.bootstrap, run.prefix, run.state, **IDLE)
+    env = worker_env(run.bootstrap, run.prefix, run.state, **SIM_IDLE)
     proc = start_worker(env, "--exit-when-idle", "3", log=run.state / "worker.log")
     assert wait(proc, timeout_s) == 0, (run.state / "worker.log").read_text()[-3000:]
 
@@ -137,7 +137,7 @@ def test_kill_9_five_times_gives_the_undisturbed_ledger(
     kafka_bootstrap: str, records: list[Any], four: Run, tmp_path: Path
 ) -> None:
     run = _setup(kafka_bootstrap, records, 4, tmp_path)
-    env = worker_env(run.bootstrap, run.prefix, run.state, COMMIT_INTERVAL_MS="300", **IDLE)
+    env = worker_env(run.bootstrap, run.prefix, run.state, COMMIT_INTERVAL_MS="300", **SIM_IDLE)
     rng = random.Random(5)
     kills = 0
     last = -1

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, TopicPartition
 from test_processor_harness import create_topics, publish
 
-from gpuledger.settings import KafkaSettings, Settings
+from base.settings import KafkaSettings, Settings
 from processors.runtime import ProcessorRuntime
 from processors.testing import T0, job_event
 from schemas.topics import JOB_EVENTS, job_key
@@ -50,15 +50,18 @@ def test_rekey_commit_follows_what_the_rekey_stage_read_not_the_job_stage(settin
         update={"kafka": KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix), "processor": proc}
     )
     rt = ProcessorRuntime(cfg, stages=("rekey", "job"))
+    rekey, job = rt.rekey, rt.job
+    assert rekey is not None and job is not None
     t_jobs = cfg.kafka.topic(JOB_EVENTS.name)
     try:
         rt.start()
         # The rekey stage reads j1's start and end (one record a poll); the job stage reads all four.
-        _until(lambda: rt.pos.get(("rekey", t_jobs, 0), 0) >= 2, lambda: rt._poll_rekey(0.2))
-        _until(lambda: rt.pos.get(("job", t_jobs, 0), 0) >= 4, lambda: rt._poll_job(0.2))
+        _until(lambda: rt.pos.get(("rekey", t_jobs, 0), 0) >= 2, lambda: rekey.poll(0.2))
+        _until(lambda: rt.pos.get(("job", t_jobs, 0), 0) >= 4, lambda: job.poll(0.2))
         assert rt.pos[("rekey", t_jobs, 0)] == 2
-        rt.commit(force=True)
-        assert _committed(bootstrap, prefix + "processors.rekey", t_jobs) == (2, '{"pb": 2}')
+        rt.commit(force=True)  # asynchronous: it lands in a moment
+        want = (2, '{"pb": 2}')
+        _until(lambda: _committed(bootstrap, prefix + "processors.rekey", t_jobs) == want, lambda: time.sleep(0.1), 30)
     finally:
         for c in (rt.rekey_c, rt.job_c):
             if c is not None:

@@ -1,6 +1,6 @@
 """The local broker with `broker.security = "sasl_ssl"`: a SASL/SCRAM-SHA-512 listener over TLS.
 
-One real broker for the module, secured with gpuledger/security.py exactly as `gpuledger up` does
+One real broker for the module, secured with gpuledger/stack/security.py exactly as `gpuledger up` does
 it (local CA, broker certificate, admin user added at format time, the pipeline's user created
 through the admin login). Clients without the right credentials, or without trusting the CA, are
 refused; with them, records round-trip; and the simulator -> processors -> sink pipeline runs
@@ -25,10 +25,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pydantic import SecretStr
 
-from gpuledger import broker, security
-from gpuledger.settings import BrokerSettings, KafkaSettings, Settings
+from base.settings import BrokerSettings, KafkaSettings, Settings
+from gpuledger.stack import broker, security
 from schemas.codec import AvroCodec
-from schemas.topics import DEVICE_MINUTES
+from schemas.topics import ALERTS, DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, all_topics
 
 pytestmark = pytest.mark.integration
 
@@ -53,6 +53,13 @@ class SecureBroker:
         base.update(overrides)
         return base
 
+    def conf_as(self, component: str, **overrides: str) -> dict[str, str]:
+        """A client logged in as one component's principal (its generated password)."""
+        user = security.PRINCIPALS[component]
+        password = security.read_secret(security.password_file(self.materials, user))
+        return {"bootstrap.servers": self.bootstrap, **security.client_config(self.materials.ca_cert, user, password),
+                **overrides}  # fmt: skip
+
     def env(self, **extra: str) -> dict[str, str]:
         """What a component of `gpuledger up` would get: the state dir and broker.security, no login."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
@@ -74,13 +81,21 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
     state = tmp_path_factory.mktemp("secure-state")
     port, controller_port = broker.free_ports(2)
     m = security.ensure_materials(state)
-    cfg = security.secure_broker_config(
-        broker.BrokerConfig(data_dir=state / "kafka", port=port, controller_port=controller_port), m
+    cfg = security.authorized_broker_config(
+        security.secure_broker_config(
+            broker.BrokerConfig(data_dir=state / "kafka", port=port, controller_port=controller_port), m
+        )
     )
     with broker.LocalBroker(cfg) as b:
         sb = SecureBroker(b.bootstrap, port, state, m, security.DEFAULT_CLIENT_USER, security.new_password())
         security.write_secret(m.client_password, sb.password + "\n")
         security.ensure_client_user(b.client_config(), sb.user, sb.password)
+        settings = Settings(
+            state_dir=state,
+            broker=BrokerSettings(security="sasl_ssl", port=port),
+            kafka=KafkaSettings(bootstrap_servers=b.bootstrap),
+        )
+        security.ensure_component_principals(settings)  # what `gpuledger up` does once the broker answers
         yield sb
 
 
@@ -145,7 +160,7 @@ def test_certificate_from_another_ca_is_refused(secure_broker: SecureBroker, tmp
 
 
 def test_records_round_trip_over_tls(secure_broker: SecureBroker) -> None:
-    conf = secure_broker.conf()
+    conf = secure_broker.conf_as("admin")
     topic = f"test.secure.{uuid.uuid4().hex[:12]}"
     admin = AdminClient(conf)
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
@@ -168,8 +183,9 @@ def test_records_round_trip_over_tls(secure_broker: SecureBroker) -> None:
     assert got == sent
     # Someone with the wrong password reads nothing of it.
     intruder = Consumer(
-        {**secure_broker.conf(**{"sasl.password": "guess"}), "group.id": "intruder", "auto.offset.reset": "earliest"}
-    )
+        {**secure_broker.conf_as("admin", **{"sasl.password": "guess"}), "group.id": "intruder",
+         "auto.offset.reset": "earliest"}
+    )  # fmt: skip
     intruder.subscribe([topic])
     try:
         stolen = [m for m in (intruder.poll(1.0) for _ in range(5)) if m is not None and m.error() is None]
@@ -213,7 +229,7 @@ def test_pipeline_runs_through_sasl_ssl(secure_broker: SecureBroker, clickhouse_
     database = "sec_" + uuid.uuid4().hex[:12]
     env = secure_broker.env(
         GPULEDGER_PROCESSOR__REALTIME="false",
-        GPULEDGER_PROCESSOR__GROUP_ID="sec-processors",
+        # The processors' group is the configured one: its principal may use only groups prefixed by it.
         GPULEDGER_CLICKHOUSE__URL=clickhouse_server.url,
         GPULEDGER_CLICKHOUSE__DATABASE=database,
         GPULEDGER_CLICKHOUSE__PASSWORD=clickhouse_server.password,
@@ -223,22 +239,43 @@ def test_pipeline_runs_through_sasl_ssl(secure_broker: SecureBroker, clickhouse_
     assert settings["kafka"]["config"]["security.protocol"] == "SASL_SSL"
     assert settings["kafka"]["sasl_password"] == "**********"
 
-    for args in (("topics", "apply"), ("simulate", "run", "--fast", "--nodes", "1", "--duration", "600")):
-        proc = _cli(env, *args)
+    def as_(component: str) -> dict[str, str]:  # what the supervisor adds for each component
+        return {**env, **security.component_env(Settings(broker=BrokerSettings(security="sasl_ssl")), component)}
+
+    for component, args in (("admin", ("topics", "apply")),
+                            ("producers", ("simulate", "run", "--fast", "--nodes", "1", "--duration", "600"))):
+        proc = _cli(as_(component), *args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = _cli(env, "processors", "run", "--instance", "sec", "--exit-when-idle", "3")
+    proc = _cli(as_("processors"), "processors", "run", "--instance", "sec", "--exit-when-idle", "3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
     assert stats["device_minutes"] > 0, stats
 
-    records = _read_topic(secure_broker.conf(), DEVICE_MINUTES.name)
+    records = _read_topic(secure_broker.conf_as("admin"), DEVICE_MINUTES.name)
     assert len(records) == stats["device_minutes"]
+    # The job stage, as `up` runs it: the faust agents, logged in as the processors (their group, the
+    # idle-state topic as the Table's changelog, job-minutes, alerts and actions out).
+    agents = _cli(as_("processors"), "processors", "agents", "--event-time", "--exit-when-idle", "3")
+    assert agents.returncode == 0, agents.stdout[-2000:] + agents.stderr[-3000:]
+    agent_stats = json.loads(agents.stdout.strip().splitlines()[-1])
+    assert agent_stats["job_minutes"] > 0 and agent_stats["state_writes"] > 0, agent_stats
+    assert len(_read_topic(secure_broker.conf_as("admin"), JOB_MINUTES.name)) == agent_stats["job_minutes"]
     first = AvroCodec.from_settings(KafkaSettings()).decode(records[0], DEVICE_MINUTES.subject).record
     assert first["cluster"] == "sim" and first["minute_start_ms"] > 0
 
     migrate = _cli(env, "db", "migrate")
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-    sink = _cli(env, "sink", "run", "--topic", DEVICE_MINUTES.name, "--max-idle-s", "5")
+    # Chat and reclaim, faust agents as `up` runs them, each logged in as itself: its topic, its group and
+    # its dead letters suffice (a record that does not decode goes to `<topic>.dlq`).
+    garbage = Producer(secure_broker.conf_as("processors"))
+    for topic in (ALERTS, RECLAIM_ACTIONS):
+        garbage.produce(topic.name, key=b"c1/j1", value=b"not a record")
+    assert garbage.flush(30) == 0
+    for component, topic in (("chat", ALERTS), ("reclaim", RECLAIM_ACTIONS)):
+        worker = _cli(as_(component), component, "run", "--max-idle-s", "3")
+        assert worker.returncode == 0, worker.stdout[-2000:] + worker.stderr[-3000:]
+        assert len(_read_topic(secure_broker.conf_as("admin"), topic.dlq)) >= 1, worker.stderr[-3000:]
+    sink = _cli(as_("sinks"), "sink", "run", "--topic", DEVICE_MINUTES.name, "--max-idle-s", "5")
     assert sink.returncode == 0, sink.stdout[-2000:] + sink.stderr[-3000:]
     analyst = clickhouse_server.analyst_client(database=database)
     try:
@@ -282,3 +319,78 @@ def test_a_plaintext_state_dir_is_not_switched_silently(tmp_path: Path) -> None:
     assert proc.stderr.startswith("error: broker: ") or proc.stderr.startswith("error: the Kafka data"), proc.stderr
     assert "formatted without SCRAM users" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert not (state / "run" / "broker.json").exists()  # nothing was started
+
+
+# -- authorisation: one principal per component, ACLs on the broker's StandardAuthorizer -----------
+
+
+def _produce_error(conf: dict[str, str], topic: str) -> int | None:
+    """Produce one record; the delivery error code (None: delivered)."""
+    errors: list[int | None] = []
+    producer = Producer({**conf, "message.timeout.ms": 15000, "log_level": 0})
+    producer.produce(topic, key=b"k", value=b"v", on_delivery=lambda err, _m: errors.append(err and err.code()))
+    producer.flush(20)
+    assert len(errors) == 1
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def catalogue_topics(secure_broker: SecureBroker) -> None:
+    admin = AdminClient(secure_broker.conf_as("admin"))
+    wanted = [NewTopic(t.name, 1, 1) for t in all_topics()]
+    for fut in admin.create_topics(wanted).values():
+        try:
+            fut.result(timeout=30)
+        except KafkaException as exc:
+            assert exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+
+
+def test_only_the_processors_write_usage_and_alerts(secure_broker: SecureBroker, catalogue_topics: None) -> None:
+    denied = KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert _produce_error(secure_broker.conf_as("sinks"), ALERTS.name) == denied
+    assert _produce_error(secure_broker.conf_as("producers"), DEVICE_MINUTES.name) == denied
+    assert _produce_error(secure_broker.conf_as("chat"), RECLAIM_ACTIONS.name) == denied
+    assert _produce_error(secure_broker.conf(), ALERTS.name) == denied  # the default login only describes
+    for topic in (ALERTS.name, DEVICE_MINUTES.name, RECLAIM_ACTIONS.name):
+        assert _produce_error(secure_broker.conf_as("processors"), topic) is None
+    # Only producers write telemetry and job events; the processors only read them.
+    assert _produce_error(secure_broker.conf_as("producers"), JOB_EVENTS.name) is None
+    assert _produce_error(secure_broker.conf_as("processors"), JOB_EVENTS.name) == denied
+    # The sinks dead-letter what they cannot store, and nothing else.
+    assert _produce_error(secure_broker.conf_as("sinks"), DEVICE_MINUTES.dlq) is None
+
+
+def test_a_component_reads_only_its_topics_in_its_group(secure_broker: SecureBroker, catalogue_topics: None) -> None:
+    def read_error(component: str, topic: str, group: str) -> int | None:
+        consumer = Consumer({**secure_broker.conf_as(component), "group.id": group, "auto.offset.reset": "earliest",
+                             "log_level": 0})  # fmt: skip
+        consumer.subscribe([topic])
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                msg = consumer.poll(1.0)
+                if msg is not None and msg.error() is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+                    return int(msg.error().code())
+                if msg is not None and msg.error() is None:
+                    return None
+            return None
+        finally:
+            consumer.close()
+
+    assert _produce_error(secure_broker.conf_as("processors"), RECLAIM_ACTIONS.name) is None
+    assert read_error("reclaim", RECLAIM_ACTIONS.name, "gpuledger-sinks-reclaim") is None
+    assert read_error("chat", RECLAIM_ACTIONS.name, "gpuledger-sinks-chat") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert read_error("reclaim", RECLAIM_ACTIONS.name, "someone-elses-group") == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def test_component_passwords_are_private_and_settings_pick_the_principal(
+    secure_broker: SecureBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = secure_broker.materials
+    for user in security.PRINCIPALS.values():
+        assert security.password_file(m, user).stat().st_mode & 0o077 == 0, user
+    env = secure_broker.env(**security.component_env(Settings(broker=BrokerSettings(security="sasl_ssl")), "sinks"))
+    settings = json.loads(_cli(env, "settings").stdout)
+    assert (settings["kafka"]["sasl_username"], settings["kafka"]["sasl_password"]) == ("gpuledger-sinks", "**********")
+    monkeypatch.setenv("GPULEDGER_CONFIG", str(secure_broker.state / "absent.toml"))
+    assert security.component_env(Settings(), "sinks") == {}  # plaintext (the default): nothing changes

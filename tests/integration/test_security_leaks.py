@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from gpuledger import broker
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import Settings
+from base.settings import Settings
+from gpuledger.stack import broker
+from gpuledger.stack.security import component_env
+from schemas.publish import RecordPublisher
 from schemas.topics import ALERTS, job_key
 from sinks.chat import WebhookReceiver
 
@@ -84,7 +85,7 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
     registry_pw = f"registryPW{tag}"
     secrets = [kafka_pw, ch_pw, analyst_pw, hook_token, dead_token, wrong_ch_pw, wrong_kafka_pw, registry_pw]
 
-    port, controller_port, ch_port, dead_port = broker.free_ports(4)
+    port, controller_port, ch_port, dead_port, registry_port = broker.free_ports(5)
     receiver = WebhookReceiver(port=0).start()
     secrets_dir = tmp_path / "secrets"
     secrets_dir.mkdir(mode=0o700)
@@ -106,6 +107,7 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
         "GPULEDGER_BROKER__SECURITY": "sasl_ssl",
         "GPULEDGER_BROKER__PORT": str(port),
         "GPULEDGER_BROKER__CONTROLLER_PORT": str(controller_port),
+        "GPULEDGER_REGISTRY__PORT": str(registry_port),
         "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
         "GPULEDGER_KAFKA__SASL_PASSWORD_FILE": str(_secret_file(secrets_dir / "kafka", kafka_pw)),
         "GPULEDGER_CLICKHOUSE__URL": f"http://127.0.0.1:{ch_port}",
@@ -147,7 +149,13 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
             "action_at_ms": 1_795_000_900_000, "dry_run": True, "message": "Job 88 has held 1 GPU idle for 40 minutes.",
             "appeal_route": "reply here", "emitted_ts_ms": None,
         }  # fmt: skip
-        publisher = RecordPublisher(settings.kafka)
+        # The test stands in for the processors; it publishes as the admin principal (a super user), as the
+        # ACLs themselves are tested in test_security_kafka.py.
+        for key, value in component_env(settings, "admin").items():
+            monkeypatch.setenv(key, value)
+        for key in ("GPULEDGER_KAFKA__SASL_PASSWORD_FILE", "GPULEDGER_KAFKA__SASL_PASSWORD"):
+            monkeypatch.delenv(key, raising=False)  # the principal's own password file, under security/
+        publisher = RecordPublisher(Settings().kafka)
         publisher.publish(ALERTS, job_key("sim", "88"), alert)
         publisher.publish(ALERTS, job_key("sim", "89"), {**alert, "alert_id": f"idle2-{tag}", "job_id": "89",
                                                           "team": "vision"})  # fmt: skip
@@ -173,11 +181,13 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
 
         # Commands that fail, with wrong secrets and with the right ones.
         wrong_ch = {"GPULEDGER_CLICKHOUSE__PASSWORD_FILE": None, "GPULEDGER_CLICKHOUSE__PASSWORD": wrong_ch_pw}
-        failed = cli.run("sql", "SELECT 1", **wrong_ch)
+        failed = cli.run("sql", "SELECT 1", "--writer", **wrong_ch)
         assert failed.returncode == 2 and "error:" in failed.stderr, failed.stderr
         assert cli.run("db", "migrate", **wrong_ch).returncode != 0
         wrong_analyst = {"GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD_FILE": None,
                          "GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD": wrong_ch_pw}  # fmt: skip
+        failed = cli.run("sql", "SELECT 1", **wrong_analyst)  # `sql` logs in as the analyst by default
+        assert failed.returncode == 2 and "error:" in failed.stderr, failed.stderr
         assert cli.run("report", "chargeback", "--period", "2026-11", **wrong_analyst).returncode != 0
         assert cli.run("status", "--json", **wrong_ch).returncode == 1
         dead_ch = {"GPULEDGER_CLICKHOUSE__URL": f"http://127.0.0.1:{dead_port}"}
@@ -197,6 +207,8 @@ def test_no_secret_in_outputs_logs_or_command_lines(tmp_path: Path, monkeypatch:
             GPULEDGER_KAFKA__SCHEMA_REGISTRY_URL=f"https://bob:{registry_pw}@127.0.0.1:1",
             GPULEDGER_KAFKA__CONFIG=json.dumps({"basic.auth.user.info": f"bob:{registry_pw}",
                                                 "sasl.jaas.config": f'x password="{registry_pw}";'}),
+            GPULEDGER_EXTRA=json.dumps({"registry": {"url": f"https://bob:{registry_pw}@r.example/p.csv?token={registry_pw}",
+                                                     "api_key": registry_pw}}),
         )  # fmt: skip
         assert registry.returncode == 0 and "127.0.0.1:1" in registry.stdout, registry.stderr
         cmdlines = _cmdlines(pids)  # still running: nothing secret in any argv

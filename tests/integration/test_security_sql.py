@@ -19,7 +19,7 @@ import pytest
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from test_chargeback_ledger import EXPECTED, cli_env, ledger_settings, write_ledger  # noqa: F401 (fixture)
 
-from gpuledger.settings import ClickHouseSettings
+from base.settings import ClickHouseSettings
 from sinks.db import connect
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ import uuid
 import pytest
 from confluent_kafka import Consumer
 
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import KafkaSettings
+from base.settings import KafkaSettings
 from producers.simulator import SimConfig, run, simulate
 from schemas.codec import AvroCodec
+from schemas.publish import RecordPublisher
 from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS
 
 pytestmark = pytest.mark.integration

@@ -14,19 +14,22 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
+from contract_records import job_event
+from fixtures_cli import fake_slurm_tools
 from test_chargeback_ledger import CORRECTIONS, EXPECTED_TOTAL, worked_ledger
 
-from gpuledger.consumer import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
+from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
 from schemas import topics
 from schemas.codec import AvroCodec
+from schemas.consume import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE
+from schemas.publish import RecordPublisher
 from schemas.topics import job_key
 from sinks import chargeback as cb
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
-from sinks.writer import LedgerWriter
+from sinks.rows import SINKS
+from sinks.writer import LedgerWriter, Origin, Pending
 
 pytestmark = pytest.mark.integration
 SINK_TOPICS = (topics.DEVICE_MINUTES, topics.CORRECTIONS, topics.ALERTS)
@@ -159,7 +162,6 @@ def test_reclaim_run_consumes_actions_and_runs_each_once(
     kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str, tmp_path: Any
 ) -> None:
     import os
-    import stat
     import subprocess
     import sys
     from pathlib import Path
@@ -168,13 +170,22 @@ def test_reclaim_run_consumes_actions_and_runs_each_once(
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     name = settings.kafka.topic(topics.RECLAIM_ACTIONS.name)
     admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    calls = tmp_path / "calls"
-    for tool in ("scontrol", "scancel"):
-        script = bindir / tool
-        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n')
-        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    bindir, calls = fake_slurm_tools(tmp_path)
+    # Both jobs still hold their devices and sat idle in their latest minute, as the executor re-checks
+    # in ClickHouse before it acts.
+    t0 = 1_794_990_000_000
+    writer = connect(settings.clickhouse)
+    migrate(writer, settings.clickhouse)
+    job_events, _ = SINKS[topics.JOB_EVENTS.name]
+    started = [job_event("STARTED", t0, job_id=job) for job in ("501", "502")]
+    pending = [Pending(job_events, row, Origin("e", 0, i)) for i, r in enumerate(started) for row in job_events.rows(r)]
+    assert not LedgerWriter(writer).write(pending).rejected
+    writer.insert(
+        "job_minutes", [["c1", job, t0 + 60_000, 1, 60, 0, 0, 60, 0, 0.0, 60] for job in ("501", "502")],
+        column_names=["cluster", "job_id", "minute_start_ms", "device_count", "allocated_s", "active_s", "starved_s",
+                      "idle_s", "dark_s", "sm_weighted_s", "sample_count"],
+    )  # fmt: skip
+    writer.close()
     pub = RecordPublisher(settings.kafka)
     base = {"ts_ms": 1_795_000_000_000, "cluster": "c1", "scheduler": "SLURM", "reason": "idle 60 min",
             "device_uuids": ["GPU-a"], "user": "alice", "project": "p-vision"}  # fmt: skip

@@ -23,9 +23,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_clickhouse import server_env, start_server, stop_server, wait_for
 
-from gpuledger.kafka import RecordPublisher
-from gpuledger.settings import ClickHouseSettings, KafkaSettings
+from base.settings import ClickHouseSettings, KafkaSettings
 from schemas import topics
+from schemas.publish import RecordPublisher
 from schemas.topics import job_key
 from sinks.db import connect, migrate
 

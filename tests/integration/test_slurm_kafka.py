@@ -17,13 +17,13 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from typer.testing import CliRunner
 
-from gpuledger.kafka import RecordPublisher
 from producers import scheduler_cli
 from producers.devicemap import InMemoryDeviceMap
 from producers.jobevents import EventContext
 from producers.slurm_poller import SlurmPoller
 from producers.slurm_spool import drain
 from schemas.codec import AvroCodec
+from schemas.publish import RecordPublisher
 from schemas.topics import CORRECTIONS, INVENTORY, JOB_EVENTS, node_key
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,8 @@ from confluent_kafka.admin import (
 )
 from typer.testing import CliRunner
 
-from gpuledger.broker import free_ports
-from gpuledger.errors import ServiceError
+from base.errors import ServiceError
+from gpuledger.stack.broker import free_ports
 from schemas.cli import register
 from schemas.topics import ALERTS, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, all_topics
 
@@ -66,7 +66,7 @@ def test_apply_creates_converges_and_reports_drift(cli, prefix: str, kafka_confi
     bootstrap = kafka_config["bootstrap.servers"]
     admin = AdminClient(kafka_config)
     every = [prefix + t.name for t in all_topics()]
-    assert len(every) == 22 and prefix + DEVICE_SAMPLES.name + ".dlq" in every
+    assert len(every) == 26 and prefix + DEVICE_SAMPLES.name + ".dlq" in every  # 13 topics and their dead letters
 
     # One topic exists already, too small and with the wrong policy: apply grows and fixes it.
     jobs = prefix + JOB_EVENTS.name

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import itertools
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from processors.attribution import (
     AllocationTable,
     DeviceRef,
@@ -116,3 +119,30 @@ def test_job_stage_counts_devices_per_minute_across_nodes() -> None:
     assert t.expected_devices("c1/G", T0 + 60 * S) == 3
     assert t.expected_devices("c1/G", T0 + 120 * S) == 0
     assert t.job_last_end_ms("c1/G") == T0 + 90 * S
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spans=st.lists(
+        st.tuples(st.integers(0, 20 * 60_000), st.one_of(st.none(), st.integers(0, 20 * 60_000))), max_size=4
+    ),
+    lo=st.integers(0, 20),
+    n=st.integers(0, 20),
+)
+def test_expects_rows_between_is_the_minute_by_minute_answer(
+    spans: list[tuple[int, int | None]], lo: int, n: int
+) -> None:
+    """The job stage's gap check looks at intervals once instead of stepping minute by minute (a hostile
+    or long gap made that loop unbounded): both answers agree, edge-on-boundary intervals included."""
+    from processors.windows import MINUTE_MS
+
+    table = AllocationTable()
+    for i, (start, end) in enumerate(spans):
+        table.apply("n1", job_event("STARTED", "J1", start, {"n1": [f"GPU-{i}"]}) | {"event_id": f"s{i}"})
+        if end is not None:
+            ev = job_event("ENDED", "J1", max(start, end), {"n1": [f"GPU-{i}"]}) | {"event_id": f"e{i}"}
+            ev["event_type"] = "PREEMPTED"  # ends the job's open intervals here (whatever the table makes of it)
+            table.apply("n1", ev)
+    lo_ms, hi_ms = lo * MINUTE_MS, (lo + n) * MINUTE_MS
+    stepwise = any(table.expected_devices("c1/J1", t) > 0 for t in range(lo_ms, hi_ms, MINUTE_MS))
+    assert table.expects_rows_between("c1/J1", lo_ms, hi_ms) == stepwise

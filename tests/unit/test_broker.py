@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from gpuledger import broker
-from gpuledger.errors import ConfigError, PortInUse
-from gpuledger.settings import Settings
+from base.errors import ConfigError, PortInUse
+from base.settings import Settings
+from gpuledger.stack import broker
 
 
 def test_single_node_kraft_on_loopback(tmp_path):
@@ -91,3 +91,62 @@ def test_cluster_id_never_starts_with_a_dash(tmp_path, monkeypatch):
     cid = broker._cluster_id(cfg)
     assert cid == "AAAAAAAAAAAAAAAAAAAAAQ"
     assert broker._cluster_id(cfg) == cid  # kept from then on
+
+
+def test_default_is_one_node_and_its_topics_one_replica(tmp_path):
+    s = Settings(state_dir=tmp_path)
+    assert s.broker.nodes == 1
+    assert s.kafka.bootstrap_servers == f"127.0.0.1:{s.broker.port}"
+    assert s.kafka.topic_replication == 1 and s.kafka.topic_min_insync() == 1
+    (cfg,) = broker.cluster_configs(s)
+    props = cfg.properties()
+    assert props["node.id"] == "1" and props["controller.quorum.voters"] == f"1@127.0.0.1:{s.broker.controller_port}"
+    assert props["min.insync.replicas"] == "1" and props["transaction.state.log.min.isr"] == "1"
+
+
+def test_three_nodes_form_one_quorum_with_replicated_internal_topics(tmp_path):
+    s = Settings(state_dir=tmp_path, broker={"nodes": 3, "port": 30000, "controller_port": 30001})
+    cfgs = broker.cluster_configs(s)
+    assert [c.node_id for c in cfgs] == [1, 2, 3]
+    assert [(c.port, c.controller_port) for c in cfgs] == [(30000, 30001), (30010, 30011), (30020, 30021)]
+    voters = "1@127.0.0.1:30001,2@127.0.0.1:30011,3@127.0.0.1:30021"
+    for c in cfgs:
+        props = c.properties()
+        assert props["node.id"] == str(c.node_id)
+        assert props["controller.quorum.voters"] == voters
+        assert props["process.roles"] == "broker,controller"
+        assert props["listeners"] == f"PLAINTEXT://127.0.0.1:{c.port},CONTROLLER://127.0.0.1:{c.controller_port}"
+        for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
+                    "share.coordinator.state.topic.replication.factor", "default.replication.factor"):
+            assert props[key] == "3", key
+        assert props["transaction.state.log.min.isr"] == "2" and props["min.insync.replicas"] == "2"
+        assert c.cluster_id_file == tmp_path / "kafka-cluster" / broker.CLUSTER_ID_FILE
+    # Each node its own data; none of them the single node's (switching never reuses the other's log).
+    assert len({c.data_dir for c in cfgs}) == 3 and tmp_path / "kafka" not in {c.data_dir for c in cfgs}
+    # Clients bootstrap from every node, and topics are replicated on three, 2 in sync.
+    assert s.kafka.bootstrap_servers == "127.0.0.1:30000,127.0.0.1:30010,127.0.0.1:30020"
+    assert s.kafka.topic_replication == 3 and s.kafka.topic_min_insync() == 2
+
+
+def test_cluster_settings_an_explicit_bootstrap_and_replication_win(tmp_path):
+    s = Settings(
+        state_dir=tmp_path, broker={"nodes": 3}, kafka={"bootstrap_servers": "h:1", "replication_factor": 2}
+    )
+    assert s.kafka.bootstrap_servers == "h:1" and s.kafka.topic_replication == 2 and s.kafka.topic_min_insync() == 1
+
+
+def test_only_one_or_three_nodes_and_a_cluster_is_not_secured(tmp_path):
+    with pytest.raises(ConfigError, match=r"broker\.nodes"):
+        Settings(state_dir=tmp_path, broker={"nodes": 2})
+    with pytest.raises(ConfigError, match="plaintext only"):
+        Settings(state_dir=tmp_path, broker={"nodes": 3, "security": "sasl_ssl"})
+    with pytest.raises(ConfigError, match=r"nodes 1\.\.1"):
+        broker.BrokerConfig.from_settings(Settings(state_dir=tmp_path), 2)
+
+
+def test_cluster_on_free_ports_shares_one_quorum(tmp_path):
+    cfgs = broker.cluster_on_free_ports(tmp_path, "4.1.1")
+    voters = {c.properties()["controller.quorum.voters"] for c in cfgs}
+    assert len(voters) == 1
+    assert sorted(int(v.split("@")[0]) for v in voters.pop().split(",")) == [1, 2, 3]
+    assert len({c.port for c in cfgs} | {c.controller_port for c in cfgs}) == 6

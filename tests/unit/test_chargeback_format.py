@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpuledger.errors import ConfigError
+from base.errors import ConfigError
 from sinks import chargeback as cb
 
 
@@ -40,3 +40,26 @@ def test_pure_core_imports_no_clients() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_csv_neutralises_formulas_in_names_not_in_numbers() -> None:
+    rows = [
+        {"line": '=HYPERLINK("http://evil","x")', "description": "@SUM(A1)", "debit": Decimal("-12.50"), "jobs": -1},
+        {"line": "+team", "description": "\tx", "debit": Decimal("3"), "jobs": 2},
+    ]
+    assert cb.to_csv(rows).splitlines() == [
+        "line,description,debit,jobs",
+        '"\'=HYPERLINK(""http://evil"",""x"")",\'@SUM(A1),-12.50,-1',
+        "'+team,'\tx,3,2",
+    ]
+
+
+def test_table_prints_user_text_as_text() -> None:
+    from rich.console import Console
+
+    rows = [{"project": "[/]", "user": "[bold red]eve[/]", "message": "[link=http://evil]click[/link]"}]
+    console = Console(width=200, record=True, color_system=None)
+    console.print(cb.render_table("jobs behind [/x] in 2026-11", rows, ("project", "user", "message")))
+    text = console.export_text()
+    for raw in ("[/]", "[bold red]eve[/]", "[link=http://evil]click[/link]", "jobs behind [/x] in 2026-11"):
+        assert raw in text

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.settings import ChatRoute, ChatSettings
+from base.settings import ChatRoute, ChatSettings
 from sinks.chat import ChatNotifier, Deduper, RateLimiter, mask_url, render, resolve
 
 SECRET = "https://hooks.slack.com/services/T000/B000/XXXXSECRETXXXX"
@@ -86,7 +86,59 @@ def test_dry_run_sends_nothing() -> None:
 
 
 def test_settings_mask_chat_urls() -> None:
-    from gpuledger.settings import Settings, SinksSettings
+    from base.settings import Settings, SinksSettings
 
     s = Settings(sinks=SinksSettings(chat=chat()))
     assert "SECRET" not in str(s.masked())
+
+
+# -- the delivery journal (sinks.chat, used by `gpuledger chat run`) ---------------------------------
+
+
+class _FakeClient:
+    def __init__(self, rows: list[tuple[str]]) -> None:
+        self.rows = rows
+        self.queries: list[tuple[str, dict[str, Any]]] = []
+        self.inserts: list[tuple[str, list[list[Any]], list[str]]] = []
+
+    def query(self, sql: str, parameters: dict[str, Any]) -> Any:
+        self.queries.append((sql, parameters))
+        return type("Result", (), {"result_rows": self.rows})()
+
+    def insert(self, table: str, rows: list[list[Any]], column_names: list[str]) -> None:
+        self.inserts.append((table, rows, column_names))
+
+
+def test_recently_delivered_is_oldest_first_bounded_by_the_window_and_bound_not_formatted() -> None:
+    from sinks.chat import recently_delivered
+
+    client = _FakeClient([("a3",), ("a2",), ("a1",)])  # newest first, as the query orders them
+    assert recently_delivered(client, 3) == ["a1", "a2", "a3"]
+    ((sql, params),) = client.queries
+    assert params == {"n": 3} and "{n:UInt32}" in sql and "status IN ('sent', 'dry-run')" in sql
+
+
+def test_record_delivery_journals_attempts_and_routing_problems_only() -> None:
+    from sinks.chat import Delivery, record_delivery
+
+    client = _FakeClient([])
+    assert record_delivery(client, Delivery("a1", "sent", "json://***", "#x"), 5) is True
+    assert record_delivery(client, Delivery("a2", "duplicate"), 6) is False
+    assert record_delivery(client, Delivery("a3", "skipped-kind"), 7) is False
+    assert client.inserts == [
+        (
+            "chat_deliveries",
+            [["a1", 5, "sent", "#x", "json://***"]],
+            ["alert_id", "ts_ms", "status", "channel", "destination"],
+        )
+    ]
+
+
+def test_local_receiver_routes_only_when_nothing_is_configured() -> None:
+    from sinks.chat import local_receiver_routes
+
+    routed = local_receiver_routes(ChatSettings(), 8765)
+    assert routed.default is not None and routed.default.channel == "#gpu-idle"
+    assert routed.default.url.get_secret_value() == "json://127.0.0.1:8765/"
+    configured = chat()
+    assert local_receiver_routes(configured, 8765) is configured

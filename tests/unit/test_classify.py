@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from base.processor_settings import Thresholds
 from processors.classify import JobMinuteClass, MinuteClass, activity_of, classify_job_minute, classify_minute
-from processors.config import Thresholds
 
 TH = Thresholds()
 

@@ -15,8 +15,8 @@ from confluent_kafka.schema_registry import Schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.errors import ContractError
-from gpuledger.settings import KafkaSettings
+from base.errors import ContractError
+from base.settings import KafkaSettings
 from schemas import load_schema, subjects
 from schemas.codec import (
     AvroCodec,
@@ -27,6 +27,7 @@ from schemas.codec import (
     _strip_logical_types,
     crc64_fingerprint,
     registry_client,
+    registry_subjects,
 )
 from schemas.evolution import sample_records
 from schemas.models import model_for
@@ -80,11 +81,12 @@ def test_round_trip_every_subject_confluent(confluent: AvroCodec, subject: str):
         assert confluent.decode(data, expected_subject=subject).record == record
 
 
-def test_registry_holds_the_avsc_under_the_prefixed_subject():
+def test_registry_holds_the_avsc_under_the_topic_name_strategy_subject():
     registry = _mock_registry()
-    codec = AvroCodec(registry, registry_subject_prefix="staging.")
+    kafka = KafkaSettings(topic_prefix="staging.")
+    codec = AvroCodec(registry, registry_subjects=registry_subjects(kafka))
     codec.encode("alerts", sample_records(load_schema("alerts"))[0])
-    registered = registry.get_latest_version("staging.alerts")
+    registered = registry.get_latest_version("staging.alerts.v1-value")
     assert json.loads(registered.schema.schema_str) == load_schema("alerts")
 
 
@@ -104,7 +106,10 @@ def test_from_settings_picks_the_framing_and_shares_a_registry_per_url():
     assert writer.wire_format == "confluent"
     data = writer.encode("telemetry.device-samples", _scrape(2))
     assert reader.decode(data).record == _scrape(2)  # the reader fetches the schema by id
-    assert writer.registry_subject("alerts") == "t1.alerts"
+    assert writer.registry_subject("alerts") == "t1.alerts.v1-value"
+    assert writer.registry_subject("deadletter") == "t1.telemetry.device-samples.v1.dlq-value"
+    record_named = KafkaSettings(schema_registry_url=kafka.schema_registry_url, schema_registry_subject="{record}")
+    assert AvroCodec.from_settings(record_named).registry_subject("alerts").endswith(".Alert")
 
 
 def test_timestamps_stay_epoch_milliseconds(plain: AvroCodec):

@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from gpuledger.consumer import (
+from base.errors import ServiceError
+from base.settings import KafkaSettings
+from schemas.codec import AvroCodec, registry_client
+from schemas.consume import (
     HEADER_ERROR_CLASS,
     HEADER_SCHEMA_FINGERPRINT,
     HEADER_SOURCE_OFFSET,
@@ -16,9 +19,6 @@ from gpuledger.consumer import (
     decode_or_dead_letter,
     expected_subject,
 )
-from gpuledger.errors import ServiceError
-from gpuledger.settings import KafkaSettings
-from schemas.codec import AvroCodec, registry_client
 from schemas.models import model_for
 
 
@@ -125,8 +125,8 @@ def test_dead_letters_use_the_registry_framing_when_configured():
 
 
 def test_dead_letter_message_is_pure_and_truncates_long_reasons():
-    from gpuledger.consumer import HEADER_ERROR_MESSAGE, MAX_HEADER_MESSAGE, dead_letter_message
     from schemas.codec import InvalidRecord
+    from schemas.consume import HEADER_ERROR_MESSAGE, MAX_HEADER_MESSAGE, dead_letter_message
 
     error = InvalidRecord("x" * 10_000, "crc64:00")
     out = dead_letter_message(_msg(b"v"), error, CODEC, subject="telemetry.device-samples", now_ms=7)

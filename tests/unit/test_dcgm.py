@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 from producers.dcgm import ExpositionParser, Normalizer, RawSample, normalize_text, parse_exposition, scrape_record
-from producers.generations import generation_of
 from producers.mapping import load_mappings, parse_mapping_csv, parse_version
 from producers.records import device_sample_fields
 from producers.simulator.telemetry import render_exposition
 from schemas.codec import AvroCodec
+from schemas.generations import generation_of
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
 EXPOSITIONS = FIXTURES / "exposition"

@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpuledger.errors import ConfigError, ParseError
+from base.errors import ConfigError, ParseError
 from producers import telemetry_cli
 from producers.scraper import DcgmScraper, Target, _offset, parse_targets
 from schemas.codec import AvroCodec

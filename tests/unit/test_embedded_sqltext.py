@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.embedded import sqltext
+from gpuledger.stack.clickhouse import sqltext
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,6 @@ def test_split_insert_keeps_settings_and_inline_data() -> None:
 @pytest.mark.parametrize(
     "sql",
     [
-        "INSERT INTO t VALUES ('FORMAT CSV')",
         "INSERT INTO t SELECT * FROM s FORMAT Native",
         "INSERT INTO t FROM INFILE 'x' FORMAT CSV",
         "SELECT 1 FORMAT CSV",
@@ -68,25 +67,10 @@ def test_temporary_table_detection() -> None:
     assert not sqltext.statement_has_temporary_table("CREATE TABLE temporary_things (a UInt8) ENGINE = Memory")
 
 
-@pytest.mark.parametrize(
-    ("sql", "found"),
-    [
-        ("SELECT * FROM file('/etc/passwd', LineAsString)", "file"),
-        ("SELECT * FROM `file` /* hidden */ ('x')", "file"),
-        ("SELECT * FROM URL\n-- note\n('http://example')", "URL"),
-        ("SELECT * FROM remote('h', system.one)", "remote"),
-        ("SELECT * FROM Python(df)", "Python"),
-        ("SELECT file_id, profile(1) FROM t WHERE url_path = 'x'", None),
-        ("SELECT format('{}', 1), count() FROM numbers(10)", None),
-    ],
-)
-def test_reaches_outside(sql: str, found: str | None) -> None:
-    assert sqltext.reaches_outside(sql) == found
-
-
-def test_reaches_outside_is_linear_on_hostile_input() -> None:
-    import time
-
-    started = time.perf_counter()
-    assert sqltext.reaches_outside("SELECT file" + " " * 50_000 + "x") is None
-    assert time.perf_counter() - started < 1.0
+def test_values_rows_are_data_in_the_values_format() -> None:
+    """`VALUES` rows are spooled as data: text after them can never run as a second statement."""
+    sql = "INSERT INTO t (a) VALUES ('FORMAT CSV'); SELECT file('/etc/hostname')"
+    insert = sqltext.split_insert(sql)
+    assert insert is not None
+    assert (insert.target.strip(), insert.fmt) == ("t (a)", "Values")
+    assert sql[insert.data_offset :] == " ('FORMAT CSV'); SELECT file('/etc/hostname')"

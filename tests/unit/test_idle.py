@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from base.processor_settings import Exemption, IdlePolicy
 from processors.attribution import JobInfo
-from processors.config import Exemption, IdlePolicy
 from processors.idle import IdleState, Status, idle_after_min, mark_ended, new_state, on_tick, step
 from processors.testing import T0
 
@@ -84,6 +85,10 @@ def test_checkpointable_batch_is_requeued_with_checkpoint_or_suspended() -> None
     suspend = POLICY.model_copy(update={"reclaim_mode": "SUSPEND", "dry_run": False})
     _, outs = run(new_state(BATCH), [jm(i, idle=60) for i in range(7)], suspend)
     assert outs[-1].record["action"] == "SUSPEND" and outs[-1].record["dry_run"] is False
+    # A Slurm job is requeued even then: Slurm's suspend keeps its GPUs allocated.
+    slurm_job = dataclasses.replace(BATCH, scheduler="SLURM")
+    _, outs = run(new_state(slurm_job), [jm(i, idle=60) for i in range(7)], suspend)
+    assert outs[-1].record["action"] == "CHECKPOINT_THEN_REQUEUE"
 
 
 def test_idle_after_overrides_by_partition_then_project() -> None:

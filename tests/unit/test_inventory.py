@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 from producers.inventory import from_kubernetes, from_sinfo_json, from_slurm, from_static, inventory_records
 from schemas.codec import AvroCodec
 from schemas.topics import INVENTORY

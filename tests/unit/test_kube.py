@@ -1,4 +1,6 @@
-"""Kubernetes producer against a local fake API server replaying watch streams built from the fixtures."""
+"""Kubernetes producer: the tracker over the fixture objects, and one replayed watch stream of them through the
+official client. What the real API server does (410 Gone after a compaction and the re-list, 403 on kinds the
+user may not read, `kube watch --once --dry-run`) is tested on a real one: tests/integration/test_kube_live_watch.py."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
+from fixtures_events import ListSink
 from kubernetes import client
 
 from producers.jobevents import EventContext
-from producers.kube import WATCH_TARGETS, DcgmPodLabels, KubeTracker, KubeWatcher, gpu_request
+from producers.kube import DcgmPodLabels, KubeTracker, KubeWatcher, gpu_request
 from producers.projects import Attributor, ProjectRule, registry_from_data
-from schemas.codec import AvroCodec
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "kubernetes"
 POD = yaml.safe_load((FIX / "kueue-issue-2213_pod_dws-pod_gke-nvidia-l4.yaml").read_text())
@@ -148,16 +150,6 @@ class FakeApiServer:
         self.httpd.server_close()
 
 
-class ListSink:
-    def __init__(self):
-        self.codec = AvroCodec()
-        self.records = []
-
-    def publish(self, topic, key, record):
-        self.codec.encode(topic.subject, record)
-        self.records.append((key, record))
-
-
 REGISTRY = registry_from_data({"projects": [{"id": "atlas", "cost_centre": "CC-1"}], "defaults": {}})
 
 
@@ -179,7 +171,7 @@ def test_watch_streams_through_the_official_client():
         watcher.run(rounds=1)
     assert watcher.errors == []
     by_job: dict[str, list] = {}
-    for key, rec in sink.records:
+    for _, key, rec in sink.records:
         assert key == f"gke/{rec['job_id']}".encode()
         by_job.setdefault(rec["job_id"], []).append(rec)
 
@@ -206,35 +198,6 @@ def test_watch_streams_through_the_official_client():
         ("SUBMITTED", "VOLCANO", "volcano:research/llm-train"), ("UPDATED", "VOLCANO", "volcano:research/llm-train"),
         ("ENDED", "VOLCANO", "volcano:research/llm-train")]
     assert pg[1]["gang_size"] == 16
-
-
-def test_missing_crds_are_reported_not_fatal():
-    with FakeApiServer({"pods": []}, {"pods": _pod_lifecycle()}) as host:
-        cfg = client.Configuration()
-        cfg.host = host
-        sink = ListSink()
-        watcher = KubeWatcher(client.ApiClient(cfg), KubeTracker(_ctx()), sink, clock=lambda: 0, timeout_seconds=5)
-        watcher.run(rounds=1)
-    assert sorted(watcher.errors) == ["podgroups: not served (404)", "workloads: not served (404)"]
-    assert [r["event_type"] for _, r in sink.records] == ["SUBMITTED", "STARTED", "ENDED"]
-    assert sink.records[1][1]["gang_id"] is None and sink.records[1][1]["scheduler"] == "KUEUE"
-
-
-def test_pod_deleted_during_a_watch_gap_is_closed_after_relist():
-    running = _pod_lifecycle()[1][1]
-    calls = iter([[running], []])
-    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
-    with FakeApiServer({"pods": lambda: next(calls)}, {"pods": [("ERROR", gone)]}) as host:
-        cfg = client.Configuration()
-        cfg.host = host
-        sink = ListSink()
-        watcher = KubeWatcher(client.ApiClient(cfg), KubeTracker(_ctx()), sink, clock=lambda: 1715955000000,
-                              targets=[t for t in WATCH_TARGETS if t.name == "pods"], timeout_seconds=5)
-        watcher.run(rounds=1)
-    assert [(r["event_type"], r["ts_ms"]) for _, r in sink.records] == [
-        ("SUBMITTED", 1715954574000), ("STARTED", 1715954805000), ("ENDED", 1715955000000)]
-    assert sink.records[-1][1]["exit_state"] == "CANCELLED"
-    assert any("410" in e for e in watcher.errors)
 
 
 def test_captured_pod_stopped_by_kueue_never_started():
@@ -326,31 +289,52 @@ def test_jobset_gang_size_sums_its_running_pods():
     assert sizes == [4, 8, 12]
 
 
-def test_kube_watch_command_once_dry_run(tmp_path, monkeypatch):
-    import typer
-    from typer.testing import CliRunner
+def _workload_deactivated_in_steps() -> tuple[dict, list[dict]]:
+    """One deactivation and reactivation as a real Kueue 0.17 shows them, each change in its own update:
+    `spec.active=false`; then Evicted(Deactivated); then `spec.active=true` with Requeued(Reactivated);
+    then Admitted again."""
+    queued, stream = _workload_lifecycle()
+    admitted = stream[0][1]
+    inactive = copy.deepcopy(admitted)
+    inactive["spec"]["active"] = False
+    evicted = copy.deepcopy(inactive)
+    evicted["status"]["conditions"] = [
+        _cond("Admitted", "NoReservation", "2024-05-17T14:08:31Z", "False"),
+        _cond("Evicted", "Deactivated", "2024-05-17T14:08:31Z"),
+        _cond("Requeued", "Deactivated", "2024-05-17T14:08:31Z", "False"),
+    ]
+    reactivated = copy.deepcopy(evicted)
+    reactivated["spec"]["active"] = True
+    reactivated["status"]["conditions"] = [
+        _cond("Admitted", "NoReservation", "2024-05-17T14:08:31Z", "False"),
+        _cond("Evicted", "Deactivated", "2024-05-17T14:08:40Z", "False"),
+        _cond("Requeued", "Reactivated", "2024-05-17T14:08:40Z"),
+    ]
+    readmitted = copy.deepcopy(reactivated)
+    readmitted["status"]["conditions"] = [
+        _cond("Evicted", "Deactivated", "2024-05-17T14:08:40Z", "False"),
+        _cond("Requeued", "Reactivated", "2024-05-17T14:08:40Z"),
+        _cond("Admitted", "Admitted", "2024-05-17T14:08:41Z"),
+    ]
+    return queued, [admitted, inactive, evicted, reactivated, readmitted]
 
-    from producers import scheduler_cli
 
-    queued, wl_stream = _workload_lifecycle()
-    with FakeApiServer({"pods": [], "workloads": [queued]}, {"pods": _pod_lifecycle(), "workloads": wl_stream[:1]}
-                       ) as host:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": host}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        }))
-        monkeypatch.chdir(tmp_path)
-        monkeypatch.setenv("GPULEDGER_CLUSTER", "gke")
-        app, inspect_app = typer.Typer(), typer.Typer()
-        scheduler_cli.register(app, inspect_app)
-        res = CliRunner().invoke(app, ["kube", "watch", "--kubeconfig", str(kubeconfig), "--dry-run", "--once",
-                                       "--timeout", "5"])
-    assert res.exit_code == 0, res.output
-    events = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert sorted({(e["job_id"], e["event_type"]) for e in events}) == [
-        ("kueue-dws/dws-pod", "ENDED"), ("kueue-dws/dws-pod", "STARTED"), ("kueue-dws/dws-pod", "SUBMITTED"),
-        ("kueue-dws/pod-dws-pod-4e884", "SUBMITTED"), ("kueue-dws/pod-dws-pod-4e884", "UPDATED")]
-    assert {e["cluster"] for e in events} == {"gke"}
+def _workload_events(objects: list[dict]) -> list[list[str]]:
+    tracker = KubeTracker(EventContext("gke"))
+    return [[e["event_type"] for e in tracker.on_workload("ADDED" if i == 0 else "MODIFIED", obj, 0)]
+            for i, obj in enumerate(objects)]  # fmt: skip
+
+
+def test_a_deactivation_whose_eviction_comes_later_is_one_suspended():
+    queued, (admitted, inactive, evicted, _, _) = _workload_deactivated_in_steps()
+    assert _workload_events([queued, admitted, inactive, evicted]) == [["SUBMITTED"], ["UPDATED"], ["SUSPENDED"], []]
+    # Kueue's eviction in the same update as spec.active=false: still one
+    assert _workload_events([queued, admitted, evicted]) == [["SUBMITTED"], ["UPDATED"], ["SUSPENDED"]]
+
+
+def test_the_requeue_of_a_reactivation_is_no_requeued():
+    queued, (admitted, inactive, evicted, reactivated, readmitted) = _workload_deactivated_in_steps()
+    seen = _workload_events([queued, admitted, inactive, evicted, reactivated, readmitted])
+    assert seen == [["SUBMITTED"], ["UPDATED"], ["SUSPENDED"], [], ["RESUMED"], ["UPDATED"]]
+    # listed after the reactivation: its Requeued(Reactivated) is no requeue either
+    assert _workload_events([readmitted]) == [["SUBMITTED", "UPDATED"]]

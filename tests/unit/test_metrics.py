@@ -1,4 +1,4 @@
-"""gpuledger/metrics.py: families and names, the endpoint and its port file, the instrumentation
+"""base/metrics.py: families and names, the endpoint and its port file, the instrumentation
 helpers (metered consumer, dead-letter and publisher counting, processor observer), and the summary
 `gpuledger status` prints (unreachable endpoints reported, never raised)."""
 
@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
-from gpuledger import metrics
-from gpuledger.settings import MetricsSettings, Settings
-from gpuledger.supervisor import ComponentStatus, StackStatus, _probe_pipeline
+from base import metrics
+from base.settings import MetricsSettings, Settings
+from gpuledger.stack.supervisor import ComponentStatus, StackStatus, _probe_pipeline
 
 P = metrics.PREFIX
 
@@ -295,7 +295,7 @@ def test_status_reports_unreachable_endpoints_without_failing(tmp_path: Path) ->
     assert not by["chat"]["reachable"] and "no metrics port" in by["chat"]["detail"]
     assert st.healthy  # metrics are informative: the stack is as healthy as its components
     assert st.to_json()["pipeline"] == st.pipeline
-    from gpuledger.stack_cli import _pipeline_table
+    from gpuledger.stack.cli import _pipeline_table
 
     console = Console(record=True, width=100)
     console.print(_pipeline_table(st.pipeline))
@@ -303,7 +303,7 @@ def test_status_reports_unreachable_endpoints_without_failing(tmp_path: Path) ->
 
 
 def test_status_summarises_a_live_endpoint(tmp_path: Path) -> None:
-    from gpuledger.stack_cli import _pipeline_table
+    from gpuledger.stack.cli import _pipeline_table
 
     registry = CollectorRegistry()
     coll = metrics.PipelineCollector()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.errors import ConfigError
+from base.errors import ConfigError
 from sinks.db import check_identifier, load_migrations
 
 
@@ -30,7 +30,8 @@ def test_statements_fill_ttl_and_database() -> None:
 def test_every_table_a_sink_writes_is_deduplicating() -> None:
     ddl = "\n".join(m.sql for m in load_migrations())
     for table in ("device_minutes", "job_minutes", "coverage_minutes", "raw_samples", "job_events", "alerts",
-                  "actions", "attribution_corrections", "identity_snapshots"):  # fmt: skip
+                  "actions", "attribution_corrections", "identity_snapshots", "appeal_events",
+                  "reservation_events"):  # fmt: skip
         block = ddl.split(f"CREATE TABLE IF NOT EXISTS {table}\n", 1)[1].split(";", 1)[0]
         assert "ReplacingMergeTree" in block, table
 

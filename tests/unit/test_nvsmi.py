@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 from producers.nvsmi import NvsmiReader, read_all
 from schemas.codec import AvroCodec
 

@@ -12,7 +12,7 @@ from processors.fastdecode import DEVICE_FIELDS, TOP_FIELDS, ScrapeDecoder, Unsu
 from processors.testing import T0, device, scrape
 from producers.simulator import SimConfig, simulate
 from schemas import load_schema
-from schemas.codec import AvroCodec
+from schemas.codec import AvroCodec, MalformedRecord
 from schemas.topics import DEVICE_SAMPLES
 
 SUBJECT = DEVICE_SAMPLES.subject
@@ -58,12 +58,11 @@ def test_matches_fastavro_on_simulator_records() -> None:
     assert n >= 100
 
 
-def test_corrupt_bodies_raise() -> None:
+def test_corrupt_bodies_raise_malformed_record() -> None:
     body = CODEC.encode(SUBJECT, scrape("n", T0, [device("GPU-a", 0, sm=0.5)]))
-    with pytest.raises((ValueError, IndexError)):
-        LEAN.decode(body[:-3], 10)
-    with pytest.raises(ValueError):
-        LEAN.decode(body + b"\x00", 10)
+    for bad in (body[:-3], body + b"\x00", body[:11], body[:10]):
+        with pytest.raises(MalformedRecord):
+            LEAN.decode(bad, 10)
 
 
 def test_unsupported_shape_is_refused() -> None:
@@ -74,7 +73,7 @@ def test_unsupported_shape_is_refused() -> None:
 
 
 def test_flat_decoder_matches_fastavro_on_device_minutes() -> None:
-    from processors.config import ProcessorSettings
+    from base.processor_settings import ProcessorSettings
     from processors.fastdecode import FlatDecoder
     from processors.pipeline import run_in_memory
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-CORE = ["attribution", "windows", "classify", "rollup", "idle", "coverage", "config", "stages", "pipeline", "testing"]
+CORE = ["attribution", "windows", "classify", "rollup", "idle", "coverage", "stages", "pipeline", "testing"]
 FORBIDDEN_IMPORTS = ("faust", "confluent_kafka", "clickhouse_connect", "aiokafka", "mode")
 ROOT = Path(__file__).resolve().parents[2] / "processors"
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from base.processor_settings import IdlePolicy, ProcessorSettings
 from processors.classify import JobMinuteClass, classify_job_minute
-from processors.config import IdlePolicy, ProcessorSettings
 from processors.pipeline import PipelineResult, run_in_memory
 from producers.simulator import Ledger, SimConfig, expected_ledger, plan, simulate
 

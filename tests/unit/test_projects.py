@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 from producers.identity import DirectoryEntry, FileDirectory, StaticDirectory, snapshot
 from producers.projects import Attributor, ProjectRule, load_registry, parse_comment_pairs, registry_from_data
 from schemas.codec import AvroCodec
@@ -68,12 +68,82 @@ REG = registry_from_data(__import__("yaml").safe_load(YAML_REGISTRY))
         ("grace", "dave", "vision", ("cv-team",), ("vision", "EXPLICIT", "VALID", "CC-200")),
         ("strict", "alice", None, (), (None, "MISSING", "NOT_CHECKED", None)),
         ("strict", "alice", "nope", (), ("nope", "EXPLICIT", "UNKNOWN_PROJECT", None)),
-        ("strict", "mallory", "atlas", (), ("atlas", "EXPLICIT", "NOT_A_MEMBER", "CC-100")),
+        # A non-member's explicit project is a claim: never charged, in either mode.
+        ("strict", "mallory", "atlas", (), (None, "MISSING", "NOT_A_MEMBER", None)),
+        ("grace", "mallory", "atlas", (), (None, "MISSING", "NOT_A_MEMBER", None)),
+        ("grace", "carol", "atlas", (), ("open-science", "DEFAULT", "VALID", None)),
+        ("strict", "carol", "atlas", (), ("open-science", "DEFAULT", "VALID", None)),
+        ("grace", "carol", "vision", ("nlp-team",), ("open-science", "DEFAULT", "VALID", None)),
     ],
 )
 def test_attribution_modes(mode, user, explicit, teams, expected):
     a = Attributor(REG, ProjectRule(mode=mode)).resolve(user, explicit, frozenset(teams))
     assert (a.project, a.source, a.validation, a.cost_centre) == expected
+    claims = {("mallory", "atlas"), ("carol", "atlas"), ("carol", "vision")}  # real projects, not a member
+    assert a.claimed == (explicit if (user, explicit) in claims else None)
+
+
+def test_a_claimed_project_is_recorded_charged_to_the_default_and_never_exempt():
+    """Worked example. carol (default open-science) submits with `project=atlas` (members alice, bob);
+    atlas is exempt from reclaim. The job event keeps atlas as the claim, charges open-science, and the
+    idle state machine warns then reclaims the job as it would any open-science job."""
+    from base.processor_settings import Exemption, IdlePolicy
+    from processors.attribution import JobInfo
+    from processors.idle import new_state, step
+    from processors.testing import T0
+    from producers.jobevents import EventContext, HeldDevices, job_event
+
+    ctx = EventContext(cluster="hpc", attributor=Attributor(REG, ProjectRule(mode="grace")))
+    attribution = ctx.attributor.resolve_slurm("carol", None, "project=atlas", None)
+    ev = job_event(ctx, event_type="STARTED", ts_ms=T0, scheduler="SLURM", job_id="77", user="carol",
+                   attribution=attribution, held=[HeldDevices("n1", 1, (0,))])  # fmt: skip
+    codec = AvroCodec()
+    decoded = codec.decode(codec.encode("sched.job-events", ev)).record
+    charged = (decoded["project"], decoded["project_source"], decoded["project_validation"])
+    assert charged == ("open-science", "DEFAULT", "VALID") and decoded["project_claimed"] == "atlas"
+    info = JobInfo.from_event(decoded)
+    assert info.project == "open-science"
+
+    exempt_atlas = Exemption(kind="project", value="atlas", reason="atlas deadline")
+    policy = IdlePolicy(idle_after_min_batch=2, grace_min=1, exemptions=(exempt_atlas,))
+    state, kinds = new_state(info, ("GPU-0",)), []
+    for minute in range(3):
+        jm = {"minute_start_ms": T0 + minute * 60_000, "active_s": 0, "starved_s": 0, "idle_s": 60, "dark_s": 0,
+              "allocated_s": 60, "device_count": 1, "generation": "hopper"}  # fmt: skip
+        state, outs = step(state, jm, policy)
+        kinds += [o.record.get("kind") or o.kind for o in outs]
+    assert "IDLE_WARNING" in kinds and "action" in kinds  # the claimed project's exemption did not apply
+    # The same job charged to atlas by a member would have been exempt: the exemption itself works.
+    member = JobInfo(cluster="hpc", job_id="78", user="alice", project="atlas")
+    state, outs = new_state(member, ("GPU-1",)), []
+    for minute in range(3):
+        jm = {"minute_start_ms": T0 + minute * 60_000, "active_s": 0, "starved_s": 0, "idle_s": 60, "dark_s": 0,
+              "allocated_s": 60, "device_count": 1, "generation": "hopper"}  # fmt: skip
+        state, o = step(state, jm, policy)
+        outs += o
+    assert outs == []
+
+
+def test_a_claim_recorded_before_the_rule_charges_no_project():
+    """A v2 record from strict mode kept the non-member's project in `project` (EXPLICIT, NOT_A_MEMBER):
+    it decodes with no `project_claimed` and charges no project, so it cannot earn atlas's exemption."""
+    import io
+
+    import fastavro
+    from contract_records import job_event as contract_event
+
+    from processors.attribution import JobInfo, charged_project
+    from schemas import load_schema
+    from schemas.codec import _strip_logical_types, crc64_fingerprint
+
+    old = contract_event("STARTED", 1_000, user="mallory", project="atlas", project_validation="NOT_A_MEMBER")
+    v2 = fastavro.parse_schema(_strip_logical_types(load_schema("sched.job-events", 2)))
+    buf = io.BytesIO(b"\xc3\x01" + crc64_fingerprint(v2))
+    buf.seek(0, io.SEEK_END)
+    fastavro.schemaless_writer(buf, v2, old)
+    decoded = AvroCodec().decode(buf.getvalue(), expected_subject="sched.job-events").record
+    assert decoded["project_claimed"] is None and decoded["project"] == "atlas"
+    assert charged_project(decoded) is None and JobInfo.from_event(decoded).project is None
 
 
 def test_project_places_on_a_slurm_job():

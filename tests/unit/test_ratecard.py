@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.errors import ConfigError
+from base.errors import ConfigError
 from sinks.ratecard import (
     CENT_UNITS,
     CLOUD_ON_DEMAND,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpuledger.errors import ConfigError
-from sinks.reclaim import Outcome, ReclaimExecutor, plan
+from base.errors import ConfigError
+from sinks.reclaim import JobNow, Outcome, ReclaimExecutor, plan, recheck
 
 
 class Recorder:
@@ -49,13 +49,24 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_slurm_plans() -> None:
-    assert [s.describe() for s in plan(action("SUSPEND"))] == ["scontrol suspend 4242"]
+    assert [s.describe() for s in plan(action("REQUEUE"))] == ["scontrol requeue 4242"]
     assert [s.describe() for s in plan(action("CANCEL"))] == ["scancel 4242"]
     assert [s.describe() for s in plan(action("CHECKPOINT_THEN_REQUEUE"), signal="USR2", grace_s=30)] == [
         "scancel --signal=USR2 --full 4242", "wait 30s for the checkpoint", "scontrol requeue 4242",
     ]  # fmt: skip
     assert [s.describe() for s in plan(action("CHECKPOINT_THEN_CANCEL"))][-1] == "scancel 4242"
     assert plan(action("REQUEUE", job_id="77_3"))[0].argv == ("scontrol", "requeue", "77_3")
+
+
+def test_slurm_suspend_is_refused_it_keeps_the_gpus(fake_slurm: Path) -> None:
+    """`scontrol suspend` leaves a Slurm job's GPUs allocated (tests/integration/test_slurm_live_reclaim.py
+    shows it on a live Slurm): it reclaims nothing, so it is never planned, and a live executor records why."""
+    with pytest.raises(ConfigError, match="keeps its GPUs"):
+        plan(action("SUSPEND"))
+    out = ReclaimExecutor(Recorder(), dry_run=False).execute(action("SUSPEND"))
+    assert [o.status for o in out] == ["failed"] and "keeps its GPUs" in out[0].detail
+    assert not fake_slurm.exists()  # nothing ran
+    assert [s.kind for s in plan(action("SUSPEND", scheduler="KUEUE", job_id="team-a/w1"))] == ["kueue-deactivate"]
 
 
 @pytest.mark.parametrize(
@@ -65,7 +76,7 @@ def test_slurm_plans() -> None:
 )  # fmt: skip
 def test_bad_actions_are_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
-        plan(action("SUSPEND", **bad))
+        plan(action("REQUEUE", **bad))
 
 
 def test_dry_run_by_default_records_the_plan(fake_slurm: Path) -> None:
@@ -74,7 +85,7 @@ def test_dry_run_by_default_records_the_plan(fake_slurm: Path) -> None:
     assert [o.status for o in out] == ["planned"] * 3 and all(o.dry_run for o in out)
     assert rec.outcomes == out and not fake_slurm.exists()
     # An action the processors marked dry-run stays dry even on a live executor.
-    out = ReclaimExecutor(Recorder(), dry_run=False).execute(action("SUSPEND", dry_run=True))
+    out = ReclaimExecutor(Recorder(), dry_run=False).execute(action("REQUEUE", dry_run=True))
     assert out[0].status == "planned" and not fake_slurm.exists()
 
 
@@ -101,13 +112,14 @@ def test_a_failed_step_stops_the_action(fake_slurm: Path) -> None:
 
 def test_missing_tool_is_a_recorded_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    out = ReclaimExecutor(Recorder(), dry_run=False).execute(action("SUSPEND"))
+    out = ReclaimExecutor(Recorder(), dry_run=False).execute(action("REQUEUE"))
     assert out[0].status == "failed" and "not found" in out[0].detail
 
 
 def test_kueue_deactivates_the_workload() -> None:
     patches: list[tuple[str, str, dict[str, Any]]] = []
-    ex = ReclaimExecutor(Recorder(), dry_run=False, kueue_patch=lambda ns, n, b: patches.append((ns, n, b)))
+    ex = ReclaimExecutor(Recorder(), dry_run=False, kueue_patch=lambda ns, n, b: patches.append((ns, n, b)),
+                         kueue_read=None)  # fmt: skip
     out = ex.execute(action("REQUEUE", scheduler="KUEUE", job_id="team-a/job-train-7f3c"))
     assert out[0].status == "ok" and patches == [("team-a", "job-train-7f3c", {"spec": {"active": False}})]
 
@@ -122,5 +134,98 @@ def test_kueue_deactivates_the_workload() -> None:
 
 def test_invalid_action_is_recorded_not_raised() -> None:
     rec = Recorder()
-    out = ReclaimExecutor(rec).execute(action("SUSPEND", job_id="../../x"))
+    out = ReclaimExecutor(rec).execute(action("REQUEUE", job_id="../../x"))
     assert out[0].status == "failed" and rec.outcomes == out
+
+
+# -- the re-check before acting ------------------------------------------------------------------
+
+IDLE_NOW = JobNow(last_open_ms=1_000, last_close_ms=None, last_minute_ms=60_000, last_minute=(0, 0, 120))
+
+
+@pytest.mark.parametrize(
+    "now,reason",
+    [
+        (IDLE_NOW, "ok"),
+        (JobNow(1_000, 500, 60_000, (0, 0, 60)), "ok"),  # closed before a later resume: holds its devices
+        (JobNow(None, None, 60_000, (0, 0, 60)), "not-allocated"),
+        (JobNow(1_000, 90_000, 60_000, (0, 0, 60)), "ended"),
+        (JobNow(1_000, 1_000, 60_000, (0, 0, 60)), "ended"),  # ended at the very moment it started
+        (JobNow(1_000, None, None, None), "no-minutes"),
+        (JobNow(1_000, None, 60_000, (5, 0, 115)), "busy"),
+        (JobNow(1_000, None, 60_000, (0, 30, 90)), "busy"),  # starved is the job's own work, not idle
+        (JobNow(1_000, None, 60_000, (0, 0, 0)), "dark"),  # no telemetry is not evidence of idleness
+    ],
+)
+def test_recheck_decides_from_allocation_and_the_latest_minute(now: JobNow, reason: str) -> None:
+    verdict = recheck(now)
+    assert (verdict.ok, verdict.reason) == (reason == "ok", reason)
+
+
+def test_a_job_that_ended_or_woke_up_is_not_reclaimed(fake_slurm: Path) -> None:
+    states = {"4242": JobNow(1_000, 90_000, 60_000, (0, 0, 60)), "4243": JobNow(1_000, None, 60_000, (40, 0, 20)),
+              "4244": IDLE_NOW}  # fmt: skip
+    asked: list[tuple[str, str]] = []
+
+    def job_state(cluster: str, job_id: str) -> JobNow:
+        asked.append((cluster, job_id))
+        return states[job_id]
+
+    rec = Recorder()
+    live = ReclaimExecutor(rec, dry_run=False, job_state=job_state)
+    ended = live.execute(action("CANCEL", job_id="4242"))
+    busy = live.execute(action("CANCEL", job_id="4243", action_id="x2"))
+    assert [(o.status, o.detail.split(":")[:2]) for o in ended + busy] == [
+        ("skipped", ["re-check", " ended"]), ("skipped", ["re-check", " busy"])]  # fmt: skip
+    assert not fake_slurm.exists()  # nothing ran
+    done = live.execute(action("CANCEL", job_id="4244", action_id="x3"))
+    assert [o.status for o in done] == ["ok"] and fake_slurm.read_text() == "scancel 4244\n"
+    assert asked == [("c1", "4242"), ("c1", "4243"), ("c1", "4244")]
+    assert live.skipped == {"ended": 1, "busy": 1}
+
+    # A dry run re-checks too: it says what it would do only for a job still allocated and idle.
+    dry = ReclaimExecutor(Recorder(), dry_run=True, job_state=job_state)
+    assert [o.status for o in dry.execute(action("REQUEUE", job_id="4242"))] == ["skipped"]
+    assert [o.status for o in dry.execute(action("REQUEUE", job_id="4244"))] == ["planned"]
+
+
+def test_a_failed_recheck_does_not_act(fake_slurm: Path) -> None:
+    def unreachable(cluster: str, job_id: str) -> JobNow:
+        raise ConnectionError("ClickHouse down")
+
+    ex = ReclaimExecutor(Recorder(), dry_run=False, job_state=unreachable)
+    (out,) = ex.execute(action("CANCEL"))
+    assert out.status == "skipped" and "check-failed: ConnectionError: ClickHouse down" in out.detail
+    assert not fake_slurm.exists() and ex.skipped == {"check-failed": 1}
+
+
+def test_kueues_eviction_is_read_back_into_the_outcome_within_a_few_seconds() -> None:
+    """After the patch the Workload is read back: Kueue's Evicted condition (reason Deactivated) goes into
+    the outcome; a Workload Kueue has not evicted yet is read a few times, 3 s at most, and stays `ok`."""
+    evicted = {"type": "Evicted", "status": "True", "reason": "Deactivated", "message": "The workload is deactivated"}
+    reads: list[tuple[str, str]] = []
+
+    def read(ns: str, n: str) -> dict[str, Any]:
+        reads.append((ns, n))
+        return {"status": {"conditions": [evicted] if len(reads) >= 2 else []}}
+
+    slept: list[float] = []
+    ex = ReclaimExecutor(Recorder(), dry_run=False, kueue_patch=lambda ns, n, b: None, kueue_read=read,
+                         sleep=slept.append)  # fmt: skip
+    (done,) = ex.execute(action("SUSPEND", scheduler="KUEUE", job_id="team-a/w1"))
+    assert done.status == "ok"
+    assert done.detail == "Workload deactivated; Kueue: Evicted/Deactivated: The workload is deactivated"
+    assert reads == [("team-a", "w1")] * 2 and slept == [0.5]
+
+    slept.clear()
+    never = ReclaimExecutor(Recorder(), dry_run=False, kueue_patch=lambda ns, n, b: None,
+                            kueue_read=lambda ns, n: {"status": {}}, sleep=slept.append)  # fmt: skip
+    (late,) = never.execute(action("SUSPEND", scheduler="KUEUE", job_id="team-a/w2"))
+    assert late.status == "ok" and "not evicted it within 3 s" in late.detail and sum(slept) <= 3
+
+    def unreadable(ns: str, n: str) -> dict[str, Any]:
+        raise RuntimeError("403 Forbidden")
+
+    quiet = ReclaimExecutor(Recorder(), dry_run=False, kueue_patch=lambda ns, n, b: None, kueue_read=unreadable)
+    (unread,) = quiet.execute(action("SUSPEND", scheduler="KUEUE", job_id="team-a/w3"))
+    assert unread.status == "ok" and "not read: RuntimeError: 403" in unread.detail

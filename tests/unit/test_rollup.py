@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from base.processor_settings import IdlePolicy, ProcessorSettings
 from processors.classify import JobMinuteClass, classify_job_minute
-from processors.config import IdlePolicy, ProcessorSettings
 from processors.pipeline import PipelineResult, run_in_memory
 from processors.testing import T0, device, inventory, job_event, scrape
 from schemas.codec import AvroCodec
@@ -167,7 +167,7 @@ def test_coverage_minutes_and_gap(result: PipelineResult) -> None:
 def test_single_job_fast_path_equals_the_general_path() -> None:
     import random
 
-    from processors.config import Thresholds
+    from base.processor_settings import Thresholds
     from processors.rollup import allocated_row, span_row
     from processors.windows import DeviceWindow
 
@@ -196,7 +196,7 @@ def test_single_job_fast_path_equals_the_general_path() -> None:
 def test_job_events_after_their_minute_closed_are_counted_once_and_not_on_replay() -> None:
     """A job event later than the grace is applied from arrival (the closed minute keeps its owner) and
     counted; a duplicate is not; after a restart, events read before the restored commit are replays."""
-    from processors.config import ProcessorSettings
+    from base.processor_settings import ProcessorSettings
     from processors.stages import NodePartition
 
     def run(part: NodePartition, first_offset: int) -> None:
@@ -248,7 +248,7 @@ def test_a_restart_that_replays_a_jobs_end_before_its_start_does_not_reopen_it()
     comes back later, published again by the re-keying stage. The job must not hold the device on."""
     import json
 
-    from processors.config import ProcessorSettings
+    from base.processor_settings import ProcessorSettings
     from processors.stages import NodePartition
 
     start = job_event("STARTED", "j1", T0, {"n1": ["GPU-a"]})
@@ -262,3 +262,45 @@ def test_a_restart_that_replays_a_jobs_end_before_its_start_does_not_reopen_it()
         part.on_scrape(scrape("n1", T0 + s * 1000, [device("GPU-a", 0, sm=0.0)]), 20 + s)
     rows = part.advance(T0 + 130_000).device_minutes
     assert [(r["minute_start_ms"], r["job_id"], r["unallocated_s"]) for r in rows] == [(T0 + 60_000, None, 60)]
+
+
+def _with(extra: list[tuple[int, tuple[Any, bytes, dict[str, Any]]]]) -> list[tuple[Any, bytes, dict[str, Any]]]:
+    """The worked ledger's records with `extra` inserted after the record at each given index."""
+    out = records()
+    for at, rec in sorted(extra, key=lambda e: -e[0]):
+        out.insert(at, rec)
+    return out
+
+
+YEAR_MS = 365 * 24 * 3600 * S
+
+
+@pytest.mark.parametrize("bad_ts", [2**62, T0 + 90 * S + YEAR_MS], ids=["2^62", "a-year-ahead"])
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_far_future_sample_is_refused_and_the_ledger_is_untouched(bad_ts: int, partitions: int) -> None:
+    """A scrape that decodes fine but is far ahead of event time, in the middle of the run (second 90):
+    refused (the runtime dead-letters it), it moves no watermark, so it closes nothing early and no later
+    sample is late; every row is the one the run gives without it."""
+    base = run_in_memory(records(), settings(), partitions)
+    bad = scrape("n1", bad_ts, [device("GPU-A", 0, sm=0.9, fb_mib=30000), device("GPU-Z", 9, sm=1.0)])
+    at = next(i for i, (_, _, r) in enumerate(records()) if r["ts_ms"] == T0 + 90 * S)
+    got = run_in_memory(_with([(at, (DEVICE_SAMPLES, node_key("c1", "n1"), bad))]), settings(), partitions)
+    assert got.refused == [bad]
+    assert got.late == [] == base.late
+    assert got.ledger() == EXPECTED
+    assert got.device_minutes == base.device_minutes
+    assert got.coverage_minutes == base.coverage_minutes
+    assert got.job_minutes == base.job_minutes
+
+
+def test_a_far_future_job_event_is_refused_on_both_job_stages() -> None:
+    """J1 "ending" in 2^62 and a job "starting" a year ahead: neither reaches the allocations (re-keying
+    stage) nor the job stage, and the ledger is exactly the one without them."""
+    end = job_event("ENDED", "J1", 2**62)
+    ghost = job_event("STARTED", "J9", T0 + YEAR_MS, {"n1": ["GPU-A"]})
+    at = next(i for i, (_, _, r) in enumerate(records()) if r["ts_ms"] == T0 + 60 * S)
+    extra = [(at, (JOB_EVENTS, job_key("c1", "J1"), end)), (at, (JOB_EVENTS, job_key("c1", "J9"), ghost))]
+    for partitions in (1, 2):
+        got = run_in_memory(_with(extra), settings(), partitions)
+        assert sorted(r["event_id"] for r in got.refused) == sorted([end["event_id"], ghost["event_id"]])
+        assert got.ledger() == EXPECTED

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuledger.settings import KafkaSettings
+from base.settings import KafkaSettings
 from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, all_topics, topic_named
 from schemas.topics_admin import TopicState, desired_topics, plan
 
@@ -28,8 +28,25 @@ def test_desired_topics_use_the_prefix_and_optional_replication():
     wanted = {d.name: d for d in desired_topics(KafkaSettings(topic_prefix="x."), replication=3)}
     samples = wanted["x.telemetry.device-samples.v1"]
     assert samples.partitions == DEVICE_SAMPLES.partitions and samples.replication == 3
-    assert samples.configs == {"cleanup.policy": "delete", "retention.ms": str(DEVICE_SAMPLES.retention_ms)}
+    assert samples.configs == {
+        "cleanup.policy": "delete",
+        "retention.ms": str(DEVICE_SAMPLES.retention_ms),
+        "min.insync.replicas": "2",  # 2 of 3: one replica may be down and acks=all writes still land
+    }
     assert wanted["x.inventory.devices.v1"].configs["cleanup.policy"] == "compact"
+
+
+def test_replication_and_min_insync_come_from_the_settings():
+    one = {d.replication for d in desired_topics(KafkaSettings())}
+    assert one == {1}
+    assert {d.configs["min.insync.replicas"] for d in desired_topics(KafkaSettings())} == {"1"}
+    three = desired_topics(KafkaSettings(replication_factor=3))
+    assert {(d.replication, d.configs["min.insync.replicas"]) for d in three} == {(3, "2")}
+    five = desired_topics(KafkaSettings(replication_factor=5, min_insync_replicas=4))
+    assert {(d.replication, d.configs["min.insync.replicas"]) for d in five} == {(5, "4")}
+    # A min ISR above the replicas would refuse every acks=all write: capped at the replication.
+    capped = desired_topics(KafkaSettings(min_insync_replicas=3), replication=2)
+    assert {(d.replication, d.configs["min.insync.replicas"]) for d in capped} == {(2, "2")}
 
 
 def test_plan():
@@ -42,7 +59,9 @@ def test_plan():
     assert all(p.in_sync and p.status(applied=True) == "ok" for p in plan(wanted, in_sync))
 
     actual = dict(in_sync)
-    actual[samples.name] = TopicState(samples.name, 2, 1, {"cleanup.policy": "delete", "retention.ms": "5"})
+    actual[samples.name] = TopicState(
+        samples.name, 2, 1, {"cleanup.policy": "delete", "retention.ms": "5", "min.insync.replicas": "1"}
+    )
     actual[inventory.name] = TopicState(inventory.name, 8, 3, dict(inventory.configs))
     grow, shrink = plan(wanted, actual)
     assert grow.add_partitions == 4 and grow.set_configs == {"retention.ms": str(DEVICE_SAMPLES.retention_ms)}

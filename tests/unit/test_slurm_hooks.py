@@ -11,26 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures_events import ListSink
 
-from gpuledger.errors import ServiceError
+from base.errors import ServiceError
 from producers.devicemap import InMemoryDeviceMap
 from producers.jobevents import EventContext
 from producers.slurm_jobcomp import StartIndex, jobcomp_events, parse_jobcomp
 from producers.slurm_spool import drain
-from schemas.codec import AvroCodec
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK = ROOT / "deploy" / "slurm" / "gpuledger_hook.py"
-
-
-class ListSink:
-    def __init__(self):
-        self.codec = AvroCodec()
-        self.records = []
-
-    def publish(self, topic, key, record):
-        self.codec.encode(topic.subject, record)
-        self.records.append((topic.name, key, record))
 
 
 PROLOG_ENV = {

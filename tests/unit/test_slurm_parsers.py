@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.errors import ParseError
+from base.errors import ParseError
 from producers.jobevents import EventContext
 from producers.slurm import (
     expand_hostlist,
@@ -199,7 +199,8 @@ def test_every_fixture_yields_contract_valid_events():
     codec = AvroCodec()
     n = 0
     for path in sorted(FIX.glob("*/*")):
-        if path.suffix == ".md":
+        # Not job listings: sacctmgr's accounts and QOS (policy diff), scontrol's configuration.
+        if path.suffix == ".md" or path.parent.name == "sacctmgr" or path.name.startswith("scontrol-show-config"):
             continue
         for job in parse_capture(path.read_text()).jobs:
             for ev in lifecycle_events(job, EventContext("test")):

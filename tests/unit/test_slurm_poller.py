@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures_events import ListSink
 
 from producers.devicemap import InMemoryDeviceMap
 from producers.jobevents import EventContext
 from producers.slurm import parse_capture
 from producers.slurm_poller import PollConfig, PollState, SlurmCommands, SlurmPoller, step
-from schemas.codec import AvroCodec
 from schemas.topics import JOB_EVENTS
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -41,16 +41,6 @@ if not os.path.exists(path):
     sys.exit(1)
 sys.stdout.write(open(path).read())
 """
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.codec = AvroCodec()
-        self.records: list[tuple[str, bytes, dict]] = []
-
-    def publish(self, topic, key, record):
-        self.codec.encode(topic.subject, record)  # every record must satisfy the contract
-        self.records.append((topic.name, key, record))
 
 
 @pytest.fixture()
@@ -234,8 +224,8 @@ def test_poll_command_once_dry_run_with_registry(fake_slurm, tmp_path, monkeypat
     reg.write_text("projects:\n  - id: acoustic\n    cost_centre: CC-42\n")
     directory = tmp_path / "directory.yaml"
     directory.write_text("users:\n  dperez:\n    teams: [sound]\n    groups: [hpc]\n")
-    monkeypatch.setenv("GPULEDGER_EXTRA", json.dumps({"scheduler": {
-        "registry": str(reg), "directory": str(directory), "project_from": ["wckey", "account"]}}))
+    monkeypatch.setenv("GPULEDGER_SCHEDULER", json.dumps({
+        "registry": str(reg), "directory": str(directory), "project_from": ["wckey", "account"]}))
     monkeypatch.setenv("GPULEDGER_CLUSTER", "hpc")
     monkeypatch.chdir(tmp_path)
     app, inspect_app = typer.Typer(), typer.Typer()

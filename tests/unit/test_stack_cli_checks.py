@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from gpuledger.errors import ConfigError
-from gpuledger.settings import BrokerSettings, KafkaSettings, Settings
-from gpuledger.stack_cli import _check_broker_address
+from base.errors import ConfigError
+from base.settings import BrokerSettings, KafkaSettings, Settings
+from gpuledger.stack.cli import _check_broker_address
 
 
 def test_local_broker_must_be_what_clients_use(tmp_path):
@@ -32,3 +32,16 @@ def test_matching_or_external_broker_is_fine(tmp_path):
             broker=BrokerSettings(enabled=False),
         )
     )
+
+
+def test_status_tables_print_details_as_text():
+    from rich.console import Console
+
+    from gpuledger.stack.cli import _components_table
+    from gpuledger.stack.supervisor import ComponentStatus
+
+    detail = "exited with code 1; [/] [bold]see[/bold] /tmp/[x].log"
+    row = ComponentStatus(name="sinks", description="", enabled=True, state="failed", detail=detail)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(_components_table([row]))
+    assert detail in console.export_text()

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.broker import pid_alive
-from gpuledger.components import Component, Health
-from gpuledger.errors import ConfigError, ServiceError
-from gpuledger.settings import Settings
-from gpuledger.supervisor import Supervisor
+from base.errors import ConfigError, ServiceError
+from base.settings import Settings
+from gpuledger.stack.broker import pid_alive
+from gpuledger.stack.components import Component, Health
+from gpuledger.stack.supervisor import Supervisor
 
 
 def _py(code: str) -> list[str]:

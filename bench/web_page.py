@@ -1,0 +1,224 @@
+"""The team page on a month of N GPUs (issue 20, item 6: <= 300 ms p95 over a month of 10,000 GPUs).
+
+Starts the embedded ClickHouse as the tests do (tests/fixtures_clickhouse.start_server), migrates a database,
+loads the rate card, and generates a synthetic month inside the server (INSERT ... SELECT FROM numbers(),
+one day per statement, sent with clickhouse-connect; nothing is held in Python's memory): every GPU has a
+device-minute for every minute of the month; 8 GPUs a node, 2 jobs a node a day (one node each, 12 h),
+~10% of node-halves unallocated; teams, projects and users from the simulator's organisation; minutes
+active/starved/idle/dark by a hash. job_events get SUBMIT/START/END per job (the job page and project
+sources read them). No alerts are seeded (the open-warnings table is empty). job_minutes are not read by
+the pages, so none are written. Then it times, warm, the team page and a job's drill-down page through a
+Starlette TestClient of the app (as an operator, from 127.0.0.1), and each of the team page's queries alone.
+
+    .venv/bin/python bench/web_page.py --gpus 1000 --requests 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import machine  # noqa: E402
+
+PERIOD = "2026-03"
+START = dt.date(2026, 3, 1)
+DAYS = 31
+TEAMS = (("vision", ("vision-detect", "vision-seg")), ("nlp", ("llm-pretrain", "llm-eval")), ("speech", ("asr",)),
+         ("research", ("rl-agents", "diffusion")), ("platform", ("infra-bench",)))  # fmt: skip
+GPUS_PER_NODE = 8
+
+# One day of device-minutes for {gpus} GPUs: row n is GPU intDiv(n, 1440) at minute n % 1440 of the day.
+_DAY_SQL = """
+INSERT INTO device_minutes (cluster, node, device_uuid, mig_instance_id, minute_start_ms, model, generation, job_id,
+    user, project, team, cost_centre, preemptible, pricing_tier, unallocated_s, allocated_s, active_s, starved_s,
+    idle_s, dark_s, sm_weighted_s, sample_count, activity_mean_ratio, activity_max_ratio, fb_used_mib_max,
+    power_w_mean, mapping_version, classifier_version)
+SELECT 'sim', concat('node-', toString(node)), concat('GPU-', toString(gpu)), -1, {day_ms:Int64} + m * 60000,
+    if(node % 4 = 0, 'NVIDIA A100-SXM4-80GB', 'NVIDIA H100 80GB HBM3'), if(node % 4 = 0, 'ampere', 'hopper'),
+    if(alloc, job, ''), if(alloc, concat(team, '-u', toString(node % 4)), ''), if(alloc, project, ''),
+    if(alloc, team, ''), if(alloc, 'cc-1000', ''), false, 'on-prem', if(alloc, 0, 60), if(alloc, 60, 0),
+    if(alloc AND cls < 65, 60, 0), if(alloc AND cls >= 65 AND cls < 75, 60, 0),
+    if(alloc AND cls >= 75 AND cls < 95, 60, 0), if(alloc AND cls >= 95, 60, 0),
+    if(alloc AND cls < 65, 45.0, 0.0), if(cls >= 95, 0, 6), if(cls >= 95, NULL, cls / 100), if(cls >= 95, NULL, 0.99),
+    if(cls >= 95, NULL, 40000.0), if(cls >= 95, NULL, 350.0), 'bench-1', 'bench-1'
+FROM (
+    SELECT intDiv(number, 1440) AS gpu, number % 1440 AS m, intDiv(gpu, 8) AS node, intDiv(m, 720) AS half,
+        cityHash64(node, {day:UInt32}, half) % 10 != 0 AS alloc,
+        concat('j', toString(node), '-', toString({day:UInt32}), '-', toString(half)) AS job,
+        {teams:Array(String)}[1 + node % length({teams:Array(String)})] AS team,
+        {projects:Array(String)}[1 + node % length({projects:Array(String)})] AS project,
+        cityHash64(gpu, {day:UInt32}, intDiv(m, 30)) % 100 AS cls
+    FROM numbers({rows:UInt64})
+)
+"""
+
+# SUBMIT, START and END per job of the month, from the device-minutes just written (one row per job).
+_EVENTS_SQL = """
+INSERT INTO job_events (event_id, event_type, ts_ms, scheduler, cluster, job_id, job_name, user, project,
+    project_source, project_validation, team, cost_centre, preemptible, interactive, checkpointable, gang_size,
+    allocations, requested_devices, pricing_tier, submit_ts_ms, start_ts_ms, end_ts_ms)
+SELECT concat(job_id, '-', ev), ev, multiIf(ev = 'SUBMIT', s - 60000, ev = 'START', s, e), 'slurm', 'sim', job_id,
+    'train', user, project, 'account', 'valid', team, 'cc-1000', false, false, true, 1,
+    concat('[{"node": "', node, '", "devices": []}]'), 8, 'on-prem',
+    s - 60000, s, if(ev = 'END', e, NULL)
+FROM (SELECT job_id, any(node) AS node, any(user) AS user, any(project) AS project, any(team) AS team,
+             min(minute_start_ms) AS s,
+             max(minute_start_ms) + 60000 AS e
+      FROM device_minutes WHERE job_id != '' GROUP BY job_id)
+ARRAY JOIN ['SUBMIT', 'START', 'END'] AS ev
+"""
+
+
+def seed(client: Any, gpus: int) -> dict[str, float]:
+    teams = [t for t, ps in TEAMS for _ in ps]
+    projects = [p for _, ps in TEAMS for p in ps]
+    began = time.perf_counter()
+    for d in range(DAYS):
+        day = START + dt.timedelta(days=d)
+        day_ms = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp() * 1000)
+        client.command(_DAY_SQL, parameters={"day_ms": day_ms, "day": d, "rows": gpus * 1440, "teams": teams,
+                                             "projects": projects})  # fmt: skip
+    minutes_s = time.perf_counter() - began
+    began = time.perf_counter()
+    client.command(_EVENTS_SQL)
+    events_s = time.perf_counter() - began
+    return {"device_minutes_s": minutes_s, "job_events_s": events_s}
+
+
+def timed(fn: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
+    """Median and p95 (ms) of `runs` warm calls, after one warm-up call; the last result."""
+    result = fn()
+    samples = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        result = fn()
+        samples.append((time.perf_counter() - began) * 1000)
+    samples.sort()
+    p95 = samples[min(len(samples) - 1, round(0.95 * (len(samples) - 1)))]
+    return statistics.median(samples), p95, result
+
+
+def first_day(wh: Any, period: Any, job: tuple[str, str]) -> tuple[int, int, int]:
+    """The job page's minute-by-minute window: the first day the job held a device, and its row cap."""
+    from gpuledger.web.pages import DEVICE_MINUTES_CSV_MAX
+
+    first = min(d["first_minute_ms"] for d in wh.job_devices(period, *job))
+    start = first - first % 86_400_000
+    return start, start + 86_400_000, DEVICE_MINUTES_CSV_MAX
+
+
+def per_query(
+    wh: Any, period: Any, team: str, job: tuple[str, str], now_ms: int, runs: int
+) -> list[tuple[str, float, float]]:
+    """Each query the team page and the job page make, alone (median, p95 ms)."""
+    since = now_ms - 14 * 86_400_000
+    cases: list[tuple[str, Callable[[], Any]]] = [
+        ("closed", lambda: wh.closed(period)),
+        ("statements (v_chargeback_month)", lambda: wh.statements(period)),
+        ("team_jobs (v_usage_priced)", lambda: wh.team_jobs(period, team)),
+        ("daily (v_usage_priced)", lambda: wh.daily(period, team)),
+        ("dark_by_node (device_minutes)", lambda: wh.dark_by_node(period, team)),
+        ("project_sources (job_events IN usage_daily)", lambda: wh.project_sources(period, team)),
+        ("latest_minute_ms (device_minutes)", lambda: wh.latest_minute_ms(period.start - dt.timedelta(days=31))),
+        ("team_alerts", lambda: wh.team_alerts(team, since)),
+        ("job (job_events)", lambda: wh.job(*job)),
+        ("job_usage (v_usage_priced)", lambda: wh.job_usage(period, *job)),
+        ("job_devices (device_minutes FINAL)", lambda: wh.job_devices(period, *job)),
+        ("device_minutes, the job's first day (FINAL)", lambda: wh.device_minutes(*job, *first_day(wh, period, job))),
+    ]
+    out = []
+    for name, fn in cases:
+        med, p95, _ = timed(fn, runs)
+        out.append((name, med, p95))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=10000, help="GPUs in the fleet (default 10000)")
+    ap.add_argument("--requests", type=int, default=10, help="timed warm requests per page")
+    args = ap.parse_args()
+
+    from fixtures_clickhouse import start_server, stop_server
+    from fixtures_web import Published, make_client
+
+    from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
+    from gpuledger.web import params
+    from gpuledger.web.queries import Warehouse
+    from sinks.db import connect, migrate
+    from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
+
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory(prefix="bench-web-") as tmp:
+        server = start_server(Path(tmp) / "data")
+        try:
+            database = "bench_" + uuid.uuid4().hex[:8]
+            admin = server.client()
+            admin.command(f"CREATE DATABASE {database}")
+            admin.close()
+            ch = ClickHouseSettings(url=server.url, database=database, password=server.password,
+                                    analyst_password=server.analyst_password)  # fmt: skip
+            client = connect(ch, send_receive_timeout=600)
+            migrate(client, ch)
+            client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
+            seeded = seed(client, args.gpus)
+            rows = client.query("SELECT count(), uniqExact(job_id) FROM device_minutes").result_rows[0]
+            daily = client.query("SELECT count() FROM usage_daily").result_rows[0][0]
+            print(
+                f"gpus {args.gpus}: {rows[0]:,} device-minutes ({seeded['device_minutes_s']:.1f} s), "
+                f"{rows[1] - 1:,} jobs, {daily:,} usage_daily rows, job_events {seeded['job_events_s']:.1f} s"
+            )
+            end_ms = int(dt.datetime(2026, 4, 1, tzinfo=dt.UTC).timestamp() * 1000)
+            settings = Settings(state_dir=Path(tmp) / "state", cluster="sim", clickhouse=ch,
+                                broker=BrokerSettings(enabled=False), web=WebSettings(demo=False))  # fmt: skip
+            web = make_client(settings, Published(), now_ms=end_ms)
+            headers = {"X-Forwarded-User": "ops00"}
+            team = "vision"
+            job_id = client.query("SELECT job_id FROM device_minutes WHERE team = 'vision' AND day = '2026-03-15' "
+                                  "LIMIT 1").result_rows[0][0]  # fmt: skip
+
+            def get(url: str) -> Callable[[], Any]:
+                def call() -> Any:
+                    resp = web.get(url, headers=headers)
+                    assert resp.status_code == 200, (url, resp.status_code, resp.text[:300])
+                    return resp
+
+                return call
+
+            pages = [
+                ("team page", f"/teams/{team}?period={PERIOD}"),
+                ("project page", f"/teams/{team}/projects/vision-detect?period={PERIOD}"),
+                ("job page (drill-down)", f"/jobs/sim/{job_id}?period={PERIOD}"),
+            ]
+            print(f"\n| page ({args.gpus} GPUs, {args.requests} warm requests) | median ms | p95 ms | bytes |")
+            print("|---|---:|---:|---:|")
+            for name, url in pages:
+                med, p95, resp = timed(get(url), args.requests)
+                print(f"| {name} `{url}` | {med:.0f} | {p95:.0f} | {len(resp.content):,} |")
+            wh = Warehouse(connect(ch, analyst=True))
+            print("\n| query alone | median ms | p95 ms |")
+            print("|---|---:|---:|")
+            for name, med, p95 in per_query(
+                wh, params.period(PERIOD, end_ms), team, ("sim", job_id), end_ms, args.requests
+            ):
+                print(f"| {name} | {med:.0f} | {p95:.0f} |")
+            client.close()
+        finally:
+            stop_server(server)
+
+
+if __name__ == "__main__":
+    main()

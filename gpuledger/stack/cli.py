@@ -1,0 +1,245 @@
+"""`gpuledger up`, `down` and `status`: the local stack from the command line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from base.errors import ConfigError
+from base.settings import Settings
+from gpuledger.cli_common import settings_for
+from gpuledger.stack.supervisor import ComponentStatus, StackStatus, Supervisor
+
+console = Console()
+
+_STYLE = {
+    "ready": "green",
+    "running": "green",
+    "done": "green",
+    "disabled": "dim",
+    "stopped": "yellow",
+    "unavailable": "yellow",
+    "not-ready": "red",
+    "failed": "red",
+}
+
+STATE_DIR_OPTION = typer.Option(None, "--state-dir", help="State directory (pid files, logs, data).")
+
+
+def _command_exists(root: Any) -> Callable[[tuple[str, ...]], bool]:
+    """Whether `gpuledger <path...>` is a registered command (components whose owner has not landed);
+    `root`: the root click command (`ctx.find_root().command`)."""
+
+    def exists(path: tuple[str, ...]) -> bool:
+        cmd: Any = root
+        for part in path:
+            commands = getattr(cmd, "commands", None)
+            if not isinstance(commands, dict) or part not in commands:
+                return False
+            cmd = commands[part]
+        return True
+
+    return exists
+
+
+def _check_broker_address(settings: Settings) -> None:
+    b = settings.broker
+    if b.enabled and f"{b.host}:{b.port}" not in settings.kafka.bootstrap_servers.split(","):
+        raise ConfigError(
+            f"the local broker listens on {b.host}:{b.port} but clients use "
+            f"{settings.kafka.bootstrap_servers}: set GPULEDGER_KAFKA__BOOTSTRAP_SERVERS to it, or "
+            "GPULEDGER_BROKER__ENABLED=false to use that external cluster"
+        )
+
+
+def _components_table(rows: list[ComponentStatus]) -> Table:
+    table = Table(title="components", title_justify="left")
+    for col in ("component", "state", "pid", "detail"):
+        table.add_column(col)
+    for c in rows:
+        style = _STYLE.get(c.state, "")
+        # Details quote errors and logs: text, not markup.
+        table.add_row(escape(c.name), f"[{style}]{c.state}[/]", str(c.pid or ""), escape(c.detail))
+    return table
+
+
+def _seconds(v: float) -> str:
+    return f"{v:.2f} s" if v < 10 else f"{v:,.0f} s" if v < 600 else f"{v / 60:,.0f} min"
+
+
+def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
+    """Each running component's own metrics (its /metrics endpoint), in a few numbers."""
+    table = Table(title="pipeline (each component's /metrics)", title_justify="left")
+    for col in ("component", "in", "out", "dead letters", "lag", "alert p99", "coverage / note"):
+        table.add_column(col, justify="left" if col in ("component", "coverage / note") else "right")
+    for row in rows:
+        if not row["reachable"]:
+            where = f" ({row['url']})" if row["url"] else ""
+            table.add_row(row["component"], "", "", "", "", "", f"[yellow]{escape(row['detail'] + where)}[/]")
+            continue
+        m = row["metrics"]
+        p99 = m.get("alert_latency_p99_s")
+        table.add_row(
+            row["component"],
+            f"{m['records_in']:,}",
+            f"{m['records_out']:,}",
+            f"[red]{m['dead_letters']:,}[/]" if m["dead_letters"] else "0",
+            f"{m['consumer_lag']:,}",
+            "" if p99 is None else _seconds(p99),
+            ", ".join(f"{c} {v:.1%}" for c, v in m.get("coverage", {}).items()),
+        )
+    return table
+
+
+def _print_status(st: StackStatus) -> None:
+    console.print(_components_table(st.components))
+    kafka = Table(title="kafka", title_justify="left", show_header=False)
+    reach = "[green]reachable[/] " if st.broker_reachable else "[red]unreachable[/] "
+    kafka.add_row("broker", reach + escape(st.broker_detail))
+    kafka.add_row("topics", escape(", ".join(st.topics)) or "(none)")
+    if st.missing_topics:
+        kafka.add_row("[red]missing topics[/]", escape(", ".join(st.missing_topics)) + "  (gpuledger topics apply)")
+    if st.consumer_lag:
+        for g in st.consumer_lag:
+            kafka.add_row(escape(f"lag {g.group}"), f"{g.lag} over {g.partitions} partition(s)")
+    else:
+        kafka.add_row("consumer groups", "(none)")
+    console.print(kafka)
+    if st.registry_url is not None:
+        reg = Table(title="schema registry", title_justify="left", show_header=False)
+        reach = "[green]reachable[/] " if st.registry_reachable else "[red]unreachable[/] "
+        reg.add_row("registry", reach + escape(st.registry_detail))
+        if st.missing_subjects:
+            shown = ", ".join(st.missing_subjects)
+            reg.add_row("[yellow]missing subjects[/]", escape(shown) + "  (gpuledger schemas register)")
+        console.print(reg)
+    ch = Table(title="clickhouse", title_justify="left", show_header=False)
+    reach = "[green]reachable[/] " if st.clickhouse_reachable else "[red]unreachable[/] "
+    ch.add_row("server", reach + escape(st.clickhouse_detail))
+    for name, n in (st.clickhouse_rows or {}).items():
+        ch.add_row(escape(name), f"{n:,} rows")
+    console.print(ch)
+    if st.pipeline:
+        console.print(_pipeline_table(st.pipeline))
+    console.print("[green]healthy[/]" if st.healthy else "[yellow]not all components are healthy[/]")
+
+
+def _job_minute_rows(settings: Settings) -> int:
+    from sinks.db import connect
+
+    try:
+        client = connect(settings.clickhouse, connect_timeout=2, send_receive_timeout=5)
+        return int(client.command("SELECT count() FROM job_minutes"))
+    except Exception:  # not there yet (migrations, first window): keep waiting
+        return 0
+
+
+def _wait_for_first_rollups(settings: Settings, wait_s: float) -> None:
+    """The first five minutes: show the ledger filling instead of leaving the user at a blank report."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    with console.status("replaying three hours of simulated history into the ledger…") as spinner:
+        while time.monotonic() < deadline:
+            rows = _job_minute_rows(settings)
+            spinner.update(f"replaying three hours of simulated history into the ledger… {rows:,} job-minutes")
+            if rows >= 1000:
+                break
+            time.sleep(2)
+
+
+def _print_next_steps(settings: Settings, state_dir: Path | None) -> None:
+    from datetime import UTC, datetime
+
+    period = datetime.now(UTC).strftime("%Y-%m")
+    sd = f" --state-dir {state_dir}" if state_dir else ""
+    steps = [
+        (f"gpuledger report chargeback --period {period}{sd}", "per team: allocated vs consumed, charge, coverage"),
+        (f"gpuledger report chargeback --period {period} --by project{sd}", "the same per project"),
+        (f"gpuledger alerts{sd}", "idle warnings, reclaim notices (dry-run), coverage gaps"),
+        (f"tail -f {settings.state_dir / 'webhook.jsonl'}", "what chat received (local webhook)"),
+        (f'gpuledger sql "SELECT * FROM v_utilisation_daily LIMIT 10"{sd}', "SQL, as an analyst would"),
+        (f"gpuledger status{sd}", "health, consumer lag, row counts"),
+        (f"gpuledger down{sd}", "stop everything"),
+    ]
+    console.print("\n[bold]A simulated cluster is running.[/] Look at:")
+    for command, what in steps:
+        console.print(f"  [cyan]{command}[/]\n      [dim]{what}[/]", highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
+    """Add `up`, `down` and `status` to the `gpuledger` command."""
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)
+
+
+def _supervisor(ctx: typer.Context, state_dir: Path | None) -> Supervisor:
+    settings = settings_for(state_dir)
+    return Supervisor(
+        settings,
+        command_exists=_command_exists(ctx.find_root().command),
+        progress=lambda msg: console.print(f"[dim]·[/] {msg}", highlight=False),
+    )
+
+
+def up(
+    ctx: typer.Context,
+    state_dir: Path | None = STATE_DIR_OPTION,
+    only: str | None = typer.Option(None, "--only", help="Comma-separated components to start."),
+    wait_s: float = typer.Option(
+        180, "--wait", help="Seconds to wait for the simulated cluster's first rollups (0: don't wait)."
+    ),
+) -> None:
+    """Start the local stack in the background (broker, ClickHouse, topics, pipeline)."""
+    sup = _supervisor(ctx, state_dir)
+    _check_broker_address(sup.settings)
+    wanted = {n.strip() for n in only.split(",") if n.strip()} if only else None
+    with console.status("starting the local stack…"):
+        results = sup.up(wanted)
+    console.print(_components_table(results))
+    console.print(f"state: {sup.settings.state_dir}   logs: {sup.log_dir}   stop: gpuledger down")
+    running = {c.name for c in results if c.state in ("ready", "running", "done")}
+    if {"simulator", "sinks"} <= running:
+        _wait_for_first_rollups(sup.settings, wait_s)
+        _print_next_steps(sup.settings, state_dir)
+    if "web" in running:
+        console.print(f"\n[bold]The team page:[/] {web_url(sup.settings)}", highlight=False, soft_wrap=True)
+
+
+def web_url(settings: Any) -> str:
+    """Where `gpuledger web` answers (a wildcard listen address is reached on loopback)."""
+    host = settings.web.host if settings.web.host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.web.port}/"
+
+
+def down(ctx: typer.Context, state_dir: Path | None = STATE_DIR_OPTION) -> None:
+    """Stop every component of the local stack; no process is left behind."""
+    sup = _supervisor(ctx, state_dir)
+    with console.status("stopping…"):
+        stopped = sup.down()
+    console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+def status(
+    ctx: typer.Context,
+    state_dir: Path | None = STATE_DIR_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+) -> None:
+    """Each component's state, broker and topics, consumer lag, schema registry, ClickHouse and row counts."""
+    sup = _supervisor(ctx, state_dir)
+    st = sup.status()
+    if as_json:
+        typer.echo(json.dumps(st.to_json(), indent=2))
+    else:
+        _print_status(st)
+    if not st.healthy:
+        raise typer.Exit(1)

@@ -1,0 +1,357 @@
+"""The local stack's components, in start order: the one list `gpuledger up/down/status` works from.
+
+To add a component, append a `Component` to `COMPONENTS` (keep start order: what others need
+comes first). A component is a long-running process (or, with `oneshot=True`, a step that runs to
+completion, like applying topics). Most run a `gpuledger` sub-command: name it in `command` and
+build the argv with `gpuledger_argv`; while that sub-command is not registered, status shows the
+component as *unavailable* instead of starting it. Each process gets the environment of `up`
+plus `GPULEDGER_STATE_DIR`, so it builds the same `Settings`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from base.outputs import mask_text
+from base.settings import Settings
+from gpuledger.stack import broker, registry, security
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Health:
+    """The answer of a readiness check: healthy or not, and one line saying why."""
+
+    ok: bool
+    detail: str
+
+
+def _always(_: Settings) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Component:
+    """One process of the local stack.
+
+    name: short, unique; names the pid file and the log file.
+    argv: the command line from the settings. It may do foreground work first (the broker fetches
+      its jars and formats storage), reporting through `progress`.
+    ready: whether the running component serves; `None` means a live process is enough.
+    enabled: whether this configuration wants the component at all.
+    command: the `gpuledger` sub-command it runs (availability check), if any.
+    oneshot: runs to completion during `up` (exit 0 is success) instead of staying up.
+    status_ready: the readiness check `status` uses (it must change nothing); default `ready`.
+    """
+
+    name: str
+    description: str
+    argv: Callable[[Settings, Progress], list[str]]
+    ready: Callable[[Settings], Health] | None = None
+    enabled: Callable[[Settings], bool] = _always
+    command: tuple[str, ...] | None = None
+    oneshot: bool = False
+    ready_timeout_s: float = 60.0
+    stop_timeout_s: float = 20.0
+    status_ready: Callable[[Settings], Health] | None = None
+    # With broker.security = sasl_ssl, the Kafka principal the process logs in as (gpuledger/stack/security.py
+    # PRINCIPALS: producers, processors, sinks, chat, reclaim, admin); None: the default login.
+    kafka_principal: str | None = None
+
+    def env(self, settings: Settings) -> dict[str, str]:
+        """What this component's process gets on top of `up`'s environment: its Kafka login, and the
+        local registry's URL when that is the stack's registry (so every component writes Confluent's
+        wire format and resolves the ids it reads)."""
+        env = security.component_env(settings, self.kafka_principal)
+        if settings.registry_local:
+            env["GPULEDGER_KAFKA__SCHEMA_REGISTRY_URL"] = settings.registry.url
+        return env
+
+
+def gpuledger_argv(*args: str) -> list[str]:
+    """Run a `gpuledger` sub-command with this interpreter (works without the console script)."""
+    return [sys.executable, "-c", "from gpuledger.cli import main; main()", *args]
+
+
+# ------------------------------------------------------------------------------------------------
+# Readiness checks
+
+
+def kafka_ready(settings: Settings) -> Health:
+    if security.enabled(settings):
+        return Health(*security.broker_ready(settings))
+    ok = broker.metadata_ok(settings.kafka.client_config(), timeout=3.0)
+    where = settings.kafka.bootstrap_servers
+    return Health(ok, f"answers metadata at {where}" if ok else f"no metadata answer from {where}")
+
+
+def kafka_ready_for_up(settings: Settings) -> Health:
+    """`kafka_ready`, and with SASL_SSL on, (re)creates the pipeline's Kafka user through the admin login,
+    then each component's own user and its ACLs."""
+    if security.enabled(settings):
+        health = Health(*security.broker_ready(settings, create_user=True))
+        if health.ok:
+            security.ensure_component_principals(settings)
+        return health
+    return kafka_ready(settings)
+
+
+def clickhouse_ready(settings: Settings) -> Health:
+    url = settings.clickhouse.url.rstrip("/") + "/ping"
+    shown = mask_text(url)  # a login in clickhouse.url stays out of `status`
+    try:
+        resp = httpx.get(url, timeout=2.0)
+    except httpx.HTTPError as exc:
+        return Health(False, f"{shown}: {type(exc).__name__}")
+    ok = resp.status_code == 200
+    return Health(ok, f"{shown}: HTTP {resp.status_code}")
+
+
+def web_ready(settings: Settings) -> Health:
+    host = settings.web.host if settings.web.host not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
+    url = f"http://{host}:{settings.web.port}/healthz"
+    try:
+        resp = httpx.get(url, timeout=2.0)
+    except httpx.HTTPError as exc:
+        return Health(False, f"{url}: {type(exc).__name__}")
+    return Health(resp.status_code == 200, f"{url}: HTTP {resp.status_code}")
+
+
+def registry_ready(settings: Settings) -> Health:
+    health = registry.check(settings.registry_url or settings.registry.url)
+    return Health(health.ok, health.detail)
+
+
+# ------------------------------------------------------------------------------------------------
+# Command lines
+
+
+def _broker_argv(node: int) -> Callable[[Settings, Progress], list[str]]:
+    def argv(settings: Settings, progress: Progress) -> list[str]:
+        cfg = broker.BrokerConfig.from_settings(settings, node)
+        if security.enabled(settings):  # one node only (Settings refuses a secured cluster)
+            cfg = security.prepare_local_broker(settings, cfg, progress=progress)
+        return broker.prepare(cfg, progress=progress)
+
+    return argv
+
+
+def _broker_ready(node: int) -> Callable[[Settings], Health]:
+    """While `up` starts them: a node of a cluster before the last cannot answer alone (no quorum yet),
+    its live process is enough; the last node (the only one of a single broker) waits for the cluster,
+    every node listed in its metadata."""
+
+    def ready(settings: Settings) -> Health:
+        nodes = settings.broker.nodes
+        if node < nodes:
+            return Health(True, f"node {node} started; the cluster answers once node {nodes} is up")
+        if nodes == 1:
+            return kafka_ready_for_up(settings)
+        live = broker.live_brokers(settings.kafka.client_config(), timeout=3.0)
+        ok = set(range(1, nodes + 1)) <= live
+        return Health(ok, f"nodes {sorted(live)} of {nodes} registered at {settings.kafka.bootstrap_servers}")
+
+    return ready
+
+
+def _broker_status(node: int) -> Callable[[Settings], Health]:
+    """For `status`: this node answers metadata at its own address and is registered (unfenced)."""
+
+    def ready(settings: Settings) -> Health:
+        if settings.broker.nodes == 1:
+            return kafka_ready(settings)
+        port = settings.broker.node_ports(node)[0]
+        where = f"{settings.broker.host}:{port}"
+        live = broker.live_brokers({**settings.kafka.client_config(), "bootstrap.servers": where}, timeout=3.0)
+        ok = node in live
+        return Health(ok, f"node {node} {'registered, answers' if ok else 'not serving'} at {where}")
+
+    return ready
+
+
+def _registry_argv(settings: Settings, progress: Progress) -> list[str]:
+    return registry.prepare(registry.RegistryConfig.from_settings(settings), progress=progress)
+
+
+def _clickhouse_argv(settings: Settings, progress: Progress) -> list[str]:
+    security.ensure_clickhouse_passwords(settings, progress=progress)  # the server refuses empty ones
+    ch = settings.clickhouse
+    return gpuledger_argv(
+        "clickhouse", "serve", "--path", str(settings.clickhouse_path), "--host", ch.host, "--port", str(ch.port)
+    )
+
+
+def _simulated(settings: Settings) -> bool:
+    # No real source configured: the cluster is the simulator's.
+    return settings.cluster == "sim"
+
+
+LOCAL_WEBHOOK_PORT = 8765
+SIMULATOR_BACKFILL_S = 3 * 3600
+
+
+def _local_chat(settings: Settings) -> bool:
+    # No chat route configured: alerts go to a local webhook receiver so a demo shows them.
+    chat = settings.sinks.chat
+    return chat.default is None and not chat.users and not chat.teams
+
+
+def _processors_argv(settings: Settings, _: Progress) -> list[str]:
+    if _simulated(settings):
+        # The simulator replays hours of history at start-up: event time alone closes its windows,
+        # or the wall clock would call all that history late.
+        return gpuledger_argv("processors", "run", "--event-time")
+    return gpuledger_argv("processors", "run")
+
+
+def _agents_argv(settings: Settings, _: Progress) -> list[str]:
+    # Event time with the simulator, for the reason above.
+    if _simulated(settings):
+        return gpuledger_argv("processors", "agents", "--event-time")
+    return gpuledger_argv("processors", "agents")
+
+
+def _chat_argv(settings: Settings, _: Progress) -> list[str]:
+    if _local_chat(settings):
+        return gpuledger_argv("chat", "run", "--local-receiver", str(LOCAL_WEBHOOK_PORT))
+    return gpuledger_argv("chat", "run")
+
+
+def _broker_node(node: int) -> Component:
+    """Node `node` of the local broker: "broker" (the single node, or node 1 of three), "broker-2", "broker-3"."""
+    return Component(
+        name="broker" if node == 1 else f"broker-{node}",
+        description="Apache Kafka, KRaft on loopback: the single node, or node 1 of broker.nodes"
+        if node == 1
+        else f"Apache Kafka, KRaft node {node} of the loopback cluster (broker.nodes = 3)",
+        argv=_broker_argv(node),
+        ready=_broker_ready(node),
+        status_ready=_broker_status(node),
+        enabled=lambda s: s.broker.enabled and s.broker.nodes >= node,
+        ready_timeout_s=120.0,
+        stop_timeout_s=30.0,
+    )
+
+
+BROKER_NODES = (1, 2, 3)
+
+COMPONENTS: list[Component] = [
+    *(_broker_node(k) for k in BROKER_NODES),
+    Component(
+        name="registry",
+        description="schema registry (Apicurio Registry, Confluent-compatible API) on loopback",
+        argv=_registry_argv,
+        ready=registry_ready,
+        enabled=lambda s: s.registry_local,
+        ready_timeout_s=120.0,
+    ),
+    Component(
+        name="clickhouse",
+        description="embedded ClickHouse (chDB behind the HTTP interface)",
+        argv=_clickhouse_argv,
+        ready=clickhouse_ready,
+        enabled=lambda s: s.clickhouse.embedded,
+        command=("clickhouse", "serve"),
+    ),
+    Component(
+        name="topics",
+        description="create/update the Kafka topics",
+        argv=lambda s, _: gpuledger_argv("topics", "apply"),
+        command=("topics", "apply"),
+        kafka_principal="admin",
+        oneshot=True,
+    ),
+    Component(
+        name="schemas",
+        description="register every subject's history in the schema registry (BACKWARD)",
+        argv=lambda s, _: gpuledger_argv("schemas", "register"),
+        enabled=lambda s: s.registry_local,
+        command=("schemas", "register"),
+        oneshot=True,
+    ),
+    Component(
+        name="processors",
+        description="stream processors: allocations (rekey), node windows, attribution, classification, coverage",
+        argv=_processors_argv,
+        command=("processors", "run"),
+        kafka_principal="processors",
+    ),
+    Component(
+        name="agents",
+        description="the job stage as faust agents: job-minutes, idle detection, alerts, reclaim actions",
+        argv=_agents_argv,
+        command=("processors", "agents"),
+        kafka_principal="processors",
+    ),
+    Component(
+        name="db-migrate",
+        description="apply the ClickHouse migrations",
+        argv=lambda s, _: gpuledger_argv("db", "migrate"),
+        command=("db", "migrate"),
+        oneshot=True,
+    ),
+    Component(
+        name="ratecard",
+        description="load the rate card into ClickHouse",
+        argv=lambda s, _: gpuledger_argv("ratecard", "load"),
+        command=("ratecard", "load"),
+        oneshot=True,
+    ),
+    Component(
+        name="sinks",
+        description="ledger topics to ClickHouse (idempotent)",
+        argv=lambda s, _: gpuledger_argv("sink", "run"),
+        command=("sink", "run"),
+        kafka_principal="sinks",
+    ),
+    Component(
+        name="chat-receiver",
+        description="local webhook that stands in for chat (no route configured)",
+        argv=lambda s, _: gpuledger_argv(
+            "chat", "receiver", "--port", str(LOCAL_WEBHOOK_PORT), "--out", str(s.state_dir / "webhook.jsonl")
+        ),
+        enabled=_local_chat,
+        command=("chat", "receiver"),
+    ),
+    Component(
+        name="chat",
+        description="alerts to chat, routed per user/team",
+        argv=_chat_argv,
+        command=("chat", "run"),
+        kafka_principal="chat",
+    ),
+    Component(
+        name="reclaim",
+        description="reclaim executor (dry-run unless configured live)",
+        argv=lambda s, _: gpuledger_argv("reclaim", "run"),
+        command=("reclaim", "run"),
+        kafka_principal="reclaim",
+    ),
+    Component(
+        name="simulator",
+        description="simulated cluster (no real source configured)",
+        # Three hours of history first (reports and idle alerts to look at at once), then real time.
+        argv=lambda s, _: gpuledger_argv("simulate", "run", "--backfill", str(SIMULATOR_BACKFILL_S)),
+        enabled=_simulated,
+        command=("simulate", "run"),
+        kafka_principal="producers",
+    ),
+    Component(
+        name="web",
+        description="the team page (gpuledger web): reads as the analyst, publishes corrections",
+        argv=lambda s, _: gpuledger_argv("web"),
+        ready=web_ready,
+        enabled=lambda s: s.web.enabled,
+        command=("web",),
+        kafka_principal="web",
+    ),
+]
+
+
+def by_name(components: list[Component] | None = None) -> dict[str, Component]:
+    return {c.name: c for c in (COMPONENTS if components is None else components)}

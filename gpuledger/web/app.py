@@ -1,0 +1,428 @@
+"""The web application: Starlette routes over the pages, Jinja2 templates, every asset served from here.
+
+Reads go through the read-only analyst user (the engine refuses anything else from it); the one write,
+a correction of a job's project, is the existing `AttributionCorrection` event published to Kafka, never
+SQL. Identity and scope: gpuledger/web/access.py. Request values: gpuledger/web/params.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from base.errors import GpuledgerError
+from base.outputs import csv_text, mask_text
+from gpuledger.web import access, pages, params
+from gpuledger.web.access import Forbidden, Viewer
+from gpuledger.web.appeals import AppealService
+from gpuledger.web.model import Table
+from gpuledger.web.params import BadRequest
+from gpuledger.web.queries import Warehouse
+from producers.identity import DirectoryEntry
+from producers.projects import Registry
+
+log = logging.getLogger("gpuledger.web")
+HERE = Path(__file__).parent
+DEMO_COOKIE = "gpuledger_demo_user"
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass
+class WebContext:
+    """What the app needs, built once at its start (gpuledger/web/cli.py) or by a test."""
+
+    warehouse: Callable[[], Warehouse]  # the analyst's warehouse for this thread
+    lookup: Callable[[str], DirectoryEntry | None]
+    registry: Registry | None
+    publish_correction: Callable[[dict[str, Any]], None] | None
+    cluster: str
+    demo: bool = False
+    demo_users: list[str] = field(default_factory=list)
+    quota: dict[str, dict[str, int]] | None = None
+    credits: Callable[[Any], list[Any]] = lambda _client: []  # credits and reservation charges a close routes
+    policy: Any = None  # policy.yaml (schemas.policy.Policy): quota, and who decides appeals
+    appeals: AppealService | None = None  # filing and deciding appeals (issue 19); None without a policy
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
+    user_header: str = "X-Forwarded-User"
+    groups_header: str = "X-Forwarded-Groups"
+    operator_groups: tuple[str, ...] = ("gpuledger-operators",)
+    finance_groups: tuple[str, ...] = ("gpuledger-finance",)
+    clock: Callable[[], float] = time.time
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+
+def thread_local_warehouse(connect: Callable[[], Any]) -> Callable[[], Warehouse]:
+    """One analyst client per server thread (clickhouse-connect clients are not shared across threads)."""
+    local = threading.local()
+
+    def get() -> Warehouse:
+        if getattr(local, "warehouse", None) is None:
+            local.warehouse = Warehouse(connect())
+        return local.warehouse
+
+    return get
+
+
+# -- identity -------------------------------------------------------------------------------------
+
+
+def viewer_of(request: Request, ctx: WebContext) -> Viewer | None:
+    peer = request.client.host if request.client else None
+    trusted = access.proxy_trusted(peer, ctx.trusted_proxies)
+    header = request.headers.get(ctx.user_header) if trusted else None
+    groups: frozenset[str] = frozenset()
+    demo = False
+    if header:
+        user = params.user(header.strip())
+        groups = access.parse_groups(request.headers.get(ctx.groups_header))
+    elif ctx.demo and request.cookies.get(DEMO_COOKIE) in ctx.demo_users:  # anything else: nobody picked yet
+        user, demo = str(request.cookies.get(DEMO_COOKIE)), True
+    else:
+        return None
+    return access.viewer_for(user, ctx.lookup(user), proxy_groups=groups, operator_groups=ctx.operator_groups,
+                             finance_groups=ctx.finance_groups, demo=demo)  # fmt: skip
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def _templates() -> Environment:
+    from gpuledger.web.format import FILTERS
+
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(("html",)))
+    env.filters.update(FILTERS)
+    return env
+
+
+TEMPLATES = _templates()
+
+
+def render(request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:
+    ctx: WebContext = request.app.state.ctx
+    viewer = getattr(request.state, "viewer", None)
+    deciders = ctx.policy.governance.deciders if ctx.policy is not None else ()
+    appeals_link = viewer is not None and ctx.policy is not None and (viewer.user in deciders or viewer.sees_everything)
+    html = TEMPLATES.get_template(name).render(
+        viewer=viewer, demo=ctx.demo, demo_users=ctx.demo_users, request_path=request.url.path,
+        appeals_link=appeals_link,
+        query=str(request.url.query), **{"cluster": ctx.cluster, **values},
+    )  # fmt: skip
+    return HTMLResponse(html, status_code=status)
+
+
+def csv_download(table: Table, *parts: str) -> Response:
+    header, rows = table.csv_rows()
+    name = "-".join(re.sub(r"[^A-Za-z0-9._-]+", "_", p) for p in (*parts, table.name) if p)[:150]
+    return Response(csv_text(header, rows), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="{name}.csv"'})  # fmt: skip
+
+
+def page_response(request: Request, page: pages.Page, template: str, *name_parts: str) -> Response:
+    wanted = request.query_params.get("csv")
+    if wanted is not None:
+        table = page.tables.get(params.table_name(wanted))
+        if table is None:
+            raise BadRequest("no such table on this page")
+        return csv_download(table, *name_parts)
+    return render(request, template, page=page, tables=page.tables, **page.context)
+
+
+# -- routes ---------------------------------------------------------------------------------------
+
+
+def _need_viewer(request: Request) -> Viewer:
+    viewer = request.state.viewer
+    if viewer is None:
+        raise HTTPException(401, "sign in through the proxy" if not request.app.state.ctx.demo else "pick a user")
+    return viewer
+
+
+def _need_team(viewer: Viewer, team: str) -> None:
+    if not viewer.sees_team(team):
+        raise Forbidden(f"{viewer.user} may not see team {team}: {viewer.scope}")
+
+
+def home(request: Request) -> Response:
+    ctx: WebContext = request.app.state.ctx
+    viewer = request.state.viewer
+    period = params.period(request.query_params.get("period"), ctx.now_ms())
+    teams: list[Any] = []
+    if viewer is not None:
+        wh = ctx.warehouse()
+        statements = wh.statements(period, closed=wh.closed(period))
+        names = set(statements) | viewer.teams | viewer.leads
+        teams = [(t, statements.get(t), pages.team_url(t, period)) for t in viewer.visible_teams(names)]
+    return render(request, "home.html", period=period, teams=teams,
+                  prev_url=f"/?period={period.previous().text}", next_url=f"/?period={period.next().text}")  # fmt: skip
+
+
+def team(request: Request) -> Response:
+    ctx: WebContext = request.app.state.ctx
+    name = params.team(request.path_params["team"])
+    period = params.period(request.query_params.get("period"), ctx.now_ms())
+    _need_team(_need_viewer(request), name)
+    wh = ctx.warehouse()
+    page = pages.team_page(wh, name, period, ctx.now_ms(), ctx.quota, ctx.credits)
+    if ctx.policy is not None:
+        from gpuledger.web import appeals
+
+        mine = [a for a in appeals.stored(wh.client, ctx.policy) if a.subject.team == name]
+        note = "Filed on a job's page; decided by the policy's deciders. A credit is a line of the statement."
+        page.add(appeals.table("appeals", "Appeals", mine, note=note))
+    return page_response(request, page, "team.html", name, period.text)
+
+
+def project(request: Request) -> Response:
+    ctx: WebContext = request.app.state.ctx
+    name = params.team(request.path_params["team"])
+    pid = params.project(request.path_params["project"])
+    period = params.period(request.query_params.get("period"), ctx.now_ms())
+    _need_team(_need_viewer(request), name)
+    page = pages.project_page(ctx.warehouse(), name, pid, period)
+    return page_response(request, page, "project.html", name, pid, period.text)
+
+
+def job(request: Request) -> Response:
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    cluster, job_id = params.cluster(request.path_params["cluster"]), params.job_id(request.path_params["job_id"])
+    period = params.period(request.query_params.get("period"), ctx.now_ms())
+    view = pages.JobView(period, params.day(request.query_params.get("day"), period),
+                         params.page(request.query_params.get("page")), "csv" in request.query_params)  # fmt: skip
+    page = pages.job_page(ctx.warehouse(), cluster, job_id, view)
+    if page is None:
+        raise HTTPException(404, "no such job in the ledger")
+    _need_team(viewer, page.context["team"])
+    choices = _project_choices(viewer, ctx.registry, page.context["team"])
+    _job_appeals(ctx, page, cluster, job_id)
+    return page_response(
+        request, _with_form(page, viewer, ctx, choices, request.query_params.get("corrected"),
+                            request.query_params.get("appealed")),
+        "job.html", cluster, job_id.replace("/", "_"), period.text,
+    )
+
+
+def _job_appeals(ctx: WebContext, page: pages.Page, cluster: str, job_id: str) -> None:
+    """The job's appeals, and what an appeal may name: its charge in the month or one of its idle alerts."""
+    page.context.update(appeals_on=ctx.appeals is not None, appeal_alerts=[])
+    if ctx.appeals is None:
+        return
+    from gpuledger.web import appeals
+
+    wh = ctx.warehouse()
+    here = (cluster, job_id)
+    mine = [a for a in appeals.stored(wh.client, ctx.policy) if (a.subject.cluster, a.subject.job_id) == here]
+    page.add(appeals.table("appeals", "Appeals on this job", mine))
+    page.context["appeal_alerts"] = wh.job_alerts(cluster, job_id)
+
+
+def _project_choices(viewer: Viewer, registry: Registry | None, job_team: str) -> list[str]:
+    if registry is None:
+        return []
+    if viewer.operator or job_team in viewer.leads:
+        return registry.active_ids()
+    return [p for p in registry.active_ids() if registry.projects[p].admits(viewer.user, viewer.teams)]
+
+
+def _with_form(page: pages.Page, viewer: Viewer, ctx: WebContext, choices: list[str], corrected: str | None,
+               appealed: str | None) -> pages.Page:  # fmt: skip
+    page.context.update(
+        choices=[p for p in choices if p != page.context["project"]],
+        token=access.csrf_token(ctx.secret, viewer.user), registry_known=ctx.registry is not None,
+        can_publish=ctx.publish_correction is not None,
+        corrected=corrected if corrected and re.fullmatch(r"[0-9a-f]{32}", corrected) else None,
+        period_text=page.context["period"].text,
+        appealed=appealed if appealed and re.fullmatch(r"ap-[0-9a-f]{12}", appealed) else None,
+    )  # fmt: skip
+    return page
+
+
+async def correct(request: Request) -> Response:
+    from starlette.concurrency import run_in_threadpool
+
+    form = await request.form(max_files=0, max_fields=16, max_part_size=4096)
+    values = {k: str(form.get(k) or "") for k in ("cluster", "job_id", "project", "reason", "token", "period")}
+    return await run_in_threadpool(_correct, request, values)
+
+
+def _correct(request: Request, values: dict[str, str]) -> Response:
+    from gpuledger.web.corrections import submit
+
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    if not access.csrf_ok(ctx.secret, viewer.user, values["token"]):
+        raise Forbidden("the form has expired or did not come from this page; reload it and try again")
+    record = submit(ctx, viewer, values)
+    period = params.period(values["period"], ctx.now_ms())
+    url = pages.job_url(record["cluster"], record["job_id"], period, corrected=record["correction_id"])
+    return RedirectResponse(url, status_code=303)
+
+
+async def appeal_file(request: Request) -> Response:
+    return await _form_action(request, ("cluster", "job_id", "alert_id", "reason", "token", "period"), _appeal_file)
+
+
+async def appeal_decide(request: Request) -> Response:
+    fields = ("appeal_id", "decision", "amount", "hours", "note", "token", "period")
+    return await _form_action(request, fields, _appeal_decide)
+
+
+FormAction = Callable[[Request, "WebContext", Viewer, dict[str, str]], Response]
+
+
+async def _form_action(request: Request, fields: tuple[str, ...], action: FormAction) -> Response:
+    """A bounded form, the viewer and their form token checked, then the action in a worker thread."""
+    from starlette.concurrency import run_in_threadpool
+
+    form = await request.form(max_files=0, max_fields=16, max_part_size=4096)
+    values = {k: str(form.get(k) or "") for k in fields}
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    if not access.csrf_ok(ctx.secret, viewer.user, values["token"]):
+        raise Forbidden("the form has expired or did not come from this page; reload it and try again")
+    if ctx.appeals is None:
+        raise BadRequest("appeals need the policy (settings: policy_path): who decides, deadlines, limits")
+    return await run_in_threadpool(action, request, ctx, viewer, values)
+
+
+def _appeal_file(request: Request, ctx: WebContext, viewer: Viewer, values: dict[str, str]) -> Response:
+    assert ctx.appeals is not None
+    event = ctx.appeals.file(ctx.warehouse().client, viewer, values, ctx.now_ms())
+    period = params.period(values["period"], ctx.now_ms())
+    url = pages.job_url(event["cluster"], event["job_id"], period, appealed=event["appeal_id"])
+    return RedirectResponse(url, status_code=303)
+
+
+def _appeal_decide(request: Request, ctx: WebContext, viewer: Viewer, values: dict[str, str]) -> Response:
+    assert ctx.appeals is not None
+    event = ctx.appeals.decide(viewer, values, ctx.now_ms())
+    return RedirectResponse(f"/appeals?decided={event['appeal_id']}", status_code=303)
+
+
+def appeals_page(request: Request) -> Response:
+    """The deciders' page: every appeal still to decide (escalated first), and the decided ones."""
+    from gpuledger.web import appeals
+
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    if ctx.policy is None:
+        raise BadRequest("appeals need the policy (settings: policy_path)")
+    decider = viewer.user in ctx.policy.governance.deciders
+    if not (decider or viewer.sees_everything):
+        raise Forbidden(f"{viewer.user} does not decide appeals (policy governance.appeals.deciders)")
+    every = appeals.stored(ctx.warehouse().client, ctx.policy)
+    page = pages.Page("Appeals")
+    page.add(appeals.table("open", "To decide", [a for a in every if not a.decision],
+                           note="Escalated ones are past the policy's deadline."))  # fmt: skip
+    page.add(appeals.table("decided", "Decided", [a for a in every if a.decision]))
+    decided = request.query_params.get("decided")
+    page.context.update(decider=decider, token=access.csrf_token(ctx.secret, viewer.user),
+                        rules=ctx.policy.governance.appeals,
+                        decided=decided if decided and re.fullmatch(r"ap-[0-9a-f]{12}", decided) else None)  # fmt: skip
+    return page_response(request, page, "appeals.html", "appeals")
+
+
+def demo_pick(request: Request) -> Response:
+    ctx: WebContext = request.app.state.ctx
+    if not ctx.demo:
+        raise HTTPException(404, "demo mode is off")
+    user = params.user(request.query_params.get("user"))
+    if user not in ctx.demo_users:
+        raise BadRequest("not a user of the demo directory")
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(DEMO_COOKIE, user, httponly=True, samesite="strict", path="/")
+    return response
+
+
+def healthz(_: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+# -- errors and headers ---------------------------------------------------------------------------
+
+
+class Guard(BaseHTTPMiddleware):
+    """Who is asking (once per request), the security headers on every answer, and errors as pages."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        try:
+            request.state.viewer = None
+            request.state.viewer = viewer_of(request, request.app.state.ctx)
+            response = await call_next(request)
+        except BadRequest as exc:
+            response = render(request, "error.html", 400, title="Bad request", message=str(exc))
+        except Forbidden as exc:
+            response = render(request, "error.html", 403, title="Not yours to see", message=str(exc))
+        except GpuledgerError as exc:
+            log.warning("web: %s", mask_text(str(exc)))
+            response = render(request, "error.html", 503, title="The ledger cannot be read right now",
+                              message=mask_text(str(exc))[:300])  # fmt: skip
+        except Exception as exc:
+            if not _warehouse_error(exc):
+                raise
+            # The warehouse's own message can quote the statement: the log has it (masked), the page does not.
+            log.warning("web: ClickHouse: %s", mask_text(" ".join(str(exc).split()))[:500])
+            why = "ClickHouse did not answer this page's query; the server's log says why."
+            response = render(request, "error.html", 503, title="The ledger cannot be read right now", message=why)
+        for key, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(key, value)
+        return response
+
+
+def _warehouse_error(exc: Exception) -> bool:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    return isinstance(exc, ClickHouseError)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", "error")
+    titles = {401: "Who are you?", 404: "Not found", 405: "Not allowed"}
+    return render(request, "error.html", status, title=titles.get(status, "Error"), message=str(detail))
+
+
+def create_app(ctx: WebContext) -> Starlette:
+    routes = [
+        Route("/", home),
+        Route("/healthz", healthz),
+        Route("/demo", demo_pick),
+        Route("/teams/{team}", team),
+        Route("/teams/{team}/projects/{project}", project),
+        Route("/jobs/{cluster}/{job_id:path}", job),
+        Route("/corrections", correct, methods=["POST"]),
+        Route("/appeals", appeals_page),
+        Route("/appeals/file", appeal_file, methods=["POST"]),
+        Route("/appeals/decide", appeal_decide, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(Guard)], exception_handlers={HTTPException: http_error})
+    app.state.ctx = ctx
+    return app

@@ -1,0 +1,280 @@
+"""Each page's content: the warehouse's rows through the view model into tables, figures and charts.
+
+One function per page; each returns a `Page` whose tables the HTML template and the `?csv=<table>`
+download both render, so a download is exactly the table on the screen (all of its rows).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from gpuledger.web import charts, statements
+from gpuledger.web import model as m
+from gpuledger.web.model import Column, Table
+from gpuledger.web.params import Period
+from gpuledger.web.queries import Statement, Warehouse
+
+WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
+DEVICE_MINUTES_PAGE = 1000
+DEVICE_MINUTES_CSV_MAX = 200_000
+
+
+@dataclass
+class Page:
+    title: str
+    tables: dict[str, Table] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, table: Table) -> Table:
+        self.tables[table.name] = table
+        return table
+
+
+def team_url(team: str, period: Period) -> str:
+    return f"/teams/{quote(team, safe='')}?{urlencode({'period': period.text})}"
+
+
+def project_url(team: str, project: str, period: Period) -> str:
+    return f"/teams/{quote(team, safe='')}/projects/{quote(project, safe='')}?{urlencode({'period': period.text})}"
+
+
+def job_url(cluster: str, job_id: str, period: Period, **extra: str) -> str:
+    return f"/jobs/{quote(cluster, safe='')}/{quote(job_id, safe='/')}?{urlencode({'period': period.text, **extra})}"
+
+
+def _with_links(rows: list[dict[str, Any]], period: Period, team: str) -> list[dict[str, Any]]:
+    for row in rows:
+        if "job_id" in row:
+            row["_job_url"] = job_url(row["cluster"], row["job_id"], period)
+        if "project" in row:
+            row["_project_url"] = project_url(team, row["project"], period)
+    return rows
+
+
+PROJECT_COLUMNS = (Column("project", "project"), Column("share_pct", "share of team %", "pct"), *m.USAGE_COLUMNS)
+USER_COLUMNS = (Column("user", "user"), Column("share_pct", "share of team %", "pct"), *m.USAGE_COLUMNS)
+JOB_COLUMNS = (
+    Column("cluster", "cluster"), Column("job_id", "job"), Column("user", "user"), Column("project", "project"),
+    Column("original_project", "corrected from"), Column("generation", "generation"),
+    Column("pricing_tier", "tier"), *m.USAGE_COLUMNS[1:], Column("first_day", "first day"),
+    Column("last_day", "last day"),
+)  # fmt: skip
+WARNING_COLUMNS = (
+    Column("cluster", "cluster"), Column("job_id", "job"), Column("user", "user"), Column("project", "project"),
+    Column("idle_minutes", "idle min", "int"), Column("cost_so_far", "idle cost so far", "money"),
+    Column("warned_at", "warned"), Column("action", "action"), Column("due_at", "action due"),
+    Column("due", "due"), Column("dry_run", "dry-run"),
+)  # fmt: skip
+
+
+def statement_figures(statement: Statement | None) -> dict[str, Any]:
+    if statement is None:
+        zero = Decimal("0.0000")
+        return {"jobs": 0, "allocated_gpu_h": zero, "charge": Decimal("0.00"), "consumed_gpu_h": zero,
+                "utilisation_pct": None, "active_gpu_h": zero, "starved_gpu_h": zero, "idle_gpu_h": zero,
+                "dark_gpu_h": zero, "idle_cost": Decimal("0.00"), "coverage_pct": None,
+                "unpriced_gpu_h": zero}  # fmt: skip
+    return dict(statement.figures)
+
+
+def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapping[str, Mapping[str, int]] | None,
+              credits: Callable[[Any], list[Any]] = lambda _client: []) -> Page:  # fmt: skip
+    closed = wh.closed(period)
+    statement = wh.statements(period, closed=closed).get(team)
+    figures = statement_figures(statement)
+    jobs = wh.team_jobs(period, team, closed=closed)
+    page = Page(f"{team}: {period.text}")
+    status = statements.status(wh.client, period.text, team, figures["charge"], credits)
+    for table in status.tables:
+        page.add(table)
+    links = {"project": "_project_url", "job_id": "_job_url"}
+    page.add(Table("projects", "Projects behind the line", PROJECT_COLUMNS,
+                   _with_links(m.lines_by(jobs, "project", figures["charge"]), period, team), links=links))  # fmt: skip
+    page.add(Table("users", "Users behind the line", USER_COLUMNS, m.lines_by(jobs, "user", figures["charge"])))
+    page.add(Table("idle_jobs", "Jobs with the most idle cost", JOB_COLUMNS,
+                   _with_links(m.most_idle_cost(jobs), period, team), links=links,
+                   note="Idle: held, with telemetry, and neither active nor starved."))  # fmt: skip
+    alerts = wh.team_alerts(team, now_ms - WARNINGS_LOOKBACK_MS)
+    states = wh.job_states(sorted({(a.cluster, a.job_id) for a in alerts}))
+    page.add(Table("warnings", "Open idle warnings", WARNING_COLUMNS,
+                   _with_links(m.open_warnings(alerts, states, now_ms), period, team), links=links,
+                   note="Warnings of the last 14 days whose job still holds its devices and was neither resolved "
+                        "nor reclaimed."))  # fmt: skip
+    days = m.daily_series(wh.daily(period, team), period.start, period.days)
+    sums = m.total(jobs)
+    quality = m.quality(sums, wh.dark_by_node(period, team), wh.project_sources(period, team),
+                        wh.latest_minute_ms(period.start - dt.timedelta(days=31)), now_ms, sums.unpriced_s)  # fmt: skip
+    page.add(Table("dark_nodes", "Where telemetry was missing", (
+        Column("node", "node"), Column("dark_gpu_h", "dark GPU-h", "gpu_h"), Column("share_pct", "share %", "pct"),
+    ), quality.dark_nodes))  # fmt: skip
+    quota_rows = _quota(quota, team, period, jobs)
+    if quota_rows:
+        page.add(Table("quota", "Quota and its use (owned hardware)", QUOTA_COLUMNS, quota_rows))
+    page.context.update(
+        team=team, period=period, figures=figures, statement=statement, quality=quality,
+        chart=charts.daily_chart(days), quota_rows=quota_rows, has_policy=quota is not None, stmt=status,
+        prev_url=team_url(team, period.previous()), next_url=team_url(team, period.next()),
+    )  # fmt: skip
+    return page
+
+
+QUOTA_COLUMNS = (
+    Column("generation", "generation"), Column("allocated_gpu_h", "allocated GPU-h", "gpu_h"),
+    Column("quota_gpu_h", "quota GPU-h", "gpu_h"), Column("quota_used_pct", "quota used %", "pct"),
+)  # fmt: skip
+
+
+def _quota(quota: Mapping[str, Mapping[str, int]] | None, team: str, period: Period,
+           jobs: list[m.JobUsage]) -> list[dict[str, Any]]:  # fmt: skip
+    if quota is None:
+        return []
+    from sinks.chargeback import quota_lines
+    from sinks.ratecard import ONPREM
+
+    allocated: dict[tuple[str, str], int] = {}
+    for job in jobs:
+        if job.pricing_tier == ONPREM:
+            allocated[(team, job.generation)] = allocated.get((team, job.generation), 0) + job.allocated_s
+    lines = quota_lines({team: quota.get(team, {})}, period.text, allocated)
+    return [{"generation": q.generation, "allocated_gpu_h": q.allocated_gpu_h, "quota_gpu_h": q.quota_gpu_h,
+             "quota_used_pct": q.quota_used_pct} for q in lines]  # fmt: skip
+
+
+def project_page(wh: Warehouse, team: str, project: str, period: Period) -> Page:
+    closed = wh.closed(period)
+    jobs = wh.team_jobs(period, team, project, closed=closed)
+    page = Page(f"{team} / {project}: {period.text}")
+    rows = m.job_lines(jobs)
+    rows.sort(key=lambda r: (-r["charge"], r["cluster"], r["job_id"]))
+    page.add(Table("jobs", f"Jobs charged to {project}", JOB_COLUMNS, _with_links(rows, period, team),
+                   links={"job_id": "_job_url"},
+                   note="Each job's charge is rounded to the cent on its own line; the project's line in the "
+                        "team page splits the team's statement to the cent."))  # fmt: skip
+    sums = m.total(jobs)
+    page.context.update(team=team, project=project, period=period, figures=sums.figures(), closed=closed,
+                        charge=m.money(sums.charge_num), team_url=team_url(team, period))  # fmt: skip
+    return page
+
+
+DEVICE_COLUMNS = (
+    Column("node", "node"), Column("device_uuid", "device"), Column("mig_instance_id", "MIG"), Column("model", "model"),
+    Column("minutes", "minutes", "int"), Column("allocated_gpu_h", "allocated GPU-h", "gpu_h"),
+    Column("active_gpu_h", "active", "gpu_h"), Column("starved_gpu_h", "starved", "gpu_h"),
+    Column("idle_gpu_h", "idle", "gpu_h"), Column("dark_gpu_h", "dark", "gpu_h"),
+    Column("first_minute", "first minute"), Column("last_minute", "last minute"),
+)  # fmt: skip
+MINUTE_COLUMNS = (
+    Column("minute", "minute (UTC)"), Column("node", "node"), Column("device_uuid", "device"),
+    Column("mig_instance_id", "MIG"), Column("class", "class", "class"), Column("allocated_s", "allocated s", "int"),
+    Column("active_s", "active s", "int"), Column("starved_s", "starved s", "int"), Column("idle_s", "idle s", "int"),
+    Column("dark_s", "dark s", "int"), Column("sample_count", "samples", "int"),
+    Column("activity_mean_ratio", "activity mean", "ratio"), Column("activity_max_ratio", "activity max", "ratio"),
+    Column("fb_used_mib_max", "memory MiB max", "int"), Column("power_w_mean", "power W", "int"),
+    Column("mapping_version", "mapping"), Column("classifier_version", "classifier"),
+)  # fmt: skip
+CORRECTION_COLUMNS = (
+    Column("when", "when (UTC)"), Column("old_project", "from"), Column("new_project", "to"),
+    Column("reason", "reason"), Column("corrected_by", "by"), Column("correction_id", "event id"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """Which slice of a job's evidence a request asks for: the period, a day of it, a page of its minutes."""
+
+    period: Period
+    day: dt.date | None = None
+    page: int = 1
+    csv: bool = False
+
+
+def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | None:
+    """None when the warehouse knows no such job (no event, no usage in the period)."""
+    period = view.period
+    info = wh.job(cluster, job_id)
+    usage = m.merge_segments(wh.job_usage(period, cluster, job_id))
+    if info is None and not usage:
+        return None
+    job = usage[0] if usage else None
+    page = Page(f"job {job_id} on {cluster}")
+    devices = wh.job_devices(period, cluster, job_id)
+    page.add(Table("devices", "Devices held in the period", DEVICE_COLUMNS, [_device_row(d) for d in devices]))
+    days = sorted({_day(d["first_minute_ms"]) for d in devices} | {_day(d["last_minute_ms"]) for d in devices})
+    day = view.day or (days[0] if days else None)
+    minutes: list[dict[str, Any]] = []
+    timeline = ""
+    if day is not None:
+        start = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp() * 1000)
+        end = start + 24 * 3600 * 1000
+        raw = wh.device_minutes(cluster, job_id, start, end, DEVICE_MINUTES_CSV_MAX)
+        minutes = [_minute_row(r) for r in raw]
+        timeline = _timeline(minutes, start, end)
+    shown = minutes if view.csv else minutes[(view.page - 1) * DEVICE_MINUTES_PAGE: view.page * DEVICE_MINUTES_PAGE]
+    page.add(Table("minutes", f"Device-minutes on {day.isoformat() if day else '-'}", MINUTE_COLUMNS, shown,
+                   note=f"{len(minutes)} device-minutes that day; {DEVICE_MINUTES_PAGE} a page, the CSV has them all."))
+    corrections = [{**c, "when": m.utc_minute(int(c["ts_ms"]))} for c in wh.corrections(cluster, job_id)]
+    page.add(Table("corrections", "Corrections (audited events)", CORRECTION_COLUMNS, corrections))
+    sums = m.total(usage)
+    team = (job.team if job else None) or str((info or {}).get("team") or "")
+    page.context.update(
+        cluster=cluster, job_id=job_id, period=period, info=info or {}, job=job, team=team,
+        project=job.project if job else str((info or {}).get("project") or ""),
+        figures=sums.figures(), charge=m.money(sums.charge_num), timeline=timeline, day=day,
+        days=[(d, job_url(cluster, job_id, period, day=d.isoformat())) for d in days if period.contains(d)],
+        pages=max(1, -(-len(minutes) // DEVICE_MINUTES_PAGE)), page_no=view.page,
+        team_url=team_url(team, period) if team else "",
+        project_url=project_url(team, job.project, period) if job and team else "",
+        start=_when((info or {}).get("start_ts_ms")), end=_when((info or {}).get("end_ts_ms")),
+    )  # fmt: skip
+    return page
+
+
+def _day(ms: int) -> dt.date:
+    return dt.datetime.fromtimestamp(int(ms) / 1000, dt.UTC).date()
+
+
+def _when(ms: Any) -> str:
+    return m.utc_minute(int(ms)) + " UTC" if ms is not None else "-"
+
+
+def _device_row(d: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "node": d["node"], "device_uuid": d["device_uuid"],
+        "mig_instance_id": "" if d["mig_instance_id"] in (None, -1) else d["mig_instance_id"], "model": d["model"],
+        "minutes": int(d["minutes"]), **{f"{k}_gpu_h": m.gpu_h(int(d[f"{k}_s"])) for k in ("allocated", *m.CLASSES)},
+        "first_minute": m.utc_minute(int(d["first_minute_ms"])), "last_minute": m.utc_minute(int(d["last_minute_ms"])),
+    }  # fmt: skip
+
+
+def _minute_row(r: dict[str, Any]) -> dict[str, Any]:
+    counts = [int(r[k]) for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s")]
+    return {
+        **r, "minute": m.utc_minute(int(r["minute_start_ms"])), "class": m.minute_class(*counts),
+        "mig_instance_id": "" if r["mig_instance_id"] in (None, -1) else r["mig_instance_id"],
+        "activity_mean_ratio": _ratio(r["activity_mean_ratio"]), "activity_max_ratio": _ratio(r["activity_max_ratio"]),
+        "fb_used_mib_max": None if r["fb_used_mib_max"] is None else round(float(r["fb_used_mib_max"])),
+        "power_w_mean": None if r["power_w_mean"] is None else round(float(r["power_w_mean"])),
+    }  # fmt: skip
+
+
+def _ratio(value: Any) -> Decimal | None:
+    return None if value is None else Decimal(str(round(float(value), 3)))
+
+
+def _timeline(minutes: list[dict[str, Any]], start: int, end: int) -> str:
+    strips: dict[str, list[tuple[int, str]]] = {}
+    for r in minutes:
+        mig = f" mig {r['mig_instance_id']}" if r["mig_instance_id"] != "" else ""
+        label = f"{r['node']} {str(r['device_uuid'])[:12]}{mig}"
+        strips.setdefault(label, []).append((int(r["minute_start_ms"]), r["class"]))
+    if not strips:
+        return ""
+    held = [int(r["minute_start_ms"]) for r in minutes]
+    first = max(start, min(held) - min(held) % 3_600_000)
+    last = min(end, max(held) + 3_600_000 - max(held) % 3_600_000)
+    return charts.device_timeline([charts.Strip(k, v) for k, v in sorted(strips.items())], first, last)

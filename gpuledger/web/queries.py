@@ -1,0 +1,244 @@
+"""What the pages read from ClickHouse, as the read-only analyst: the views analysts and `report chargeback`
+read, so the page and the report cannot disagree. Every value is a bound parameter; identifiers are fixed
+text in this module. Rows come back as the view model's types (gpuledger/web/model.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from gpuledger.web.model import AlertRow, Day, JobUsage
+from gpuledger.web.params import Period
+from sinks.chargeback import LINE_COLUMNS
+
+STATEMENT_COLUMNS = (*LINE_COLUMNS, "allocated_seconds", "dark_seconds")
+
+_JOB_USAGE = (
+    "SELECT cluster, job_id, any(user), any(team), project, any(original_project), any(correction_id), generation, "
+    "pricing_tier, preemptible, sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), "
+    "sum(charge_num), sum(idle_charge_num), sum(unpriced_s), min(day), max(day) "
+    "FROM v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} AND "
+)
+# A closed month's frozen usage lines (v_statement_lines), in the same shape; idle cost from the frozen rate.
+_FROZEN_USAGE = (
+    "SELECT cluster, job_id, any(user), any(team), project, any(original_project), any(correction_id), generation, "
+    "pricing_tier, preemptible, sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), "
+    "sum(charge_num), sum(toInt128(idle_s) * rate_micro_per_gpu_hour), sum(unpriced_s), NULL, NULL "
+    "FROM v_statement_lines WHERE period = {period:String} AND kind = 'usage' AND "
+)
+_JOB_GROUP = " GROUP BY cluster, job_id, project, generation, pricing_tier, preemptible"
+# The three scopes of the job-usage query: fixed text, values bound.
+_BY_TEAM = "team = {team:String}"
+_BY_TEAM_PROJECT = "team = {team:String} AND project = {project:String}"
+_BY_JOB = "cluster = {cluster:String} AND job_id = {job:String}"
+
+
+def _job_usage(row: tuple[Any, ...]) -> JobUsage:
+    (cluster, job_id, user, team, project, original, correction, gen, tier, pre, alloc, act, starv, idle, dark,
+     num, idle_num, unpriced, first, last) = row  # fmt: skip
+    return JobUsage(
+        str(cluster), str(job_id), str(user), str(team), str(project), str(original or project), str(correction or ""),
+        str(gen), str(tier), bool(pre), int(alloc), int(act), int(starv), int(idle), int(dark), int(num),
+        int(idle_num), int(unpriced), first, last,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A team's line of `report chargeback --by team` for the month, as the report prints it."""
+
+    line: str
+    figures: dict[str, Any]
+    allocated_seconds: int
+    dark_seconds: int
+
+
+class Warehouse:
+    """The analyst's queries; `client` is a clickhouse-connect client logged in as the analyst."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def _rows(self, sql: str, **parameters: Any) -> list[tuple[Any, ...]]:
+        return list(self.client.query(sql, parameters=parameters).result_rows)
+
+    def closed(self, period: Period) -> bool:
+        """Whether the month is closed (issue 19): its statements are frozen, the pages show them."""
+        rows = self._rows("SELECT count() FROM v_period_closes WHERE period = {period:String}", period=period.text)
+        return bool(rows and rows[0][0])
+
+    def statements(self, period: Period, *, closed: bool = False) -> dict[str, Statement]:
+        """Every team's statement line for the month, as `report chargeback --by team` prints it: the ledger now
+        (`v_chargeback_month`), or a closed month's frozen lines (`v_statement_month`)."""
+        cols = ", ".join(STATEMENT_COLUMNS)
+        view = "v_statement_month" if closed else "v_chargeback_month"  # a fixed name, never request input
+        rows = self._rows(
+            f"SELECT {cols} FROM {view}(period = {{period:String}}, by = 'team') ORDER BY line",
+            period=period.text,
+        )
+        out = {}
+        for row in rows:
+            values = dict(zip(STATEMENT_COLUMNS, row, strict=True))
+            figures = {k: values[k] for k in LINE_COLUMNS}
+            out[str(values["line"])] = Statement(str(values["line"]), figures, int(values["allocated_seconds"]),
+                                                 int(values["dark_seconds"]))  # fmt: skip
+        return out
+
+    def team_jobs(self, period: Period, team: str, project: str | None = None, *,
+                  closed: bool = False) -> list[JobUsage]:  # fmt: skip
+        """The team's jobs in the month, one row per job and price (corrections applied); of a closed month, its
+        statement's frozen usage lines."""
+        scope = _BY_TEAM if project is None else _BY_TEAM_PROJECT
+        head = _FROZEN_USAGE if closed else _JOB_USAGE
+        rows = self._rows(head + scope + _JOB_GROUP, start=period.start, end=period.end, team=team,
+                          project=project or "", period=period.text)  # fmt: skip
+        return [_job_usage(r) for r in rows]
+
+    def job_usage(self, period: Period, cluster: str, job_id: str) -> list[JobUsage]:
+        rows = self._rows(_JOB_USAGE + _BY_JOB + _JOB_GROUP, start=period.start, end=period.end, cluster=cluster,
+                          job=job_id)  # fmt: skip
+        return [_job_usage(r) for r in rows]
+
+    def daily(self, period: Period, team: str) -> list[Day]:
+        rows = self._rows(
+            "SELECT day, sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s) FROM v_usage_priced "
+            "WHERE day >= {start:Date} AND day < {end:Date} AND team = {team:String} GROUP BY day ORDER BY day",
+            start=period.start, end=period.end, team=team,
+        )  # fmt: skip
+        return [Day(d, int(a), int(s), int(i), int(k)) for d, a, s, i, k in rows]
+
+    def dark_by_node(self, period: Period, team: str) -> list[tuple[str, int]]:
+        return [(str(n), int(s)) for n, s in self._rows(
+            "SELECT node, sum(dark_s) FROM device_minutes WHERE day >= {start:Date} AND day < {end:Date} "
+            "AND team = {team:String} AND job_id != '' GROUP BY node HAVING sum(dark_s) > 0 ORDER BY 2 DESC LIMIT 50",
+            start=period.start, end=period.end, team=team,
+        )]  # fmt: skip
+
+    def project_sources(self, period: Period, team: str) -> list[tuple[str, bool]]:
+        """Per job of the team in the month: where its project came from, and whether it claimed another."""
+        return [(str(src), bool(claimed)) for src, claimed in self._rows(
+            "SELECT argMax(project_source, ts_ms), max(project_claimed IS NOT NULL) FROM job_events "
+            "WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM usage_daily WHERE day >= {start:Date} "
+            "AND day < {end:Date} AND team = {team:String} AND job_id != '') GROUP BY cluster, job_id",
+            start=period.start, end=period.end, team=team,
+        )]  # fmt: skip
+
+    def latest_minute_ms(self, since: dt.date) -> int | None:
+        rows = self._rows("SELECT max(minute_start_ms), count() FROM device_minutes WHERE day >= {since:Date}",
+                          since=since)  # fmt: skip
+        return int(rows[0][0]) if rows and rows[0][1] else None
+
+    def team_alerts(self, team: str, since_ms: int) -> list[AlertRow]:
+        rows = self._rows(
+            "SELECT kind, ts_ms, cluster, ifNull(job_id, ''), ifNull(user, ''), ifNull(project, ''), idle_minutes, "
+            "cost_so_far, action, action_at_ms, dry_run FROM alerts FINAL WHERE team = {team:String} "
+            "AND ts_ms >= {since:Int64} AND kind IN ('IDLE_WARNING', 'IDLE_RESOLVED', 'RECLAIM_NOTICE') "
+            "ORDER BY ts_ms LIMIT 100000",
+            team=team, since=since_ms,
+        )  # fmt: skip
+        return [AlertRow(str(k), int(ts), str(c), str(j), str(u), str(p), i, cost, a, at, bool(d))
+                for k, ts, c, j, u, p, i, cost, a, at, d in rows]  # fmt: skip
+
+    def job_alerts(self, cluster: str, job_id: str) -> list[dict[str, Any]]:
+        """A job's idle warnings and reclaim notices (what an appeal may name), newest first."""
+        cols = ("alert_id", "kind", "ts_ms", "action")
+        rows = self._rows(
+            "SELECT alert_id, kind, ts_ms, ifNull(action, '') FROM alerts FINAL WHERE cluster = {cluster:String} "
+            "AND job_id = {job:String} AND kind IN ('IDLE_WARNING', 'RECLAIM_NOTICE') ORDER BY ts_ms DESC LIMIT 50",
+            cluster=cluster, job=job_id,
+        )  # fmt: skip
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def job_states(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        if not keys:
+            return {}
+        rows = self._rows(
+            "SELECT cluster, job_id, argMax(event_type, (ts_ms, event_id)) FROM job_events "
+            "WHERE (cluster, job_id) IN {keys:Array(Tuple(String, String))} GROUP BY cluster, job_id",
+            keys=keys,
+        )
+        return {(str(c), str(j)): str(s) for c, j, s in rows}
+
+    def job(self, cluster: str, job_id: str) -> dict[str, Any] | None:
+        cols = ("state", "user", "project", "team", "cost_centre", "job_name", "pricing_tier", "preemptible",
+                "gang_size", "start_ts_ms", "end_ts_ms")  # fmt: skip
+        rows = self._rows(
+            "SELECT argMax(event_type, (ts_ms, event_id)), argMax(user, (ts_ms, event_id)), "
+            "argMax(project, (ts_ms, event_id)), argMax(team, (ts_ms, event_id)), "
+            "argMax(cost_centre, (ts_ms, event_id)), argMax(job_name, (ts_ms, event_id)), "
+            "argMax(pricing_tier, (ts_ms, event_id)), argMax(preemptible, (ts_ms, event_id)), "
+            "argMax(gang_size, (ts_ms, event_id)), min(start_ts_ms), max(end_ts_ms) "
+            "FROM job_events WHERE cluster = {cluster:String} AND job_id = {job:String} HAVING count() > 0",
+            cluster=cluster, job=job_id,
+        )  # fmt: skip
+        return dict(zip(cols, rows[0], strict=True)) if rows else None
+
+    def corrections(self, cluster: str, job_id: str) -> list[dict[str, Any]]:
+        cols = ("correction_id", "ts_ms", "old_project", "new_project", "reason", "corrected_by")
+        rows = self._rows(
+            f"SELECT {', '.join(cols)} FROM attribution_corrections FINAL WHERE cluster = {{cluster:String}} "
+            "AND job_id = {job:String} ORDER BY ts_ms, correction_id",
+            cluster=cluster, job=job_id,
+        )  # fmt: skip
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def job_nodes(self, cluster: str, job_id: str) -> list[str]:
+        """The nodes the job's events allocated: device_minutes is sorted by (cluster, node, ...), so naming
+        them lets a job's drill-down read its nodes' parts only, not the whole month of every device."""
+        return [str(n) for (n,) in self._rows(
+            "SELECT DISTINCT JSONExtractString(a, 'node') AS n FROM job_events "
+            "ARRAY JOIN JSONExtractArrayRaw(allocations) AS a "
+            "WHERE cluster = {cluster:String} AND job_id = {job:String} AND n != '' LIMIT 10000",
+            cluster=cluster, job=job_id,
+        )]  # fmt: skip
+
+    def _on_nodes(self, cluster: str, job_id: str) -> tuple[str, dict[str, Any]]:
+        """The job's device_minutes filter: its nodes when its events name them (else every node)."""
+        nodes = self.job_nodes(cluster, job_id)
+        return ("AND node IN {nodes:Array(String)} ", {"nodes": nodes}) if nodes else ("", {})
+
+    def job_devices(self, period: Period, cluster: str, job_id: str) -> list[dict[str, Any]]:
+        cols = ("node", "device_uuid", "mig_instance_id", "model", "minutes", "allocated_s", "active_s",
+                "starved_s", "idle_s", "dark_s", "first_minute_ms", "last_minute_ms")  # fmt: skip
+        on_nodes, nodes = self._on_nodes(cluster, job_id)
+        rows = self._rows(
+            "SELECT node, device_uuid, mig_instance_id, any(model), count(), sum(allocated_s), sum(active_s), "
+            "sum(starved_s), sum(idle_s), sum(dark_s), min(minute_start_ms), max(minute_start_ms) "
+            "FROM device_minutes FINAL WHERE cluster = {cluster:String} AND job_id = {job:String} " + on_nodes +
+            "AND day >= {start:Date} AND day < {end:Date} GROUP BY node, device_uuid, mig_instance_id "
+            "ORDER BY node, device_uuid, mig_instance_id LIMIT 10000",
+            cluster=cluster, job=job_id, start=period.start, end=period.end, **nodes,
+        )  # fmt: skip
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def device_minutes(self, cluster: str, job_id: str, start_ms: int, end_ms: int, limit: int) -> list[dict[str, Any]]:
+        cols = DEVICE_MINUTE_COLUMNS
+        on_nodes, nodes = self._on_nodes(cluster, job_id)
+        rows = self._rows(
+            f"SELECT {', '.join(cols)} FROM device_minutes FINAL WHERE cluster = {{cluster:String}} "
+            "AND job_id = {job:String} " + on_nodes +
+            "AND minute_start_ms >= {start:Int64} AND minute_start_ms < {end:Int64} "
+            "ORDER BY minute_start_ms, node, device_uuid, mig_instance_id LIMIT {limit:UInt32}",
+            cluster=cluster, job=job_id, start=start_ms, end=end_ms, limit=limit, **nodes,
+        )  # fmt: skip
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def team_of_project(self, period: Period, project: str) -> list[str]:
+        return [str(t) for (t,) in self._rows(
+            "SELECT DISTINCT team FROM v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} "
+            "AND project = {project:String}", start=period.start, end=period.end, project=project,
+        )]  # fmt: skip
+
+
+DEVICE_MINUTE_COLUMNS = (
+    "minute_start_ms", "node", "device_uuid", "mig_instance_id", "model", "generation", "allocated_s", "active_s",
+    "starved_s", "idle_s", "dark_s", "sample_count", "activity_mean_ratio", "activity_max_ratio", "fb_used_mib_max",
+    "power_w_mean", "sm_weighted_s", "mapping_version", "classifier_version",
+)  # fmt: skip
+
+
+def decimal_or_none(value: Any) -> Decimal | None:
+    return None if value is None else Decimal(str(value))

@@ -1,0 +1,199 @@
+"""The job stage's driver: device-minutes and job events (both keyed by job) into job-minutes, and each
+job's idle state machine into alerts and reclaim actions (`JobPartition`).
+
+The idle states live in a compacted internal topic (`processors.idle-state.v1`, JSON of `IdleState`, or
+`{"forgotten": true}`), partition p for input partition p: written at each commit after the outputs they
+reflect and before the offsets (`take_states`), read to its end at each assignment. A replayed
+device-minute at or before a state's `last_minute_ms` is skipped, so no alert or action is decided twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from base.errors import ContractError, ServiceError
+from base.kafka import new_admin, read_to_end
+from processors.dlq import FutureTimestamp
+from processors.drivers.base import NEG_INF, StageContext, StageDriver
+from processors.fastdecode import FlatDecoder, Framed, UnsupportedSchema
+from processors.idle import IdleState
+from processors.positions import StateRecord
+from processors.stages import JobOutputs, JobPartition
+from processors.windows import MINUTE_MS, Horizon
+from schemas import load_schema
+from schemas.topics import DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
+
+log = logging.getLogger("gpuledger.processors")
+
+STATE_RETENTION_MS = 30 * 24 * 3600 * 1000
+
+
+def _lean_rows(ctx: StageContext) -> Framed | None:
+    try:
+        return Framed(FlatDecoder(load_schema(DEVICE_MINUTES.subject)), ctx.codec, DEVICE_MINUTES.subject)
+    except UnsupportedSchema as exc:
+        log.warning("lean device-minute decoder unavailable (%s): using the general codec", exc)
+        return None
+
+
+def _wait_for_leaders(admin: AdminClient, topic: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        md = admin.list_topics(topic, timeout=10).topics.get(topic)
+        parts = md.partitions.values() if md is not None and md.error is None else ()
+        if parts and all(p.leader >= 0 and p.error is None for p in parts):
+            return
+        time.sleep(0.2)
+    raise ServiceError(f"topic {topic} has no leader after {timeout_s:.0f} s")
+
+
+class JobDriver(StageDriver):
+    """Reads device-minutes and job events (co-partitioned), writes job-minutes, idle alerts, reclaim
+    actions and the idle states."""
+
+    stage = "job"
+
+    def __init__(self, ctx: StageContext, instance: str | None) -> None:
+        super().__init__(ctx, instance)
+        self.parts: dict[int, JobPartition] = {}
+        self.dirty: dict[int, dict[str, IdleState | None]] = {}  # states changed since the last commit
+        self.fast_rows = _lean_rows(ctx)
+
+    def topics(self) -> list[str]:
+        t = self.ctx.topics
+        return [t.dm, t.jobs]
+
+    def ensure_state_topic(self) -> None:
+        """The idle-state topic: compacted, co-partitioned with the job-keyed topics."""
+        t = self.ctx.topics
+        admin = new_admin(self.ctx.settings.kafka)
+        md = admin.list_topics(timeout=10)
+        if t.state not in md.topics:
+            dm = md.topics.get(t.dm)
+            parts = len(dm.partitions) if dm is not None and dm.partitions else DEVICE_MINUTES.partitions
+            kafka = self.ctx.settings.kafka
+            config = {
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(STATE_RETENTION_MS),
+                "min.insync.replicas": str(kafka.topic_min_insync()),
+            }
+            fut = admin.create_topics([NewTopic(t.state, parts, kafka.topic_replication, config=config)])
+            try:
+                fut[t.state].result(timeout=30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise ServiceError(f"cannot create {t.state}: {exc}") from exc
+        _wait_for_leaders(admin, t.state)
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.resume(partitions)
+        parts = sorted({tp.partition for tp in partitions if tp.topic == self.ctx.topics.dm})
+        for p in parts:
+            self.parts[p] = JobPartition(self.ctx.ps)
+        for p, jkey, state in self._read_states(parts):
+            if p in self.parts:
+                if state is not None and state.get("forgotten"):
+                    self.parts[p].table.mark_forgotten(jkey, 0)
+                    self.parts[p].restore_state(jkey, None)
+                else:
+                    self.parts[p].restore_state(jkey, None if state is None else IdleState.from_json(state))
+        self.assigned = list(partitions)
+        self.consumer.assign(partitions)
+        self.observe_clock()
+
+    def _read_states(self, parts: list[int]) -> list[tuple[int, str, dict[str, Any] | None]]:
+        """The idle-state partitions read to their end: the latest state per job, by partition and job."""
+        if not parts:
+            return []
+        ctx = self.ctx
+        group = f"{ctx.ps.group_id}.state-reader"
+        table = read_to_end(ctx.settings.kafka, group, ctx.topics.state, parts, stopped=ctx.shutdown)
+        return [(p, key.decode(), None if v is None else json.loads(v)) for (p, key), v in sorted(table.items())]
+
+    def drop(self, tp: TopicPartition) -> None:
+        if tp.topic == self.ctx.topics.dm:
+            self.parts.pop(tp.partition, None)
+
+    def horizons(self) -> list[Horizon]:
+        return [j.horizon for j in self.parts.values()]
+
+    # -- reading
+    def poll(self, wait_s: float) -> int:
+        """Read a batch into the partitions' tables; the number of records read."""
+        ctx = self.ctx
+        t, decoder = ctx.topics, ctx.decoder
+        msgs = self.consume(wait_s)
+        for msg, topic, p, off in self.records(msgs):
+            part = self.parts.get(p)
+            if part is None:
+                continue
+            if topic == t.dm:
+                row = self._device_minute(msg)
+                if row is not None and not part.on_device_minute(row, off):
+                    reason = part.horizon.reason(int(row["minute_start_ms"]))
+                    decoder.refuse(msg, DEVICE_MINUTES.subject, FutureTimestamp(reason))
+            elif topic == t.jobs:
+                ev = decoder.decode(msg, JOB_EVENTS.subject)
+                if ev is not None and not part.on_job_event(ev, off):
+                    decoder.refuse(msg, JOB_EVENTS.subject, FutureTimestamp(part.horizon.reason(ev["ts_ms"])))
+        return len(msgs)
+
+    def _device_minute(self, msg: Message) -> dict[str, Any] | None:
+        if self.fast_rows is not None:
+            try:
+                row = self.fast_rows.decode(msg.value() or b"")
+            except ContractError:  # the general codec below decides, and dead-letters it
+                row = None
+            if row is not None:
+                return row
+        return self.ctx.decoder.decode(msg, DEVICE_MINUTES.subject)
+
+    # -- emitting
+    def advance(self) -> None:
+        """Job-minutes whose devices have all reported, then the idle clocks' tick."""
+        wall = self.ctx.now_ms() if self.ctx.ps.realtime else NEG_INF
+        for p, part in self.parts.items():
+            self._emit(p, part.drain())
+            now = max(wall, (part.max_ts or NEG_INF) + MINUTE_MS)
+            self._emit(p, part.tick(now))
+
+    def _emit(self, p: int, out: JobOutputs) -> None:
+        ctx = self.ctx
+        t, outputs, stats = ctx.topics, ctx.outputs, ctx.stats
+        for jm in out.job_minutes:
+            outputs.send(t.jm, JOB_MINUTES.subject, job_key(jm["cluster"], jm["job_id"]), jm)
+        for alert in out.alerts:
+            ctx.emit_alert(alert, job_key(alert["cluster"], alert["job_id"]))
+        for action in out.actions:
+            outputs.send(t.actions, RECLAIM_ACTIONS.subject, job_key(action["cluster"], action["job_id"]), action)
+        stats.job_minutes += len(out.job_minutes)
+        stats.actions += len(out.actions)
+        if out.states:
+            self.dirty.setdefault(p, {}).update(out.states)
+
+    # -- commits
+    def take_states(self) -> list[StateRecord]:
+        dirty, self.dirty = self.dirty, {}
+        records = []
+        for p, states in dirty.items():
+            for jkey, st in states.items():
+                value = json.dumps({"forgotten": True}) if st is None else json.dumps(st.to_json(), sort_keys=True)
+                records.append(StateRecord(p, jkey.encode(), value.encode()))
+        return records
+
+    def commit_offsets(self) -> list[TopicPartition]:
+        """Device-minutes: the lowest offset of one still waiting for its job-minute; job events: the
+        oldest offset of an allocation still live."""
+        t, positions = self.ctx.topics, self.ctx.positions
+        offsets = []
+        for p, _ in positions.committable(self.stage, t.dm, self.parts):
+            offsets.append(TopicPartition(t.dm, p, self.parts[p].rows_commit_offset()))
+        for p, _ in positions.committable(self.stage, t.jobs, self.parts):
+            offsets.append(TopicPartition(t.jobs, p, self.parts[p].events_commit_offset()))
+        return offsets

@@ -1,0 +1,208 @@
+"""`gpuledger policy render|apply|diff --engine slurm|kueue [--policy FILE]`: the organisation's policy.yaml
+(schemas/policy.py) onto the scheduler, and the drift between the two.
+
+- render: files only (Slurm: `sacctmgr-policy.sh` and `slurm-policy.conf`; Kueue: `kueue-policy.yaml`).
+- apply: Slurm: the `sacctmgr -i` commands that turn today's accounting state into the policy's (add what
+  is missing, modify what differs); Kueue: server-side apply of every object through the Kubernetes API.
+- diff: reads the live state (`sacctmgr -n -P show qos|assoc`, the Kubernetes API) and prints one line per
+  difference; exit 1 when there is any, 0 when none.
+A policy file with problems prints one `file:line: what` per problem and exits 2, rendering nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from base.errors import ConfigError, ServiceError
+from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
+from producers import policy_kueue, policy_slurm
+from schemas.policy import Policy, PolicyError, load_policy
+
+ENGINES = ("slurm", "kueue")
+SACCTMGR_TIMEOUT_S = 60.0
+FIELD_MANAGER = "gpuledger-policy"
+
+Runner = Callable[[Sequence[str]], str]  # argv -> stdout; raises ServiceError when the command fails
+
+
+def run_command(argv: Sequence[str]) -> str:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=SACCTMGR_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ServiceError(f"{argv[0]}: {exc}") from exc
+    if done.returncode != 0:
+        raise ServiceError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[:500]}")
+    return done.stdout
+
+
+def policy_from(path: Path | None, state_dir: Path | None) -> Policy:
+    chosen = path or settings_for(state_dir).policy_path
+    if chosen is None:
+        raise ConfigError("no policy: pass --policy FILE or set policy_path (GPULEDGER_POLICY_PATH)")
+    try:
+        return load_policy(chosen)
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(2) from exc
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    return engine
+
+
+def render_files(policy: Policy, engine: str, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    if engine == "slurm":
+        script, conf = out / "sacctmgr-policy.sh", out / "slurm-policy.conf"
+        script.write_text(policy_slurm.render_script(policy_slurm.desired_state(policy)), encoding="utf-8")
+        conf.write_text(policy_slurm.render_conf(policy), encoding="utf-8")
+        return [script, conf]
+    manifest = out / "kueue-policy.yaml"
+    manifest.write_text(policy_kueue.render_yaml(policy_kueue.render_objects(policy)), encoding="utf-8")
+    return [manifest]
+
+
+# -- Slurm ----------------------------------------------------------------------------------------
+
+
+def slurm_drift(policy: Policy, run: Runner, sacctmgr: str = "sacctmgr") -> list[policy_slurm.Drift]:
+    want = policy_slurm.desired_state(policy)
+    accounts = {a.account for a in want.associations.values()}
+    qos_argv, assoc_argv = policy_slurm.show_qos_argv(), policy_slurm.show_assoc_argv(accounts)
+    live = policy_slurm.parse_live(run([sacctmgr, *qos_argv[1:]]), run([sacctmgr, *assoc_argv[1:]]))
+    return policy_slurm.drift(want, live)
+
+
+def slurm_apply(policy: Policy, run: Runner, sacctmgr: str = "sacctmgr") -> list[list[str]]:
+    """Bring Slurm's accounting to the policy; the commands run, in order."""
+    want = policy_slurm.desired_state(policy)
+    commands = policy_slurm.fix_commands(want, slurm_drift(policy, run, sacctmgr))
+    for argv in commands:
+        run([sacctmgr, "-i", *argv])
+    return commands
+
+
+# -- Kueue ----------------------------------------------------------------------------------------
+
+
+def kube_api(kubeconfig: Path | None) -> Any:
+    from kubernetes import client, config
+
+    try:
+        if kubeconfig is not None:
+            return client.CustomObjectsApi(config.new_client_from_config(str(kubeconfig)))
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    except (config.ConfigException, OSError) as exc:
+        raise ConfigError(f"no Kubernetes credentials: {exc}") from exc
+    return client.CustomObjectsApi()
+
+
+def kueue_live(api: Any, want: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The live objects of the kinds and names the policy renders (a missing one is simply absent)."""
+    from kubernetes.client.exceptions import ApiException
+
+    live: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for obj in want:
+        kind, ns, name = policy_kueue.object_key(obj)
+        plural, namespaced = policy_kueue.KINDS[kind]
+        g, v = policy_kueue.GROUP, policy_kueue.VERSION
+        try:
+            got = (api.get_namespaced_custom_object(g, v, ns, plural, name) if namespaced
+                   else api.get_cluster_custom_object(g, v, plural, name))  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise ServiceError(f"reading {kind} {name}: {exc.status} {exc.reason}") from exc
+        live[(kind, ns, name)] = dict(got)
+    return live
+
+
+def kueue_apply(api: Any, objs: Sequence[dict[str, Any]]) -> None:
+    """Server-side apply of each object (force: the policy owns the fields it sets)."""
+    from kubernetes.client.exceptions import ApiException
+
+    g, v = policy_kueue.GROUP, policy_kueue.VERSION
+    for obj in objs:
+        kind, ns, name = policy_kueue.object_key(obj)
+        plural, namespaced = policy_kueue.KINDS[kind]
+        kw: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True,
+                              "_content_type": "application/apply-patch+yaml"}  # fmt: skip
+        try:
+            if namespaced:
+                api.patch_namespaced_custom_object(g, v, ns, plural, name, obj, **kw)
+            else:
+                api.patch_cluster_custom_object(g, v, plural, name, obj, **kw)
+        except ApiException as exc:
+            raise ServiceError(f"applying {kind} {name}: {exc.status} {exc.reason}: {str(exc.body)[:500]}") from exc
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+ENGINE_OPTION = typer.Option(..., "--engine", help="slurm or kueue.")
+POLICY_OPTION = typer.Option(None, "--policy", help="policy.yaml (default: settings' policy_path).")
+KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="Kueue: default in-cluster, else ~/.kube/config.")
+SACCTMGR_OPTION = typer.Option("sacctmgr", "--sacctmgr", help="Slurm: the sacctmgr to run.")
+
+
+def render_engine(engine: str, out: Path, policy_path: Path | None, state_dir: Path | None) -> None:
+    policy = policy_from(policy_path, state_dir)
+    written = render_files(policy, check_engine(engine), out)
+    typer.echo(f"wrote {', '.join(str(p) for p in written)} ({len(policy.teams)} teams, {len(policy.tiers)} tiers)")
+
+
+def policy_apply(
+    engine: str = ENGINE_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    kubeconfig: Path | None = KUBECONFIG_OPTION,
+    sacctmgr: str = SACCTMGR_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """Apply the policy to the running scheduler (Slurm accounting, or Kueue objects)."""
+    policy = policy_from(policy_path, state_dir)
+    if check_engine(engine) == "slurm":
+        commands = slurm_apply(policy, run_command, sacctmgr)
+        for argv in commands:
+            typer.echo(" ".join(["sacctmgr", "-i", *argv]))
+        typer.echo(f"applied: {len(commands)} sacctmgr commands")
+        return
+    objs = policy_kueue.render_objects(policy)
+    kueue_apply(kube_api(kubeconfig), objs)
+    typer.echo(f"applied: {len(objs)} Kueue objects")
+
+
+def policy_diff(
+    engine: str = ENGINE_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    kubeconfig: Path | None = KUBECONFIG_OPTION,
+    sacctmgr: str = SACCTMGR_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """Print how the live scheduler differs from the policy; exit 1 when it does."""
+    policy = policy_from(policy_path, state_dir)
+    found: Sequence[object]
+    if check_engine(engine) == "slurm":
+        found = slurm_drift(policy, run_command, sacctmgr)
+    else:
+        objs = policy_kueue.render_objects(policy)
+        found = policy_kueue.drift(objs, kueue_live(kube_api(kubeconfig), objs))
+    for item in found:
+        typer.echo(str(item))
+    if found:
+        raise typer.Exit(1)
+    typer.echo("no drift")
+
+
+def register(policy_app: typer.Typer) -> None:
+    policy_app.command("apply")(policy_apply)
+    policy_app.command("diff")(policy_diff)

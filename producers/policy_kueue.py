@@ -1,0 +1,200 @@
+"""The policy on Kueue: ResourceFlavors per generation, a Cohort, a ClusterQueue per team (nominal quota,
+borrowing and lending limits, preemption), a LocalQueue per team namespace, a WorkloadPriorityClass per
+tier; and the drift between those objects and the live ones.
+
+Pure: a `Policy` in, plain manifests (dicts, `kueue.x-k8s.io/v1beta2`) out; the live objects come in as
+dicts read by the CLI (producers/policy_cli.py).
+
+How the policy maps onto Kueue:
+- a generation is a ResourceFlavor (`kueue_flavor`, with the generation's node labels);
+- a team is a ClusterQueue in the policy's cohort, selecting its namespaces, with one flavor per
+  generation: `nominalQuota` is the guarantee, `borrowingLimit` (0 unless stated) and `lendingLimit`
+  (absent: all of it may be lent) as the policy says, `fairSharing.weight` its shares;
+- preemption: a ClusterQueue reclaims its nominal quota from borrowers (`reclaimWithinCohort: Any`),
+  preempts lower priorities inside itself (`withinClusterQueue: LowerPriority`) and, while borrowing,
+  workloads of the preemptible tier (`borrowWithinCohort: LowerPriority` up to that tier's priority):
+  Kueue preempts by priority, which is why the policy loader refuses a tier preempting a higher one;
+- a tier is a WorkloadPriorityClass (`value` its priority);
+- interactive limits and fair-share decay are not ClusterQueue fields in Kueue (per-user limits do not
+  exist there; the usage half-life is the controller's `admissionFairSharing` configuration) and are not
+  rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.policy import Policy, Team
+
+GROUP = "kueue.x-k8s.io"
+VERSION = "v1beta2"
+API_VERSION = f"{GROUP}/{VERSION}"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuledger-policy"}
+
+# kind -> (plural, namespaced): what the CLI needs to read and write each object.
+KINDS: dict[str, tuple[str, bool]] = {
+    "ResourceFlavor": ("resourceflavors", False),
+    "Cohort": ("cohorts", False),
+    "WorkloadPriorityClass": ("workloadpriorityclasses", False),
+    "ClusterQueue": ("clusterqueues", False),
+    "LocalQueue": ("localqueues", True),
+}
+APPLY_ORDER = tuple(KINDS)
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return meta
+
+
+def _flavors(policy: Policy) -> list[dict[str, Any]]:
+    out = []
+    for gen in policy.generations.values():
+        spec: dict[str, Any] = {"nodeLabels": dict(gen.node_labels)} if gen.node_labels else {}
+        out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(gen.kueue_flavor),
+                    "spec": spec})  # fmt: skip
+    return out
+
+
+def _preemption(policy: Policy) -> dict[str, Any]:
+    out: dict[str, Any] = {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"}
+    if policy.preemptible is not None:
+        out["borrowWithinCohort"] = {
+            "policy": "LowerPriority",
+            "maxPriorityThreshold": policy.tier(policy.preemptible.tier).priority,
+        }
+    return out
+
+
+def cluster_queue(policy: Policy, team: Team) -> dict[str, Any]:
+    resource = policy.kueue.resource
+    flavors = []
+    for name, gen in policy.generations.items():
+        quota: dict[str, Any] = {"name": resource, "nominalQuota": team.quota.get(name, 0),
+                                 "borrowingLimit": team.borrowing_limit.get(name, 0)}  # fmt: skip
+        if name in team.lending_limit:
+            quota["lendingLimit"] = team.lending_limit[name]
+        flavors.append({"name": gen.kueue_flavor, "resources": [quota]})
+    selector: dict[str, Any] = {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(team.namespaces)}]}  # fmt: skip
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ClusterQueue",
+        "metadata": _meta(team.name),
+        "spec": {
+            "cohortName": policy.kueue.cohort,
+            "namespaceSelector": selector,
+            "resourceGroups": [{"coveredResources": [resource], "flavors": flavors}],
+            "preemption": _preemption(policy),
+            "fairSharing": {"weight": team.shares},
+        },
+    }
+
+
+def render_objects(policy: Policy) -> list[dict[str, Any]]:
+    """Every Kueue object of the policy, in an order the API server accepts them in."""
+    objs = _flavors(policy)
+    objs.append({"apiVersion": API_VERSION, "kind": "Cohort", "metadata": _meta(policy.kueue.cohort), "spec": {}})
+    for tier in policy.tiers_by_priority():
+        about = tier.description or f"gpuledger tier {tier.name}"
+        objs.append({"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass", "metadata": _meta(tier.name),
+                     "value": tier.priority, "description": about})  # fmt: skip
+    for team in policy.teams:
+        if not team.namespaces:
+            continue  # a Slurm-only team: nothing to queue on Kubernetes
+        objs.append(cluster_queue(policy, team))
+        for ns in sorted(team.namespaces):
+            objs.append({"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": _meta(team.name, ns),
+                         "spec": {"clusterQueue": team.name}})  # fmt: skip
+    return objs
+
+
+def render_yaml(objs: Iterable[Mapping[str, Any]]) -> str:
+    import yaml
+
+    head = "# Generated by `gpuledger policy render --engine kueue` from policy.yaml.\n"
+    return head + yaml.safe_dump_all([dict(o) for o in objs], sort_keys=False)
+
+
+# -- drift ----------------------------------------------------------------------------------------
+
+
+def object_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = obj.get("metadata", {})
+    return (str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name")))
+
+
+def _owned(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of an object the policy decides (spec, or value and description)."""
+    if obj.get("kind") == "WorkloadPriorityClass":
+        return {"value": obj.get("value"), "description": obj.get("description")}
+    return dict(obj.get("spec") or {})
+
+
+def _leaves(value: Any, path: str = "") -> dict[str, Any]:
+    """Flatten to path -> scalar (lists of named items are keyed by name, so order does not matter)."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{path}.{k}" if path else str(k)))
+        return out
+    if isinstance(value, list):
+        out = {}
+        for i, v in enumerate(value):
+            tag = v.get("name") if isinstance(v, Mapping) and "name" in v else str(i)
+            out.update(_leaves(v, f"{path}[{tag}]"))
+        return out
+    return {path: value}
+
+
+def _same(want: Any, have: Any) -> bool:
+    """Equal as Kubernetes means it: the server hands quantities back as strings ("2" for 2)."""
+    if want == have:
+        return True
+    if isinstance(want, int) and isinstance(have, str):
+        return have == str(want)
+    return False
+
+
+def _text(value: Any) -> str:
+    return "(none)" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class KueueDrift:
+    key: tuple[str, str, str]
+    path: str  # "" when the whole object is missing
+    want: Any
+    have: Any
+
+    def __str__(self) -> str:
+        kind, ns, name = self.key
+        label = f"{kind} {ns + '/' if ns else ''}{name}"
+        if not self.path:
+            return f"{label}: missing"
+        # Plain text: the server may hand a quantity back as "5" or 5, the same value either way.
+        return f"{label}: {self.path} is {_text(self.have)}, policy says {_text(self.want)}"
+
+
+def drift(
+    want: Iterable[Mapping[str, Any]], live: Mapping[tuple[str, str, str], Mapping[str, Any]]
+) -> list[KueueDrift]:
+    """What the live objects lack or hold differently from the policy's. Fields the server adds (defaults
+    the policy leaves unset) are not drift; a value the policy sets and the live object changed, or a
+    field the policy sets that the live object lost, is."""
+    out: list[KueueDrift] = []
+    for obj in want:
+        key = object_key(obj)
+        have = live.get(key)
+        if have is None:
+            out.append(KueueDrift(key, "", None, None))
+            continue
+        mine, theirs = _leaves(_owned(obj)), _leaves(_owned(have))
+        for path, value in sorted(mine.items()):
+            if not _same(value, theirs.get(path)):
+                out.append(KueueDrift(key, path, value, theirs.get(path)))
+    return out

@@ -1,0 +1,439 @@
+"""Running a faust app in this process, the project's way (the job stage's agents, the chat and reclaim workers).
+
+Shared by `processors/idle_agents.py` (the job stage) and `sinks/streams.py` (chat, reclaim):
+
+- `broker_options`, `raw_topic`, `FaustDeadLetters`: faust/aiokafka from the project's Kafka settings;
+  topics of raw bytes (the project's own UTF-8 keys and Avro values); dead letters on faust's producer.
+- `serve_app`: start an app in the running event loop (no `faust.Worker`: its signal handlers would take
+  SIGTERM from `base/shutdown.py`), watch the stop request, the caller's idle test and the app's health,
+  then stop it within the stop's deadline. `run_loop` runs such a coroutine in a fresh event loop whose
+  leftover tasks are given a bounded time to end (a broker that is frozen must not hold the exit).
+- `run_replacing`: a crashed app (an agent raised, a commit or a send failed while the broker was away)
+  is replaced in-process by a fresh one, with `base.recovery.RecoveryPolicy`, as a restart would.
+- `RecordAgent` / `run_record_agent`: one agent over one contract topic, the faust counterpart of
+  `schemas.consume.ConsumerLoop`: decode-or-dead-letter each record, hand the good ones to a handler (in a
+  worker thread, in order), deliver the dead letters, then ack; faust commits what was acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import faust
+from faust.streams import _current_event
+from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
+from mode import CrashingSupervisor
+from mode.threads import WorkerThread
+
+from base.errors import ServiceError
+from base.recovery import RecoveryPolicy
+from base.settings import KafkaSettings
+from base.shutdown import CLOSE_WAIT_S, budget
+from schemas.codec import AvroCodec
+from schemas.consume import SourceRecord, decode_or_dead_letter
+
+log = logging.getLogger("gpuledger.schemas.agents")
+
+S = TypeVar("S")
+QUIET_CHECK_S = 0.1  # how often `serve_app` looks at the stop request, the idle test and the app's health
+LEFTOVER_WAIT_S = 2.0  # the longest the tasks an app left behind get to end once it stopped
+
+
+def raw_topic(app: faust.App, *names: str, **options: Any) -> faust.TopicT:
+    """A topic of raw bytes: keys and values are the project's own (UTF-8 keys, Avro or JSON values)."""
+    return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw", **options)
+
+
+class IdempotentProducer(AiokafkaProducer):
+    """faust's aiokafka producer with `acks=all` and idempotence always on (faust turns idempotence on only
+    inside transactions): a send retried after a leader change is not written twice, as `base/kafka.py`'s
+    producers."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+def broker_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """faust/aiokafka connection options from the project's librdkafka-style Kafka settings."""
+    conf = kafka.client_config()
+    urls = ";".join(f"kafka://{h.strip()}" for h in conf["bootstrap.servers"].split(",") if h.strip())
+    opts: dict[str, Any] = {"broker": urls}
+    proto = conf.get("security.protocol", "PLAINTEXT").upper()
+    context = None
+    if proto in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=conf.get("ssl.ca.location"))
+    if proto.startswith("SASL_"):
+        opts["broker_credentials"] = faust.SASLCredentials(
+            username=conf.get("sasl.username"),
+            password=conf.get("sasl.password"),
+            mechanism=conf.get("sasl.mechanism", "PLAIN"),
+            ssl_context=context,
+        )
+    elif context is not None:
+        opts["broker_credentials"] = faust.SSLCredentials(context)
+    return opts
+
+
+class FaustDeadLetters:
+    """`schemas.consume.DeadLetterSink` on faust's producer (buffered: flushed before the offsets are acked)."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+
+    def publish_raw(self, topic_name: str, key: bytes | None, value: bytes | None, headers: Any = None) -> None:
+        raw_topic(self.app, topic_name).send_soon(key=key, value=value or b"", headers=headers)
+
+
+async def caught_up(app: faust.App, topics: Sequence[str]) -> bool:
+    """Every assigned partition of `topics` fetched to its end (the fetch position at the high watermark).
+    Fetched is not processed: a caller checks too that its agent saw no input meanwhile, and long enough."""
+    tps = [tp for tp in app.consumer.assignment() if tp.topic in topics]
+    if not tps or app.rebalancing:
+        return False
+    ends = await app.consumer.highwaters(*tps)
+    for tp in tps:
+        pos = await app.consumer.position(tp)
+        if pos is None or pos < ends.get(tp, 0):
+            return False
+    return True
+
+
+class InputClock(Protocol):
+    """What the idle test (`drained`) reads of an agent: when its input last arrived (monotonic seconds,
+    set when a batch arrives and by `drained` while the app is not ready), how many batches it finished,
+    and whether one is in hand."""
+
+    last_input: float
+
+    @property
+    def batches(self) -> int: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+
+async def drained(app: faust.App, clock: InputClock, topics: Sequence[str], quiet_s: float, ready: bool) -> bool:
+    """The idle test of `--exit-when-idle` / `--max-idle-s`: no input for `quiet_s`, no batch in hand, every
+    assigned partition of `topics` fetched to its end, and no batch arriving or finishing while the ends
+    were read (fetched is not processed). Starting, joining and rebalancing (`ready` False) are not quiet:
+    the quiet time counts from when the app is ready."""
+    now = time.monotonic()
+    if not ready:
+        clock.last_input = now
+        return False
+    seen, batches = clock.last_input, clock.batches
+    if clock.busy or now - seen < quiet_s or not await caught_up(app, topics):
+        return False
+    return clock.last_input == seen and clock.batches == batches and not clock.busy
+
+
+async def serve_app(
+    app: faust.App,
+    stop: Callable[[], bool],
+    *,
+    idle: Callable[[bool], Awaitable[bool]] | None = None,
+    tick: Callable[[], Awaitable[None]] | None = None,
+) -> BaseException | None:
+    """Start `app` in this event loop, run it until `stop()`, `idle(ready)` or a crash, then stop it (its last
+    commit) within `stop`'s deadline when it is a `base.shutdown.StopSignal`. `tick` runs every check
+    (stats files, lag); `idle` too, with `ready` False while the app is starting, joining its group or
+    rebalancing (time that is not quiet input, see `drained`). Returns why the app crashed, or None."""
+    app.in_worker = True
+    starting = asyncio.ensure_future(app.start())
+    crashed: BaseException | None = None
+    try:
+        while not stop():
+            await asyncio.sleep(QUIET_CHECK_S)
+            if starting.done() and starting.exception() is not None:
+                crashed = starting.exception()
+                break
+            if app.crashed or (starting.done() and app.should_stop):
+                crashed = app.crash_reason or ServiceError("the faust app stopped by itself")
+                break
+            if tick is not None:
+                await tick()
+            if idle is not None:
+                ready = starting.done() and bool(app.consumer.assignment()) and not app.rebalancing
+                if await idle(ready):
+                    break
+    finally:
+        if not starting.done():
+            starting.cancel()
+        # Stopping commits what was acked (after flushing the producer: outputs and dead letters first).
+        try:
+            await asyncio.wait_for(app.stop(), timeout=max(0.1, budget(stop, CLOSE_WAIT_S)))
+        except TimeoutError:
+            abandon = getattr(stop, "abandon", None)
+            if abandon is not None:
+                abandon(f"the faust app {app.conf.id}'s stop (its last commit)")
+            else:
+                log.warning("%s: stopping without its last commit (replayed at the next start)", app.conf.id)
+    return crashed
+
+
+def run_loop(main: Awaitable[S], stop: Callable[[], bool]) -> S:
+    """`asyncio.run(main)`, but the tasks a stopped app leaves behind (a connection to a frozen broker)
+    get at most `LEFTOVER_WAIT_S` (less once stopping) to end instead of an unbounded wait."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # as asyncio.run does
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        asyncio.set_event_loop(None)
+        tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.wait(tasks, timeout=max(0.1, budget(stop, LEFTOVER_WAIT_S))))
+        # A stop given up on (a frozen broker) leaves faust's consumer thread running: it calls back into
+        # this loop when it ends, which raises in that thread once the loop is closed. Left open, the call
+        # is simply never run; the loop goes with the process (or the garbage collector).
+        if not any(isinstance(t, WorkerThread) and t.is_alive() for t in threading.enumerate()):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
+class AppFailed(ServiceError):
+    """A faust app crashed: `run_replacing` builds a fresh one, which resumes from the committed offsets."""
+
+    def __init__(self, what: str, cause: BaseException, stats: Any) -> None:
+        super().__init__(f"the {what} failed: {cause!r}")
+        self.stats = stats
+
+
+def run_replacing(
+    run_once: Callable[[], S],
+    stop: Callable[[], bool],
+    add: Callable[[S, S], S],
+    empty: S,
+    policy: RecoveryPolicy | None = None,
+) -> S:
+    """`run_once()` until it returns (stopped or idle); when it raises `AppFailed`, run it again after
+    `policy`'s backoff (a stop cuts the wait short), as a restart would, adding up the failed runs' stats.
+    Raises `ServiceError` once the policy gives up."""
+    policy = policy or RecoveryPolicy()
+    failures: list[float] = []
+    carried = empty
+    while True:
+        try:
+            return add(carried, run_once())
+        except AppFailed as exc:
+            now = time.monotonic()
+            failures.append(now)
+            carried = add(carried, exc.stats)
+            delay = policy.delay(failures, now)
+            if delay is None:
+                raise ServiceError(f"{exc}; {policy.recent(failures, now)} failures within "
+                                   f"{policy.window_s:.0f} s, giving up") from exc  # fmt: skip
+            log.warning("%s; a fresh app in %.1f s, from the committed offsets", exc, delay)
+            end = time.monotonic() + delay
+            while not stop() and time.monotonic() < end:
+                time.sleep(0.1)
+            if stop():
+                return carried
+
+
+# ------------------------------------------------------------------------------------------------ one topic
+@dataclass(slots=True)
+class RecordStats:
+    handled: int = 0  # decoded, validated and handed to the handler
+    dead_lettered: int = 0  # undecodable or invalid, on `<topic>.dlq`
+    batches: int = 0
+
+
+def _add(a: RecordStats, b: RecordStats) -> RecordStats:
+    return RecordStats(a.handled + b.handled, a.dead_lettered + b.dead_lettered, a.batches + b.batches)
+
+
+TAKE_MAX = 500  # records per batch (as `ConsumerLoop`)
+TAKE_WITHIN_S = 0.5  # the longest a batch waits to fill (as `ConsumerLoop`)
+LAG_REFRESH_S = 2.0
+
+
+class RecordAgent:
+    """One agent over one contract topic: decode or dead-letter, handle in order, flush, ack.
+
+    At least once, as `ConsumerLoop`: a batch is acked only once every record of it was handled and its
+    dead letters were delivered (the producer flushed), and faust commits only acked offsets, so a crash
+    or a stop anywhere before replays the batch. The handler is synchronous (ClickHouse, HTTP, scheduler
+    commands): it runs in one worker thread, one record at a time, so the event loop keeps the group's
+    heartbeats going while it waits. faust's current event is cleared first: a send made inside an
+    event is otherwise held back until that event's offset commits (see `processors/idle_agents.py`)."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        app: faust.App,
+        topic_name: str,
+        handle: Callable[[dict[str, Any]], Any],
+        *,
+        meter: Any = None,
+        out_label: str = "handled",
+        codec: AvroCodec | None = None,
+    ) -> None:
+        self.app = app
+        self.topic_name = topic_name
+        self.prefix = kafka.topic_prefix
+        self.codec = codec or AvroCodec.from_settings(kafka)
+        self.dead_letters: Any = FaustDeadLetters(app)
+        self.handle = handle
+        self.meter = meter
+        self.out_label = out_label
+        self.source = raw_topic(app, topic_name)
+        self.stats = RecordStats()
+        self.last_input = time.monotonic()
+        self.busy = False  # a batch in hand (`drained`)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{app.conf.id}-handler")
+        self._next_lag = 0.0
+
+    @property
+    def batches(self) -> int:
+        return self.stats.batches
+
+    async def process(self, stream: Any, events: list[Any]) -> None:
+        self.busy = True
+        self.last_input = time.monotonic()
+        try:
+            await self._process(stream, events)
+        finally:
+            self.busy = False
+
+    async def _process(self, stream: Any, events: list[Any]) -> None:
+        _current_event.set(None)
+        loop = asyncio.get_running_loop()
+        handled = 0
+        for event in events:
+            source = SourceRecord.of(event.message)
+            record = decode_or_dead_letter(source, self.codec, self.dead_letters, topic_prefix=self.prefix)
+            if record is None:  # already on <topic>.dlq with the reason
+                self.stats.dead_lettered += 1
+                log.warning("dead-lettered %s[%d]@%d: it does not decode or validate",
+                            source.topic, source.partition, source.offset)  # fmt: skip
+                continue
+            await loop.run_in_executor(self.pool, self.handle, record)
+            handled += 1
+            self.stats.handled += 1
+        await self.app.producer.flush()  # the dead letters delivered before the batch is acked
+        for event in events:
+            await stream.ack(event)
+        self.stats.batches += 1
+        if self.meter is not None:
+            self.meter.records_in(self.topic_name, len(events))
+            self.meter.records_out(self.out_label, handled)
+
+    async def idle_for(self, seconds: float, ready: bool) -> bool:
+        """Nothing read for `seconds` once ready, no batch in hand, the topic read to its end (`drained`)."""
+        return await drained(self.app, self, [self.topic_name], seconds, ready)
+
+    async def refresh_lag(self) -> None:
+        """Lag per topic (high watermark less position over the assigned partitions), every `LAG_REFRESH_S`."""
+        now = time.monotonic()
+        if self.meter is None or now < self._next_lag:
+            return
+        self._next_lag = now + LAG_REFRESH_S
+        try:
+            tps = [tp for tp in self.app.consumer.assignment() if tp.topic == self.topic_name]
+            ends = await self.app.consumer.highwaters(*tps) if tps else {}
+            lag = 0
+            for tp in tps:
+                pos = await self.app.consumer.position(tp)
+                lag += max(0, ends.get(tp, 0) - (pos or 0))
+        except Exception:  # not started, or between rebalances: at the next refresh
+            return
+        self.meter.set_lag(str(self.app.conf.id), self.topic_name, lag)
+
+
+def build_record_app(
+    kafka: KafkaSettings,
+    group_id: str,
+    topic_name: str,
+    handle: Callable[[dict[str, Any]], Any],
+    *,
+    datadir: str,
+    commit_interval_s: float = 1.0,
+    meter: Any = None,
+    out_label: str = "handled",
+    dead_letters: Callable[[Any], Any] | None = None,
+) -> tuple[faust.App, RecordAgent]:
+    """A faust app (id and consumer group `group_id`) with one agent reading `topic_name` into `handle`.
+    It declares no topic (`topic_allow_declare=False`), has no table (no changelog topic) and no
+    leader-assignor topic (`topic_disable_leader`): it needs READ on the topic and on its group, WRITE on
+    `<topic>.dlq`, nothing more. `dead_letters` may wrap the dead-letter sink (metrics)."""
+    app = faust.App(
+        group_id,
+        **broker_options(kafka),
+        store="memory://",
+        datadir=datadir,  # faust makes its data directory even with nothing stored: a temporary one
+        web_enabled=False,
+        autodiscover=False,
+        agent_supervisor=CrashingSupervisor,  # an agent that fails stops the app: a fresh one replays its batch
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=10,
+        broker_heartbeat_interval=1,
+        broker_commit_interval=commit_interval_s,
+        producer_acks=-1,
+        producer_linger=0.005,
+        topic_replication_factor=1,
+        stream_wait_empty=False,  # a stop does not wait for a batch being handled: it is replayed
+        topic_disable_leader=True,
+        topic_allow_declare=False,
+    )
+    app.transport.Producer = IdempotentProducer  # type: ignore[misc]  # this app only, before its producer is built
+    agent = RecordAgent(kafka, app, topic_name, handle, meter=meter, out_label=out_label)
+    if dead_letters is not None:
+        dead_letters(agent.dead_letters)
+
+    @app.agent(agent.source, concurrency=1, name="records")
+    async def records(stream: Any) -> None:
+        async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
+            await agent.process(stream, list(events))
+
+    return app, agent
+
+
+def run_record_agent(
+    kafka: KafkaSettings,
+    group_id: str,
+    topic_name: str,
+    handle: Callable[[dict[str, Any]], Any],
+    stop: Callable[[], bool],
+    *,
+    max_idle_s: float | None = None,
+    commit_interval_s: float = 1.0,
+    meter: Any = None,
+    out_label: str = "handled",
+    dead_letters: Callable[[Any], Any] | None = None,
+    policy: RecoveryPolicy | None = None,
+) -> RecordStats:
+    """Handle every record of `topic_name` (broker-side name) until `stop()` or, when given, `max_idle_s`
+    without a record once the topic is read to its end; a crashed app is replaced in-process."""
+
+    async def serve(datadir: str) -> RecordStats:
+        app, agent = build_record_app(
+            kafka, group_id, topic_name, handle, datadir=datadir, commit_interval_s=commit_interval_s,
+            meter=meter, out_label=out_label, dead_letters=dead_letters,
+        )  # fmt: skip
+        idle = None if max_idle_s is None else (lambda ready: agent.idle_for(max_idle_s, ready))
+        try:
+            crashed = await serve_app(app, stop, idle=idle, tick=agent.refresh_lag)
+        finally:
+            agent.pool.shutdown(wait=False, cancel_futures=True)  # a handler still running finishes on its own
+        if crashed is not None:
+            raise AppFailed(f"{group_id} agent", crashed, agent.stats)
+        return agent.stats
+
+    def run_once() -> RecordStats:
+        with tempfile.TemporaryDirectory(prefix="gpuledger-faust-") as datadir:
+            result = run_loop(serve(datadir), stop)
+        return result
+
+    return run_replacing(run_once, stop, _add, RecordStats(), policy)

@@ -1,0 +1,74 @@
+"""Publishing contract records: encode with the topic's schema, produce with the settings' client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from base.errors import ContractError, ServiceError
+from base.kafka import new_producer
+from base.settings import KafkaSettings
+from schemas.codec import AvroCodec
+from schemas.records import ContractRecord
+from schemas.topics import Topic
+
+
+class RecordPublisher:
+    """Encodes records with their topic's schema and produces them. Used by every producer."""
+
+    def __init__(self, kafka: KafkaSettings, codec: AvroCodec | None = None, **overrides: str) -> None:
+        self._kafka = kafka
+        # Confluent framing when a Schema Registry is configured, single-object encoding otherwise.
+        self.codec = codec or AvroCodec.from_settings(kafka)
+        self._producer = new_producer(kafka, **overrides)
+        self._errors: list[str] = []
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}: {err}")
+
+    def publish(self, topic: Topic, key: bytes, record: ContractRecord | dict[str, Any]) -> None:
+        """Encode `record` with `topic`'s schema and produce it.
+
+        `record` is a typed record (`schemas.records`), refused when it is another subject than the
+        topic carries, or a dict in the Avro shape (`to_avro()`'s), which callers holding decoded
+        dicts (republishing, dead letters, builders not yet typed) still pass."""
+        if not isinstance(record, dict):
+            if topic.subject != record.SUBJECT:
+                raise ContractError(f"a {record.SUBJECT!r} record cannot go to {topic.name!r} ({topic.subject!r})")
+            record = record.to_avro()
+        value = self.codec.encode(topic.subject, record)
+        self.publish_raw(self._kafka.topic(topic.name), key, value)
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        return self._kafka
+
+    def publish_raw(
+        self,
+        topic_name: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    topic_name, value=value, key=key, headers=headers, on_delivery=self._on_delivery
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        try:
+            remaining = self._producer.flush(timeout_s)
+        except KafkaException as exc:
+            raise ServiceError(f"Kafka flush failed: {exc}") from exc
+        if remaining:
+            raise ServiceError(f"{remaining} records not delivered within {timeout_s:.0f}s")
+        if self._errors:
+            errors, self._errors = self._errors, []
+            raise ServiceError(f"{len(errors)} records failed delivery, first: {errors[0]}")

@@ -1,0 +1,275 @@
+"""`gpuledger reserve create|list|extend|release|approve|reconcile|run` (issue 19): reservations with expiry, as
+events on reservations.v1.
+
+    gpuledger reserve create --team T --gpus 8 --generation hopper [--nodes N1,N2] [--start now|ISO] --hours 48
+                             --reason TEXT [--by USER]
+    gpuledger reserve list [--state live|all]
+    gpuledger reserve extend ID --hours 12       gpuledger reserve release ID      gpuledger reserve approve ID
+    gpuledger reserve reconcile [--engine slurm] [--engine kueue]   one pass of the service
+    gpuledger reserve run [--every-s 30] [--engine ...]             the service, until SIGTERM
+
+As for appeals, each command reads the topic whole, folds it under the policy
+(`schemas/governance_reservations.py`) and publishes only a step the rules allow (a refusal is one line, exit 2,
+no event). The service puts approved reservations onto Slurm and Kueue and takes them off when they end, even if
+nobody acts (`sinks/reservations.py`); with ClickHouse reachable it also warns and releases idle ones per policy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from base.errors import ConfigError, ContractError
+from base.settings import Settings
+from gpuledger.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
+from sinks.appeal_cli import BY_OPTION, POLICY_OPTION, _iso, _policy
+from sinks.cli import _client, _emit
+
+reserve_app = typer.Typer(help="Reservations of GPUs for a team, with expiry (onto Slurm and Kueue).",
+                          no_args_is_help=True)  # fmt: skip
+ENGINE_OPTION = typer.Option(["slurm"], "--engine", help="slurm and/or kueue (repeatable).")
+KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="With --engine kueue: the kubeconfig.")
+LIST_COLUMNS = ("reservation_id", "state", "team", "generation", "gpus", "start", "end", "requested_by",
+                "approved_by", "on", "nodes", "reason")  # fmt: skip
+log = logging.getLogger("gpuledger.reservations")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _start_ms(text: str, now_ms: int) -> int:
+    if text == "now":
+        return now_ms
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--start must be now or an ISO time like 2026-12-03T08:00Z, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)  # a time without a zone is UTC
+    return int(when.timestamp() * 1000)
+
+
+def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
+    from schemas.eventlog import read_events
+    from schemas.governance_reservations import fold
+    from schemas.topics import RESERVATIONS
+
+    events, unreadable = read_events(settings.kafka, RESERVATIONS)
+    for bad in unreadable:
+        log.warning("reservations.v1 partition %d offset %d not read: %s", bad.partition, bad.offset, bad.why)
+    return fold(events, policy)[0]
+
+
+def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
+    from schemas.models import validate
+    from schemas.publish import RecordPublisher
+    from schemas.topics import RESERVATIONS
+
+    for event in events:
+        try:
+            validate(RESERVATIONS.subject, event)
+        except ContractError as exc:
+            raise ConfigError(str(exc).splitlines()[0][:300]) from exc
+    if not events:
+        return
+    pub = RecordPublisher(settings.kafka)
+    for event in events:
+        pub.publish(RESERVATIONS, f"{event['cluster']}/{event['reservation_id']}".encode(), event)
+    pub.flush()
+
+
+@reserve_app.command("create")
+def reserve_create(
+    team: str = typer.Option(..., "--team", help="The team the GPUs are for (and charged to)."),
+    gpus: int = typer.Option(..., "--gpus", help="How many GPUs."),
+    generation: str = typer.Option(..., "--generation", help="GPU generation (policy generations)."),
+    hours: float = typer.Option(..., "--hours", help="How long."),
+    reason: str = typer.Option(..., "--reason", help="Why (kept in the audit trail)."),
+    start: str = typer.Option("now", "--start", help="now, or an ISO time (UTC when no zone is given)."),
+    nodes: str = typer.Option("", "--nodes", help="Named nodes, comma-separated (default: any)."),
+    cluster: str | None = typer.Option(None, "--cluster", help="Cluster (default: settings)."),
+    by: str | None = BY_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """Ask for GPUs from a start for some hours: approved at once within the policy's automatic limits, else by
+    an operator (`reserve approve`)."""
+    from schemas.governance_reservations import HOUR_MS, request_events
+
+    settings = settings_for(state_dir)
+    policy = _policy(settings, policy_path)
+    now = _now_ms()
+    if not 0 < hours <= 24 * 366:
+        raise ConfigError(f"--hours must be above 0, got {hours:g}")
+    begin = _start_ms(start, now)
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    events = request_events(_reservations(settings, policy), policy, cluster=cluster or settings.cluster, team=team,
+                            generation=generation, gpus=gpus, nodes=names, start_ms=begin,
+                            end_ms=max(begin, now) + int(hours * HOUR_MS), reason=reason,
+                            requester=by or getpass.getuser(), now_ms=now)  # fmt: skip
+    publish_steps(settings, events)
+    first = events[0]
+    state = "approved" if len(events) > 1 else "waiting for an operator's approval (reserve approve)"
+    typer.echo(f"reservation {first['reservation_id']}: {gpus} {generation} GPUs for {team}, "
+               f"{_iso(first['start_ms'])} to {_iso(first['end_ms'])}, {state}")  # fmt: skip
+
+
+def _step(kind: str, rid: str, by: str | None, policy_path: Path | None, state_dir: Path | None,
+          **kw: Any) -> dict[str, Any]:  # fmt: skip
+    from schemas import governance_reservations as gr
+
+    settings = settings_for(state_dir)
+    policy = _policy(settings, policy_path)
+    existing = _reservations(settings, policy)
+    who, now = by or getpass.getuser(), _now_ms()
+    if kind == "approve":
+        event = gr.approve_event(existing, policy, rid, who, now)
+    elif kind == "extend":
+        event = gr.extend_event(existing, policy, rid, who, kw["hours"], now)
+    else:
+        event = gr.release_event(existing, policy, rid, who, now, kw["reason"])
+    publish_steps(settings, [event])
+    return event
+
+
+@reserve_app.command("approve")
+def reserve_approve(
+    rid: str = typer.Argument(..., help="The reservation's id."),
+    by: str | None = BY_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """An operator approves a reservation above the automatic limits."""
+    _step("approve", rid, by, policy_path, state_dir)
+    typer.echo(f"reservation {rid} approved")
+
+
+@reserve_app.command("extend")
+def reserve_extend(
+    rid: str = typer.Argument(..., help="The reservation's id."),
+    hours: float = typer.Option(..., "--hours", help="How many hours more."),
+    by: str | None = BY_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """Move a live reservation's end later (within the policy's longest duration; no overlap)."""
+    event = _step("extend", rid, by, policy_path, state_dir, hours=hours)
+    typer.echo(f"reservation {rid} now ends {_iso(event['end_ms'])}")
+
+
+@reserve_app.command("release")
+def reserve_release(
+    rid: str = typer.Argument(..., help="The reservation's id."),
+    reason: str = typer.Option("released", "--reason", help="Why."),
+    by: str | None = BY_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """End a reservation now; the service takes it off the engines, and it is charged up to now."""
+    _step("release", rid, by, policy_path, state_dir, reason=reason)
+    typer.echo(f"reservation {rid} released")
+
+
+@reserve_app.command("list")
+def reserve_list(
+    state: str = typer.Option("live", "--state", help="live (requested or approved, not ended) or all."),
+    fmt: str = typer.Option("table", "--format", help="table, csv or json."),
+    policy_path: Path | None = POLICY_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """The reservations, by start."""
+    if state not in ("live", "all"):
+        raise ConfigError(f"--state must be live or all, got {state!r}")
+    settings = settings_for(state_dir)
+    existing = _reservations(settings, _policy(settings, policy_path))
+    rows = [{
+        "reservation_id": r.reservation_id, "state": r.state, "team": r.team, "generation": r.generation,
+        "gpus": r.gpus, "start": _iso(r.start_ms), "end": _iso(r.until_ms()), "requested_by": r.requested_by,
+        "approved_by": r.approved_by or "", "on": ",".join(e for e in sorted(r.rendered) if e not in r.removed),
+        "nodes": ",".join(r.rendered_nodes or r.nodes), "reason": r.reason,
+    } for r in sorted(existing.values(), key=lambda r: (r.start_ms, r.reservation_id))
+        if state == "all" or r.live]  # fmt: skip
+    _emit(rows, fmt, None, f"reservations ({state})", LIST_COLUMNS)
+
+
+def _engines(policy: Any, names: list[str], kubeconfig: Path | None) -> list[Any]:
+    from sinks.reservations import KueueQuota, SlurmReservations
+
+    out: list[Any] = []
+    for name in names:
+        if name == "slurm":
+            out.append(SlurmReservations(policy))
+        elif name == "kueue":
+            out.append(KueueQuota(policy, kubeconfig=str(kubeconfig) if kubeconfig else None))
+        else:
+            raise ConfigError(f"--engine must be slurm or kueue, got {name!r}")
+    return out
+
+
+def reconcile_once(settings: Settings, policy: Any, engines: list[Any]) -> list[dict[str, Any]]:
+    from sinks.reservations import idle_minutes, reconcile
+
+    existing = _reservations(settings, policy)
+    now = _now_ms()
+    idle = None
+    rules = policy.governance.reservations
+    if rules.idle_warn_minutes is not None or rules.idle_release_minutes is not None:
+        try:
+            idle = idle_minutes(_client(settings, analyst=True), existing.values(), now)
+        except Exception as exc:  # the ledger out of reach: no idle rule this pass, the rest goes on
+            log.warning("idle reservations not checked: %s", exc)
+    events = reconcile(existing, policy, now, engines, idle)
+    publish_steps(settings, events)
+    return events
+
+
+@reserve_app.command("reconcile")
+def reserve_reconcile(
+    engine: list[str] = ENGINE_OPTION,
+    kubeconfig: Path | None = KUBECONFIG_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """One pass of the service: expire, warn or release idle, render onto and remove from the engines."""
+    settings = settings_for(state_dir)
+    policy = _policy(settings, policy_path)
+    for event in reconcile_once(settings, policy, _engines(policy, engine, kubeconfig)):
+        where = f" {event['engine']}" if event.get("engine") else ""
+        typer.echo(f"{event['reservation_id']} {event['event_type'].lower()}{where}: {event['text']}")
+
+
+@reserve_app.command("run")
+def reserve_run(
+    every_s: float = typer.Option(30.0, "--every-s", help="Seconds between passes."),
+    engine: list[str] = ENGINE_OPTION,
+    kubeconfig: Path | None = KUBECONFIG_OPTION,
+    policy_path: Path | None = POLICY_OPTION,
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """The reservation service: `reconcile` every --every-s seconds until SIGTERM (a plain loop over the topic,
+    read whole each pass: reservations are few)."""
+    settings = start_service(state_dir)
+    policy = _policy(settings, policy_path)
+    engines = _engines(policy, engine, kubeconfig)
+    stop = stop_signal("reservations")
+    while not stop():
+        try:
+            for event in reconcile_once(settings, policy, engines):
+                log.info("%s %s %s", event["reservation_id"], event["event_type"], event["text"])
+        except Exception as exc:  # a pass that fails (broker away) is retried at the next one
+            log.warning("reservation pass failed: %s", exc)
+        deadline = time.monotonic() + every_s
+        while not stop() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
+    del inspect_app
+    app.add_typer(reserve_app, name="reserve")

@@ -1,0 +1,269 @@
+"""Statements in ClickHouse: the reads and writes around the pure `sinks.statements` (issue 19).
+
+`StatementStore` reads the ledger's current figures of a month (`v_usage_priced`), the closed months
+(`v_period_closes`) and their frozen lines (`v_statement_lines`), and writes a close (lines, then statements,
+then the `period_closes` row that makes it count; table definitions in sinks/migrations/012_statements.sql).
+`prepare` and `close_period` put the pure functions together: which adjustments and charges a month gets,
+and the checks before a close. Values are bound parameters; table names are fixed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from decimal import Decimal
+from typing import Any
+
+from base.errors import ConfigError
+from sinks.chargeback import check_period
+from sinks.statements import (
+    Charge,
+    Segment,
+    Statement,
+    StatementLine,
+    build_statements,
+    cents_to_decimal,
+    check_closable,
+    close_id,
+    pending_adjustments,
+)
+
+_MONTH = "day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1)"
+_SEGMENT_KEY = ("team", "cluster", "job_id", "user", "project", "original_project", "correction_id", "cost_centre",
+                "generation", "pricing_tier", "preemptible", "rate_micro")  # fmt: skip
+LINE_COLUMNS = (
+    "statement_id", "line_id", "period", "team", "kind", "source_period", "cluster", "job_id", "user", "project",
+    "original_project", "correction_id", "cost_centre", "generation", "pricing_tier", "preemptible",
+    "rate_micro_per_gpu_hour", "allocated_s", "active_s", "starved_s", "idle_s", "dark_s", "unpriced_s",
+    "charge_num", "charge", "cause_kind", "cause_ref", "note",
+)  # fmt: skip
+STATEMENT_COLUMNS = (
+    "statement_id", "close_id", "period", "team", "closed_ms", "closed_by", "content_hash", "card_version",
+    "line_count", "jobs", "usage_charge", "adjustment_charge", "credit_charge", "reservation_charge", "total_charge",
+    "allocated_s", "dark_s", "unpriced_s", "coverage_pct",
+)  # fmt: skip
+CLOSE_COLUMNS = ("period", "close_id", "closed_ms", "closed_by", "statements", "total_charge")
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodClose:
+    period: str
+    closed_ms: int
+    close_id: str
+    closed_by: str
+    statements: int
+    total_charge: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class StoredStatement:
+    """A closed statement as stored: its header's figures and the lines read back."""
+
+    statement_id: str
+    period: str
+    team: str
+    closed_ms: int
+    closed_by: str
+    content_hash: str
+    card_version: str
+    total_charge: Decimal
+    lines: tuple[StatementLine, ...]
+
+    def recomputed(self) -> Statement:
+        return Statement(self.period, self.team, self.card_version, self.lines)
+
+
+def _line_row(statement: Statement, line: StatementLine) -> list[Any]:
+    return [
+        statement.statement_id, line.line_id, statement.period, line.team, line.kind, line.source_period,
+        line.cluster, line.job_id, line.user, line.project, line.original_project, line.correction_id,
+        line.cost_centre, line.generation, line.pricing_tier, line.preemptible, line.rate_micro, line.allocated_s,
+        line.active_s, line.starved_s, line.idle_s, line.dark_s, line.unpriced_s, line.charge_num, line.charge,
+        line.cause_kind, line.cause_ref, line.note,
+    ]  # fmt: skip
+
+
+def _line_from_row(values: dict[str, Any]) -> StatementLine:
+    return StatementLine(
+        kind=values["kind"], team=values["team"], source_period=values["source_period"], cluster=values["cluster"],
+        job_id=values["job_id"], user=values["user"], project=values["project"],
+        original_project=values["original_project"], correction_id=values["correction_id"],
+        cost_centre=values["cost_centre"], generation=values["generation"], pricing_tier=values["pricing_tier"],
+        preemptible=bool(values["preemptible"]), rate_micro=int(values["rate_micro_per_gpu_hour"]),
+        allocated_s=int(values["allocated_s"]), active_s=int(values["active_s"]),
+        starved_s=int(values["starved_s"]), idle_s=int(values["idle_s"]), dark_s=int(values["dark_s"]),
+        unpriced_s=int(values["unpriced_s"]), charge_num=int(values["charge_num"]),
+        cents=int(Decimal(values["charge"]) * 100), cause_kind=values["cause_kind"], cause_ref=values["cause_ref"],
+        note=values["note"],
+    )  # fmt: skip
+
+
+class StatementStore:
+    def __init__(self, client: Any) -> None:
+        self._c = client
+
+    def _rows(self, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+        return list(self._c.query(sql, parameters=params).result_rows)
+
+    # -- reads --
+
+    def closes(self) -> dict[str, PeriodClose]:
+        rows = self._rows("SELECT period, closed_ms, close_id, closed_by, statements, total_charge "
+                          "FROM v_period_closes")
+        return {str(r[0]): PeriodClose(str(r[0]), int(r[1]), str(r[2]), str(r[3]), int(r[4]), Decimal(r[5]))
+                for r in rows}  # fmt: skip
+
+    def months_with_usage(self) -> list[str]:
+        rows = self._rows("SELECT DISTINCT formatDateTime(day, '%Y-%m') FROM usage_daily WHERE job_id != ''")
+        return sorted(str(r[0]) for r in rows)
+
+    def card_version(self) -> str:
+        rows = self._rows("SELECT any(card_version) FROM v_rate_card")
+        return str(rows[0][0]) if rows and rows[0][0] is not None else ""
+
+    def segments(self, period: str) -> list[Segment]:
+        """The ledger's figures of `period` as they are now, per job and rate (corrections applied)."""
+        key = ", ".join(_SEGMENT_KEY)
+        rows = self._rows(
+            f"SELECT {key}, sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), "
+            f"sum(unpriced_s), sum(charge_num) FROM v_usage_priced WHERE {_MONTH} GROUP BY {key} ORDER BY {key}",
+            p=check_period(period),
+        )
+        names = [f.name for f in fields(Segment)]
+        out = []
+        for r in rows:
+            values: list[Any] = [*(str(v) for v in r[:10]), bool(r[10]), *(int(v or 0) for v in r[11:])]
+            out.append(Segment(**dict(zip(names, values, strict=True))))
+        return out
+
+    def _lines_where(self, where: str, **params: Any) -> list[tuple[str, StatementLine]]:
+        """(statement period, line) of the closed statements' lines matching `where`, oldest statement first."""
+        rows = self._rows(f"SELECT {', '.join(LINE_COLUMNS)} FROM v_statement_lines WHERE {where} "
+                          "ORDER BY period, statement_id, line_id", **params)  # fmt: skip
+        out = []
+        for row in rows:
+            values = dict(zip(LINE_COLUMNS, row, strict=True))
+            out.append((str(values["period"]), _line_from_row(values)))
+        return out
+
+    def frozen_lines(self, period: str) -> list[StatementLine]:
+        return [line for _, line in self._lines_where("period = {p:String}", p=period)]
+
+    def posted_adjustments(self, source_period: str) -> list[tuple[str, StatementLine]]:
+        """(the month whose closed statement holds it, line) of the adjustments of closed month `source_period`
+        already posted, oldest first."""
+        where = "kind = 'adjustment' AND source_period = {p:String} AND period > {p:String}"
+        return self._lines_where(where, p=source_period)
+
+    def posted_refs(self) -> set[tuple[str, str]]:
+        """(kind, ref) of the credits and reservation charges already in a closed statement."""
+        rows = self._rows("SELECT DISTINCT kind, cause_ref FROM v_statement_lines "
+                          "WHERE kind IN ('credit', 'reservation')")
+        return {(str(k), str(r)) for k, r in rows}
+
+    def statements(self, period: str) -> list[StoredStatement]:
+        """The closed statements of `period` with their lines, as stored."""
+        rows = self._rows(
+            "SELECT statement_id, period, team, closed_ms, closed_by, content_hash, card_version, total_charge "
+            "FROM v_statements WHERE period = {p:String} ORDER BY team",
+            p=period,
+        )
+        lines: dict[str, list[StatementLine]] = {}
+        for row in self._rows(f"SELECT {', '.join(LINE_COLUMNS)} FROM v_statement_lines WHERE period = {{p:String}}",
+                              p=period):  # fmt: skip
+            values = dict(zip(LINE_COLUMNS, row, strict=True))
+            lines.setdefault(str(values["statement_id"]), []).append(_line_from_row(values))
+        return [
+            StoredStatement(str(sid), str(per), str(team), int(ms), str(by), str(h), str(card), Decimal(total),
+                            tuple(sorted(lines.get(str(sid), []), key=lambda x: x.line_id)))
+            for sid, per, team, ms, by, h, card, total in rows
+        ]  # fmt: skip
+
+    # -- the write --
+
+    def write_close(self, period: str, statements: Sequence[Statement], closed_ms: int, closed_by: str) -> str:
+        cid = close_id(period, statements)
+        line_rows = [_line_row(s, line) for s in statements for line in s.lines]
+        if line_rows:
+            self._c.insert("statement_lines", line_rows, column_names=list(LINE_COLUMNS))
+        heads = [[
+            s.statement_id, cid, s.period, s.team, closed_ms, closed_by, s.content_hash, s.card_version, len(s.lines),
+            s.jobs, s.total("usage"), s.total("adjustment"), s.total("credit"), s.total("reservation"), s.total(),
+            s.seconds("allocated_s"), s.seconds("dark_s"), s.seconds("unpriced_s"), s.coverage_pct,
+        ] for s in statements]  # fmt: skip
+        if heads:
+            self._c.insert("statements", heads, column_names=list(STATEMENT_COLUMNS))
+        total = cents_to_decimal(sum(s.total_cents() for s in statements))
+        self._c.insert("period_closes", [[period, cid, closed_ms, closed_by, len(statements), total]],
+                       column_names=list(CLOSE_COLUMNS))  # fmt: skip
+        return cid
+
+
+ChargeSource = Callable[[], Iterable[Charge]]
+
+
+def prepare(store: StatementStore, period: str, charges: Iterable[Charge] = ()) -> tuple[Statement, ...]:
+    """The statements `period` would close with now: its usage, the pending adjustments of every closed month
+    (when no earlier month is open: months close in order), and the credits and reservation charges routed to
+    it that no closed statement holds yet."""
+    period = check_period(period)
+    closes = store.closes()
+    if period in closes:
+        raise ConfigError(f"period {period} is closed: `gpuledger statement show --period {period}` shows it")
+    open_before = any(p < period and p not in closes for p in store.months_with_usage())
+    card = store.card_version()
+    adjustments: list[StatementLine] = []
+    if not open_before:
+        for source in sorted(p for p in closes if p < period):
+            posted = [line for _, line in store.posted_adjustments(source)]
+            adjustments += pending_adjustments(source, store.frozen_lines(source), posted, store.segments(source), card)
+    done = store.posted_refs()
+    routed = [
+        c for c in charges
+        if (c.kind, c.ref) not in done
+        and (c.source_period == period or (c.source_period < period and c.source_period in closes and not open_before))
+    ]  # fmt: skip
+    return build_statements(period, store.segments(period), adjustments, routed, card)
+
+
+def close_period(
+    store: StatementStore, period: str, closed_by: str, now_ms: int, charges: Iterable[Charge] = ()
+) -> tuple[str, tuple[Statement, ...]]:
+    """Close `period` (the checks of `check_closable` first): its statements frozen, the close id returned."""
+    period = check_period(period)
+    if not closed_by.strip():
+        raise ConfigError("--by must name who closes the period")
+    closes = store.closes()
+    check_closable(period, now_ms, closes, store.months_with_usage())
+    statements = prepare(store, period, charges)
+    cid = store.write_close(period, statements, now_ms, closed_by.strip())
+    return cid, statements
+
+
+def adjustments_since(store: StatementStore, period: str) -> list[tuple[str, StatementLine]]:
+    """The adjustments to closed month `period`: (the month whose statement holds it, line) for those posted
+    in later closed statements, then ("open", line) for those the next open month would post now."""
+    posted = store.posted_adjustments(period)
+    pending = pending_adjustments(period, store.frozen_lines(period), [line for _, line in posted],
+                                  store.segments(period), store.card_version())  # fmt: skip
+    return [*posted, *(("open", line) for line in pending)]
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    statement_id: str
+    team: str
+    stored_hash: str
+    recomputed_hash: str
+
+    @property
+    def ok(self) -> bool:
+        return self.stored_hash == self.recomputed_hash and self.statement_id.endswith(self.stored_hash[:16])
+
+
+def verify(store: StatementStore, period: str) -> list[Verified]:
+    """Each closed statement of `period`: its stored hash beside the hash of the lines read back now."""
+    out = []
+    for s in store.statements(check_period(period)):
+        out.append(Verified(s.statement_id, s.team, s.content_hash, s.recomputed().content_hash))
+    return out

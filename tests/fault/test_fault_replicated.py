@@ -1,0 +1,159 @@
+"""Fault injection on a replicated broker (issue 21): three KRaft nodes from the project's launcher
+(`gpuledger.stack.broker.LocalCluster`), every topic with three replicas and `min.insync.replicas` 2
+(`GPULEDGER_KAFKA__REPLICATION_FACTOR=3`, as `broker.nodes = 3` sets it), the producers acks=all and
+idempotent (`base/kafka.py`).
+
+One undisturbed run on the cluster, checked against the simulator's expected ledger; then a run in
+which the node leading the samples topic's first partition is killed -9 mid-run (the simulator
+publishing, the processors, agents and sink reading and committing) and started again 15 s later. That
+run must leave in ClickHouse exactly the undisturbed run's ledger, device-minute by device-minute, with
+nothing dead-lettered, nothing late and no re-emitted record that differs from its first copy.
+
+Run: `.venv/bin/pytest -m fault tests/fault/test_fault_replicated.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from fault_harness import (
+    LEDGER_FIELDS,
+    SIM,
+    Ledger,
+    PipelineRun,
+    Stack,
+    assert_same_ledger,
+    check_consistent,
+    expected_jobs,
+    log,
+    wait_until,
+)
+
+from base.settings import Settings
+from gpuledger.stack.broker import LocalCluster, cluster_on_free_ports, free_ports
+from producers.simulator import simulate
+from schemas.topics import DEVICE_SAMPLES
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(900)]
+
+DOWN_S = 15.0  # longer than the controller's broker session timeout (9 s): the node is fenced, leaders move
+
+
+class ReplicatedStack(Stack):
+    """The harness's stack with a three-node cluster in place of the single broker."""
+
+    def __init__(self, root: Path) -> None:  # the harness's fields, a cluster for its broker
+        self.root = root
+        kafka_version = Settings().broker.kafka_version
+        self.cluster = LocalCluster(cluster_on_free_ports(root / "kafka", kafka_version, heap="384m"), logs=root)
+        (self.ch_port,) = free_ports(1)
+        self.ch_path = root / "clickhouse" / "data"
+        self.ch_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ch = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def start(self) -> ReplicatedStack:
+        self.cluster.start(timeout=240)
+        self.start_clickhouse()
+        return self
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop_clickhouse()
+        self.cluster.stop()
+
+    def stop_broker(self) -> None:
+        self.cluster.stop()
+
+    def start_broker(self) -> None:
+        self.cluster.start(timeout=240)
+
+
+class ReplicatedRun(PipelineRun):
+    """A pipeline run whose topics (and the job stage's changelog) get three replicas, min ISR 2."""
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return super().env(GPULEDGER_KAFKA__REPLICATION_FACTOR="3", **extra)
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedStack]:
+    s = ReplicatedStack(tmp_path_factory.mktemp("fault-replicated")).start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _finish_and_read(run: PipelineRun) -> Ledger:
+    run.wait_simulator()
+    run.finish()
+    led = run.ledger()
+    log(f"{run.name}: {run.timings} rows {led.rows_final} totals {led.totals()}")
+    return led
+
+
+
+@pytest.fixture(scope="module")
+def baseline(replicated: ReplicatedStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
+    """The undisturbed run on the three nodes, once for the module."""
+    with ReplicatedRun(replicated, "rep-base", tmp_path_factory.mktemp("rep-base")) as run:
+        run.start_pipeline()
+        led = _finish_and_read(run)
+        assert run.dlq_counts() == {} and run.late_count() == 0
+        _assert_replicated(replicated, run)
+        yield led
+
+
+def _assert_replicated(stack: ReplicatedStack, run: PipelineRun) -> None:
+    """Every topic of the run has three replicas on the broker (the catalogue's and the changelog)."""
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    topics = {n: t for n, t in admin.list_topics(timeout=10).topics.items() if n.startswith(run.prefix)}
+    assert run.topic(DEVICE_SAMPLES) in topics and run.topic("processors.idle-state.v1") in topics
+    for name, t in topics.items():
+        assert all(len(p.replicas) == 3 for p in t.partitions.values()), name
+
+
+def test_undisturbed_run_on_three_nodes_matches_the_simulator(baseline: Ledger) -> None:
+    check_consistent(baseline)
+    assert baseline.jobs == expected_jobs()
+    totals = baseline.totals()
+    assert all(totals[f] > 0 for f in LEDGER_FIELDS), totals
+
+
+def test_one_node_of_three_killed_9_and_restarted_mid_run(
+    replicated: ReplicatedStack, baseline: Ledger, tmp_path: Any
+) -> None:
+    with ReplicatedRun(replicated, "rep-kill", tmp_path) as run:
+        run.start_pipeline()
+        total = sum(1 for r in simulate(SIM) if r[0] is DEVICE_SAMPLES)
+        wait_until(lambda: run.samples_published() > total // 3, 180, "the simulator to publish a third", 0.1)
+        wait_until(lambda: run.stored("device_minutes") > 0, 180, "the first device-minutes in ClickHouse", 0.1)
+        admin = AdminClient({"bootstrap.servers": replicated.bootstrap})
+        samples = run.topic(DEVICE_SAMPLES)
+        victim = admin.list_topics(samples, timeout=10).topics[samples].partitions[0].leader
+        published = run.samples_published()
+        replicated.cluster.kill(victim)
+        log(f"rep-kill: node {victim} killed -9 after {published} of {total} samples published")
+        time.sleep(DOWN_S)
+        run.check_alive(run.sink, run.processors, run.agents)  # two nodes serve: nobody noticed a failure
+        during = run.samples_published()
+        replicated.cluster.start_node(victim)
+        log(f"rep-kill: node {victim} back; {during} samples published while it was down")
+        run.check_alive(run.sink, run.processors, run.agents)  # (the simulator may have finished meanwhile)
+        led = _finish_and_read(run)
+        assert run.samples_published() == total
+        assert run.dlq_counts() == {}, "records were dead-lettered"
+        assert run.late_count() == 0
+        run.assert_reemitted_identical()
+        assert_same_ledger(led, baseline)
+        assert led.jobs == expected_jobs()

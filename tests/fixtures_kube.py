@@ -1,0 +1,154 @@
+"""A real Kubernetes control plane (a pytest plugin, listed in tests/conftest.py).
+
+kube_binaries   etcd, kube-apiserver, kubectl and the Kueue controller for the pinned versions
+                (gpuledger.stack.kube.build): built from the Go module proxy the first time on a machine
+                (about 8 minutes on 2 cores, at low priority; `GPULEDGER_KUBE_BUILD_JOBS` compiles more at
+                once), found in `<user cache dir>/gpuledger/kube-<versions>/` after that. Without Go the
+                fixture fails with one line saying what to install. `make test` builds first (`make kube`):
+                a first build inside pytest would run past a test's 300 s timeout (`--timeout 0` lifts it).
+local_kube      one control plane per session (gpuledger.stack.kube.cluster.LocalKube) on loopback ports
+                of its own in a temporary directory: etcd, kube-apiserver (RBAC, a static token per user),
+                the Kueue controller; Kueue's CRDs from its module, JobSet's and Volcano's from
+                deploy/kubernetes/crds; the ClusterRoles of deploy/kubernetes/rbac bound to the users
+                gpuledger-watcher, gpuledger-reclaim and gpuledger-policy. Stopped after the session
+                (and with the test process, even when it is killed).
+kube_ns         a fresh namespace with its `default` ServiceAccount (there is no controller-manager).
+
+Helpers for tests: `run_pod` makes a created pod "run" (no kubelet: nodeName set at creation, status
+patched), `gpu_pod` builds a GPU pod manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuledger.stack.kube import deploy_dir
+from gpuledger.stack.kube.build import KubeBinaries, ensure_binaries
+from gpuledger.stack.kube.cluster import ClusterConfig, LocalKube
+
+COMPONENT_ROLES = {"gpuledger-watcher": "watcher", "gpuledger-reclaim": "reclaim", "gpuledger-policy": "policy"}
+NODE = "gpu-node-1"
+
+
+def rbac_manifests(component: str) -> list[dict[str, Any]]:
+    path = deploy_dir() / "rbac" / f"{component}.yaml"
+    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
+
+
+def bind_user(kube: LocalKube, user: str, cluster_role: str) -> None:
+    kube.apply([{
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"test-{user}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }])  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def kube_binaries() -> KubeBinaries:
+    jobs = int(os.environ.get("GPULEDGER_KUBE_BUILD_JOBS", "1"))
+    return ensure_binaries(jobs=jobs)
+
+
+@pytest.fixture(scope="session")
+def local_kube(kube_binaries: KubeBinaries, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube]:
+    cfg = ClusterConfig.on_free_ports(tmp_path_factory.mktemp("kube"))
+    with LocalKube(cfg, kube_binaries) as kube:
+        for user, component in COMPONENT_ROLES.items():
+            kube.apply(rbac_manifests(component))
+            bind_user(kube, user, f"gpuledger-{component}")
+        kube.apply([{"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}}])  # fmt: skip
+        yield kube
+
+
+def make_namespace(kube: LocalKube, prefix: str = "t") -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    kube.apply([
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}},
+    ])  # fmt: skip
+    return name
+
+
+@pytest.fixture
+def kube_ns(local_kube: LocalKube) -> str:
+    return make_namespace(local_kube)
+
+
+def gpu_pod(name: str, namespace: str, gpus: int = 1, labels: dict[str, str] | None = None,
+            node: str | None = None) -> dict[str, Any]:  # fmt: skip
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox",
+                                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}  # fmt: skip
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
+                                                          "labels": labels or {}}, "spec": spec}  # fmt: skip
+
+
+def run_pod(kube: LocalKube, namespace: str, name: str, phase: str = "Running") -> None:
+    """Patch a pod's status as a kubelet would (it must have been created with spec.nodeName)."""
+    import json
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    state = {"running": {"startedAt": now}} if phase == "Running" else {
+        "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}  # fmt: skip
+    status = {"status": {"phase": phase, "startTime": now, "containerStatuses": [
+        {"name": "main", "image": "busybox", "imageID": "", "ready": phase == "Running", "restartCount": 0,
+         "state": state}]}}  # fmt: skip
+    kube.kubectl("-n", namespace, "patch", "pod", name, "--subresource=status", "--type=merge", "-p",
+                 json.dumps(status))  # fmt: skip
+
+
+def gpu_quota(kube: LocalKube, namespace: str, cluster_queue: str, gpus: int = 8) -> None:
+    """A ClusterQueue of `gpus` GPUs of flavor h100 and the namespace's LocalQueue `team-a` pointing at it."""
+    kube.apply([
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "h100"}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cluster_queue},
+         "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+             {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+         "metadata": {"name": "team-a", "namespace": namespace}, "spec": {"clusterQueue": cluster_queue}},
+    ])  # fmt: skip
+
+
+def kubeconfig(kube: LocalKube, user: str) -> Path:
+    return kube.cfg.kubeconfig(user)
+
+
+def get(kube: LocalKube, ns: str, kind: str, name: str) -> dict[str, Any]:
+    """The object as JSON, {} when it does not exist."""
+    out = kube.kubectl("-n", ns, "get", kind, name, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def workload_of(kube: LocalKube, ns: str, job: str) -> dict[str, Any]:
+    """The Kueue Workload a Job owns, {} before Kueue made it."""
+    items = json.loads(kube.kubectl("-n", ns, "get", "workloads.kueue.x-k8s.io", "-o", "json").stdout)["items"]
+    mine = [w for w in items if any(o.get("name") == job for o in w["metadata"].get("ownerReferences", []))]
+    return mine[0] if mine else {}
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == ctype), {})
+
+
+def eventually(probe: Any, what: str, timeout: float = 120) -> Any:
+    """probe()'s first truthy value within `timeout` s (Kueue reacts in ~1 s idle, much later on a loaded CI)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"not within {timeout:g} s: {what}")

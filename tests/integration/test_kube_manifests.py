@@ -1,0 +1,136 @@
+"""deploy/kubernetes/gpuledger (issue 21): the processors, sinks, web and producers as Deployments and
+DaemonSets, the setup steps as Jobs.
+
+- The real kube-apiserver (`local_kube`) accepts every object: `kubectl apply --dry-run=server
+  --validate=strict` runs admission and the OpenAPI schema, refusing unknown fields (a manifest with a
+  misspelt field is refused by the same check, so the check can fail).
+- Each container runs a registered `gpuledger` command with options that command has, and the pods run
+  as the image's non-root user.
+- Every process `gpuledger up` runs for a real cluster has its workload there with the same command
+  (the simulator, the chat stand-in and the local broker/registry/ClickHouse are the laptop's).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from base.settings import Settings
+from gpuledger.stack.components import COMPONENTS
+from gpuledger.stack.kube.cluster import LocalKube
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "deploy" / "kubernetes" / "gpuledger"
+WORKLOADS = ("Deployment", "DaemonSet", "Job")
+# The laptop's stand-ins: a production cluster has its own Kafka, registry and ClickHouse, real sources, chat.
+LOCAL_ONLY = {"broker", "broker-2", "broker-3", "registry", "clickhouse", "simulator", "chat-receiver"}
+
+
+def _docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    return docs
+
+
+def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return spec
+
+
+def _containers() -> list[tuple[str, dict[str, Any]]]:
+    return [(d["metadata"]["name"], c) for d in _docs() if d["kind"] in WORKLOADS for c in _pod_spec(d)["containers"]]
+
+
+def _cli_root() -> Any:
+    from gpuledger import cli
+
+    cli._register_all()
+    return typer.main.get_command(cli.app)
+
+
+def _split(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    words = []
+    for i, arg in enumerate(args):
+        if arg.startswith("-"):
+            return tuple(words), args[i:]
+        words.append(arg)
+    return tuple(words), []
+
+
+def test_every_container_runs_a_registered_command_with_its_options() -> None:
+    root = _cli_root()
+    assert _containers()
+    for name, c in _containers():
+        path, options = _split(c["args"])
+        cmd = root
+        for word in path:
+            assert word in getattr(cmd, "commands", {}), f"{name}: `gpuledger {' '.join(path)}` is not a command"
+            cmd = cmd.commands[word]
+        known = {opt for p in cmd.params for opt in p.opts}
+        for opt in (o for o in options if o.startswith("--")):
+            assert opt.split("=", 1)[0] in known, f"{name}: {opt} is not an option of `gpuledger {' '.join(path)}`"
+
+
+def test_pods_run_as_the_images_user_without_privileges() -> None:
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    (uid,) = re.findall(r"--uid (\d+)", dockerfile)
+    for doc in _docs():
+        if doc["kind"] not in WORKLOADS:
+            continue
+        pod = _pod_spec(doc)
+        assert pod["securityContext"]["runAsNonRoot"] is True and str(pod["securityContext"]["runAsUser"]) == uid
+        for c in pod["containers"]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+
+
+def test_every_production_process_of_up_has_its_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(state_dir=tmp_path, cluster="prod")
+    commands: dict[tuple[str, ...], str] = {}
+    for doc in _docs():
+        if doc["kind"] in WORKLOADS:
+            for c in _pod_spec(doc)["containers"]:
+                commands[_split(c["args"])[0]] = doc["kind"]
+    for comp in COMPONENTS:
+        if comp.name in LOCAL_ONLY or not comp.enabled(settings):
+            continue
+        assert comp.command is not None, comp.name
+        kind = commands.get(comp.command)
+        assert kind is not None, f"{comp.name}: no workload runs `gpuledger {' '.join(comp.command)}`"
+        assert (kind == "Job") == comp.oneshot, f"{comp.name}: a {kind}"
+    # The producers: telemetry on every GPU node, scheduler events once.
+    assert commands[("dcgm", "run")] == "DaemonSet" and commands[("kube", "watch")] == "Deployment"
+
+
+def _dry_run(kube: LocalKube, docs: list[dict[str, Any]]) -> Any:
+    return kube.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                        input=yaml.safe_dump_all(docs), check=False)  # fmt: skip
+
+
+def test_the_api_server_accepts_every_manifest(local_kube: LocalKube) -> None:
+    docs = _docs()
+    namespaces = [d for d in docs if d["kind"] == "Namespace"]
+    assert [n["metadata"]["name"] for n in namespaces] == ["gpuledger"]
+    local_kube.apply(namespaces)  # for real: a namespaced dry run needs its namespace
+    rest = [d for d in docs if d["kind"] != "Namespace"]
+    result = _dry_run(local_kube, rest)
+    assert result.returncode == 0, result.stderr
+    accepted = re.findall(r"^(\S+) (?:created|configured|unchanged) \(server dry run\)$", result.stdout, re.M)
+    assert len(accepted) == len(rest), result.stdout
+    kinds = {d["kind"] for d in rest}
+    assert {"Deployment", "DaemonSet", "Job", "ConfigMap", "ServiceAccount", "Service"} <= kinds
+    # The same check refuses a field the schema does not have, and a wrong type.
+    deployment = next(d for d in rest if d["kind"] == "Deployment")
+    typo = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
+    refused = _dry_run(local_kube, [typo])
+    assert refused.returncode != 0 and 'unknown field "spec.replica"' in refused.stderr, refused.stderr
+    wrong = {**deployment, "spec": {**deployment["spec"], "replicas": "two"}}
+    assert _dry_run(local_kube, [wrong]).returncode != 0

@@ -1,0 +1,86 @@
+"""A reservation onto the real Kueue (fixture `local_kube`) through the CLI and the real broker (issue 19).
+
+The policy gives team serve-<s> 1 hopper GPU (+1 borrowable): a 3-GPU Job stays suspended. A reservation of 2 GPUs
+for a minute, approved at once, is put on by one pass of the service: the team's ClusterQueue's nominalQuota
+becomes 1 + 2 = 3 and Kueue admits the Job. At the end the next pass writes EXPIRED and REMOVED and the quota is
+the policy's 1 again. The service runs as gpuledger-policy (the shipped ClusterRole may patch ClusterQueues)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from fixtures_cli import run_gpuledger
+from fixtures_kube import make_namespace
+from test_kube_live_policy import eventually, get, gpu_job, unsuspended
+
+from gpuledger.stack.kube.cluster import LocalKube
+from schemas import topics
+
+pytestmark = pytest.mark.integration
+
+
+def policy_text(s: str, ns: str) -> str:
+    return f"""\
+version: 1
+generations:
+  hopper: {{slurm_gres: h100, kueue_flavor: h100-{s}}}
+tiers:
+  - {{name: prod-{s}, priority: 1000}}
+kueue: {{cohort: org-{s}}}
+governance: {{operators: [ops1]}}
+teams:
+  - {{name: serve-{s}, namespaces: [{ns}], members: [alice], quota: {{hopper: 1}}, borrowing_limit: {{hopper: 1}}}}
+"""
+
+
+def nominal(kube: LocalKube, cq: str) -> str:
+    obj = json.loads(kube.kubectl("get", "clusterqueues.kueue.x-k8s.io", cq, "-o", "json").stdout)
+    return str(obj["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"])  # 5 or "5"
+
+
+def test_a_reservation_bumps_the_team_quota_while_it_lasts(local_kube: LocalKube, kafka_bootstrap: str,
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    s = uuid.uuid4().hex[:6]
+    ns = make_namespace(local_kube, "rv")
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    names = (topics.RESERVATIONS.name, topics.RESERVATIONS.dlq)
+    for fut in admin.create_topics([NewTopic(prefix + n, 1, 1) for n in names]).values():
+        fut.result(timeout=30)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text(s, ns))
+    kubeconfig = str(local_kube.cfg.kubeconfig("gpuledger-policy"))
+    env = {**os.environ, "GPULEDGER_CONFIG": str(tmp_path / "none.toml"), "GPULEDGER_POLICY_PATH": str(policy),
+           "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix}  # fmt: skip
+
+    def cli(*args: str) -> str:
+        done = run_gpuledger(list(args), env, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    cli("policy", "apply", "--engine", "kueue", "--kubeconfig", kubeconfig)
+    cq = f"serve-{s}"
+    assert nominal(local_kube, cq) == "1"
+    local_kube.apply([gpu_job("big", ns, 3, cq, f"prod-{s}")])
+    time.sleep(3)
+    assert get(local_kube, ns, "job", "big")["spec"]["suspend"] is True  # 3 > 1 guaranteed + 1 borrowable
+
+    out = cli("reserve", "create", "--team", cq, "--gpus", "2", "--generation", "hopper", "--hours", str(60 / 3600),
+              "--reason", "a launch", "--by", "alice")  # fmt: skip
+    rid = out.split()[1].rstrip(":")
+    out = cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", kubeconfig)
+    assert f"{rid} rendered KUEUE: ClusterQueue {cq} h100-{s} nominalQuota 3" in out
+    assert nominal(local_kube, cq) == "3"
+    eventually(lambda: unsuspended(local_kube, ns, "big"), "the 3-GPU Job admitted on the reserved quota")
+
+    time.sleep(62)  # past the reservation's end; nobody acts on Kueue meanwhile
+    out = cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", kubeconfig)
+    assert f"{rid} expired" in out and f"{rid} removed KUEUE: ClusterQueue {cq} h100-{s} nominalQuota 1" in out
+    assert nominal(local_kube, cq) == "1"
+    assert cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", kubeconfig) == ""

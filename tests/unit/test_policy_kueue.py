@@ -1,0 +1,128 @@
+"""The policy on Kueue (producers/policy_kueue.py): every rendered object validates against the real CRD
+schema of its served version (Kueue v0.19.2's CRDs, tests/fixtures/kubernetes/crds/PROVENANCE.md), with
+no field the schema does not declare; quota, limits and preemption say what the policy says; drift
+ignores server defaults and catches edits."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from producers import policy_kueue as pk
+from schemas.policy import load_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "tests" / "fixtures" / "kubernetes" / "crds"
+POLICY = load_policy(ROOT / "deploy" / "policy.example.yaml")
+
+
+def crd_for(kind: str) -> dict[str, Any]:
+    for path in CRDS.glob("kueue-v0.19.2_*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["kind"] == kind:
+            return dict(crd)
+    raise AssertionError(f"no CRD for {kind}")
+
+
+def served_schema(obj: dict[str, Any]) -> dict[str, Any]:
+    crd = crd_for(obj["kind"])
+    group, version = obj["apiVersion"].split("/")
+    assert group == crd["spec"]["group"]
+    served = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
+    assert served, f"{obj['kind']} {version} is not served"
+    return dict(served[0]["schema"]["openAPIV3Schema"])
+
+
+def undeclared(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the schema does not declare (the API server's pruning would drop them; JSON Schema lets them be)."""
+    out: list[str] = []
+    if isinstance(value, dict) and "properties" in schema:
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                out.append(f"{path}.{key}")
+            else:
+                out += undeclared(item, schema["properties"][key], f"{path}.{key}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            out += undeclared(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+OBJECTS = pk.render_objects(POLICY)
+
+
+@pytest.mark.parametrize("obj", OBJECTS, ids=lambda o: f"{o['kind']}-{o['metadata']['name']}")
+def test_every_object_validates_against_its_crd(obj: dict[str, Any]) -> None:
+    schema = served_schema(obj)
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.Draft7Validator(schema).validate(obj)
+    assert undeclared({k: v for k, v in obj.items() if k != "metadata"}, schema) == []
+
+
+def test_the_validator_would_catch_a_wrong_object() -> None:
+    cq = copy.deepcopy(next(o for o in OBJECTS if o["kind"] == "ClusterQueue"))
+    cq["spec"]["preemption"]["reclaimWithinCohort"] = "Sometimes"
+    with pytest.raises(jsonschema.ValidationError, match="Sometimes"):
+        jsonschema.Draft7Validator(served_schema(cq)).validate(cq)
+    cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["bogus"] = 1
+    assert undeclared(cq, served_schema(cq)) == [".spec.resourceGroups[0].flavors[0].resources[0].bogus"]
+
+
+def test_kinds_and_counts() -> None:
+    kinds = [o["kind"] for o in OBJECTS]
+    assert kinds.count("ResourceFlavor") == 2 and kinds.count("Cohort") == 1
+    assert kinds.count("WorkloadPriorityClass") == 5 and kinds.count("ClusterQueue") == 2
+    assert kinds.count("LocalQueue") == 2
+    assert kinds.index("ResourceFlavor") < kinds.index("ClusterQueue") < kinds.index("LocalQueue")
+
+
+def test_cluster_queue_says_what_the_policy_says() -> None:
+    nlp = pk.cluster_queue(POLICY, POLICY.team("nlp"))
+    spec = nlp["spec"]
+    assert spec["cohortName"] == "gpuledger"
+    assert spec["namespaceSelector"]["matchExpressions"][0]["values"] == ["nlp"]
+    flavors = {f["name"]: f["resources"][0] for f in spec["resourceGroups"][0]["flavors"]}
+    assert flavors["h100"] == {"name": "nvidia.com/gpu", "nominalQuota": 1, "borrowingLimit": 0}
+    assert flavors["a100"] == {"name": "nvidia.com/gpu", "nominalQuota": 1, "borrowingLimit": 1, "lendingLimit": 1}
+    assert spec["preemption"] == {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
+                                  "borrowWithinCohort": {"policy": "LowerPriority", "maxPriorityThreshold": 10}}
+    priorities = {o["metadata"]["name"]: o["value"] for o in OBJECTS if o["kind"] == "WorkloadPriorityClass"}
+    assert priorities == {"production": 1000, "training": 500, "interactive": 300, "research": 100, "sweeps": 10}
+
+
+def test_drift_ignores_server_defaults_and_string_quantities_and_sees_edits() -> None:
+    live = {pk.object_key(o): copy.deepcopy(o) for o in OBJECTS}
+    cq_key = ("ClusterQueue", "", "nlp")
+    live[cq_key]["spec"]["queueingStrategy"] = "BestEffortFIFO"  # a default the server adds
+    live[cq_key]["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = "1"
+    assert pk.drift(OBJECTS, live) == []
+    live[cq_key]["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = "5"
+    del live[("LocalQueue", "vision", "vision")]
+    assert [str(d) for d in pk.drift(OBJECTS, live)] == [
+        "LocalQueue vision/vision: missing",
+        "ClusterQueue nlp: resourceGroups[0].flavors[h100].resources[nvidia.com/gpu].nominalQuota is 5, "
+        "policy says 1",
+    ]
+
+
+def test_render_writes_each_engines_files(tmp_path: Path) -> None:
+    import os
+
+    from fixtures_cli import run_gpuledger
+
+    policy = ROOT / "deploy" / "policy.example.yaml"
+    for engine in ("kueue", "slurm"):
+        done = run_gpuledger(["policy", "render", "--engine", engine, "--out", str(tmp_path), "--policy", str(policy)],
+                             env=dict(os.environ), timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert list(yaml.safe_load_all((tmp_path / "kueue-policy.yaml").read_text())) == OBJECTS
+    assert (tmp_path / "sacctmgr-policy.sh").read_text().startswith("#!/bin/sh\n")
+    assert "PreemptType=preempt/qos" in (tmp_path / "slurm-policy.conf").read_text().splitlines()
+    bad = run_gpuledger(["policy", "render", "--engine", "lsf", "--out", str(tmp_path), "--policy", str(policy)],
+                        env=dict(os.environ), timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--engine must be one of slurm, kueue, got 'lsf'" in bad.stderr

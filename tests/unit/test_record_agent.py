@@ -1,0 +1,88 @@
+"""The chat/reclaim agent (`schemas.agents.RecordAgent`) without a broker: each record decoded or
+dead-lettered, the good ones handled in order, the dead letters delivered (the producer flushed) and only
+then the batch acked, as `schemas.consume.ConsumerLoop` commits."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from base.settings import KafkaSettings
+from schemas.agents import build_record_app
+from schemas.codec import AvroCodec
+from schemas.topics import ALERTS
+
+ALERT: dict[str, Any] = {
+    "alert_id": "a1", "kind": "IDLE_WARNING", "ts_ms": 1_795_000_000_000, "cluster": "c1", "job_id": "j1",
+    "node": "n1", "device_uuids": ["GPU-a"], "user": None, "team": None, "project": None, "idle_minutes": 45,
+    "cost_so_far": None, "action": None, "action_at_ms": None, "dry_run": True, "message": "idle",
+    "appeal_route": None, "emitted_ts_ms": None,
+}  # fmt: skip
+
+
+def _event(topic: str, offset: int, value: bytes) -> Any:
+    msg = SimpleNamespace(topic=topic, partition=0, offset=offset, key=b"c1/j1", value=value, timestamp=1.5)
+    return SimpleNamespace(message=msg)
+
+
+def test_a_batch_is_handled_dead_lettered_flushed_then_acked(tmp_path) -> None:
+    kafka = KafkaSettings(topic_prefix="t.")
+    topic = kafka.topic(ALERTS.name)
+    trail: list[Any] = []
+    app, agent = build_record_app(
+        kafka, "g-chat", topic, lambda r: trail.append(("handled", r["alert_id"])), datadir=str(tmp_path)
+    )
+
+    class Producer:
+        async def flush(self) -> None:
+            trail.append("flushed")
+
+    class Stream:
+        async def ack(self, event: Any) -> None:
+            trail.append(("acked", event.message.offset))
+
+    class DeadLetters:
+        def publish_raw(self, topic_name: str, key: Any, value: Any, headers: Any = None) -> None:
+            trail.append(("dlq", topic_name, dict(headers)["dlq.source.offset"]))
+
+    app._producer = Producer()  # faust's producer property reads it
+    agent.dead_letters = DeadLetters()
+    value = AvroCodec.from_settings(kafka).encode(ALERTS.subject, ALERT)
+    events = [_event(topic, 0, value), _event(topic, 1, b"not avro"), _event(topic, 2, value)]
+    try:
+        asyncio.run(agent.process(Stream(), events))
+    finally:
+        agent.pool.shutdown()
+    assert trail == [
+        ("handled", "a1"), ("dlq", "t.alerts.v1.dlq", b"1"), ("handled", "a1"), "flushed",
+        ("acked", 0), ("acked", 1), ("acked", 2),
+    ]  # fmt: skip
+    assert (agent.stats.handled, agent.stats.dead_lettered, agent.stats.batches) == (2, 1, 1)
+
+
+def test_the_agent_is_busy_while_a_batch_is_in_hand(tmp_path) -> None:
+    """`busy` (read by the idle test, `schemas.agents.drained`) from a batch's arrival until it is acked."""
+    kafka = KafkaSettings(topic_prefix="t.")
+    topic = kafka.topic(ALERTS.name)
+    busy_when: list[tuple[str, bool]] = []
+    app, agent = build_record_app(
+        kafka, "g-chat", topic, lambda r: busy_when.append(("handled", agent.busy)), datadir=str(tmp_path)
+    )
+
+    class Producer:
+        async def flush(self) -> None:
+            busy_when.append(("flushed", agent.busy))
+
+    class Stream:
+        async def ack(self, event: Any) -> None:
+            busy_when.append(("acked", agent.busy))
+
+    app._producer = Producer()
+    value = AvroCodec.from_settings(kafka).encode(ALERTS.subject, ALERT)
+    try:
+        asyncio.run(agent.process(Stream(), [_event(topic, 0, value)]))
+    finally:
+        agent.pool.shutdown()
+    assert busy_when == [("handled", True), ("flushed", True), ("acked", True)]
+    assert not agent.busy and agent.batches == 1

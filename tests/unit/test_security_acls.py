@@ -1,0 +1,97 @@
+"""The component principals' ACLs (gpuledger.stack.security.component_acls), as data: who may write what."""
+
+from __future__ import annotations
+
+from gpuledger.stack import broker, security
+from gpuledger.stack.security import PRINCIPALS, component_acls
+
+
+def _may(grants: list[security.Grant], component: str, operation: str) -> set[str]:
+    """Topics `component` may `operation`."""
+    user = PRINCIPALS[component]
+    return {g.name for g in grants if g.user == user and g.operation == operation and g.resource == "topic"}
+
+
+def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write_events() -> None:
+    grants = component_acls()
+    ledger = {"usage.device-minutes.v1", "usage.job-minutes.v1", "usage.coverage-minutes.v1", "alerts.v1",
+              "actions.reclaim.v1"}  # fmt: skip
+    sources = {"telemetry.device-samples.v1", "inventory.devices.v1", "sched.job-events.v1",
+               "attribution.corrections.v1"}  # fmt: skip
+    writers = {topic: {c for c in PRINCIPALS if topic in _may(grants, c, "WRITE")} for topic in ledger | sources}
+    corrections = {"attribution.corrections.v1": {"producers", "web"}}  # the team page publishes corrections
+    assert writers == {**{t: {"processors"} for t in ledger}, **{t: {"producers"} for t in sources}, **corrections}
+    assert _may(grants, "web", "WRITE") == {"attribution.corrections.v1", "appeals.v1"}
+    assert _may(grants, "web", "READ") == {"appeals.v1"}  # read whole to check a new step, as the commands do
+    governance = {"appeals.v1", "reservations.v1"}  # issue 19: people's steps, through the producers' login
+    assert {t for t in governance if t in _may(grants, "producers", "WRITE") & _may(grants, "producers", "READ")} == (
+        governance)
+    assert not any(governance & _may(grants, c, "WRITE") for c in PRINCIPALS if c not in ("producers", "web"))
+    assert governance & _may(grants, "web", "WRITE") == {"appeals.v1"}  # the team page files and decides appeals
+    assert _may(grants, "sinks", "WRITE") == {f"{t}.dlq" for t in ledger | sources | governance}
+    assert _may(grants, "chat", "READ") == {"alerts.v1"} and _may(grants, "reclaim", "READ") == {"actions.reclaim.v1"}
+    assert _may(grants, "chat", "WRITE") == {"alerts.v1.dlq"}
+    groups = {(g.user, g.name, g.prefixed) for g in grants if g.resource == "group" and g.operation == "READ"}
+    assert groups == {("gpuledger-processors", "gpuledger-processors", True),
+                      ("gpuledger-sinks", "gpuledger-sinks", False), ("gpuledger-chat", "gpuledger-sinks-chat", False),
+                      ("gpuledger-reclaim", "gpuledger-sinks-reclaim", False)}  # fmt: skip
+    assert not [g for g in grants if g.user == security.ADMIN_USER]  # a super user needs none
+    assert len(grants) == len(set(grants))
+
+
+def test_topic_prefix_and_groups_follow_the_settings() -> None:
+    grants = component_acls("staging.", processors_group="p", sinks_group="s")
+    assert "staging.alerts.v1" in _may(grants, "processors", "WRITE")
+    assert {g.name for g in grants if g.resource == "group"} >= {"p", "s", "s-chat", "s-reclaim"}
+    default = [g for g in grants if g.user == security.DEFAULT_CLIENT_USER and g.resource == "topic"]
+    assert [(g.name, g.operation, g.prefixed) for g in default] == [("staging.", "DESCRIBE", True)]
+
+
+def test_the_authorizer_denies_by_default_and_the_plaintext_broker_has_none(tmp_path) -> None:
+    plain = broker.BrokerConfig(data_dir=tmp_path)
+    assert "authorizer.class.name" not in plain.properties()
+    props = security.authorized_broker_config(plain).properties()
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["super.users"] == "User:gpuledger-admin;User:ANONYMOUS"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+
+
+def test_the_job_agents_log_in_as_the_processors_and_need_no_grant_of_their_own() -> None:
+    """`processors agents` (faust) logs in as the processors: its group is under their group prefix, its
+    Table's changelog is the idle-state topic they create, read and write, and it declares no
+    `<app id>-__assignor-__leader` topic (outside the topic prefix, it would need a grant of its own)."""
+    from base.settings import ProcessorSettings, Settings
+    from processors.idle_agents import app_id, build_app
+
+    settings = Settings(processor=ProcessorSettings(group_id="p"))
+    grants = component_acls("staging.", processors_group="p")
+    user = PRINCIPALS["processors"]
+    group = [g for g in grants if g.user == user and g.resource == "group"]
+    assert [(g.name, g.operation, g.prefixed) for g in group] == [("p", "READ", True)]
+    assert app_id(settings).startswith("p")
+    state = {g.operation for g in grants if g.user == user and g.name == "staging.processors.idle-state.v1"}
+    assert state == {"READ", "WRITE", "CREATE", "DESCRIBE"}
+    app = build_app(settings, partitions=4)
+    assert app.conf.topic_disable_leader
+
+
+def test_the_chat_and_reclaim_agents_need_only_their_topic_their_group_and_its_dead_letters(tmp_path) -> None:
+    """`chat run` and `reclaim run` (one faust app each, `schemas.agents.build_record_app`): the app id is
+    the consumer group their principal may read as, and the app declares nothing (no topic creation, no
+    Table, no leader-assignor topic), so READ on the topic and the group and WRITE on `<topic>.dlq` suffice."""
+    from base.settings import KafkaSettings
+    from schemas.agents import build_record_app
+
+    grants = component_acls("staging.", sinks_group="s")
+    for component, topic, group in (("chat", "alerts.v1", "s-chat"), ("reclaim", "actions.reclaim.v1", "s-reclaim")):
+        user = PRINCIPALS[component]
+        assert {(g.name, g.prefixed) for g in grants if g.user == user and g.resource == "group"} == {(group, False)}
+        assert _may(grants, component, "READ") == {f"staging.{topic}"}
+        assert _may(grants, component, "WRITE") == {f"staging.{topic}.dlq"}
+        assert not {g for g in grants if g.user == user and g.resource == "cluster"}
+        app, agent = build_record_app(
+            KafkaSettings(topic_prefix="staging."), group, f"staging.{topic}", lambda r: None, datadir=str(tmp_path)
+        )
+        assert app.conf.id == group and app.conf.topic_disable_leader and not app.conf.topic_allow_declare
+        assert not app.tables and agent.source.topics == (f"staging.{topic}",)
+        agent.pool.shutdown()
