@@ -59,6 +59,9 @@ class Component:
     ready_timeout_s: float = 60.0
     stop_timeout_s: float = 20.0
     status_ready: Callable[[Settings], Health] | None = None
+    # Components of one stop group stop at once (`down`): the nodes of a KRaft cluster, whose last node would
+    # otherwise wait out its timeout for a controller quorum that already left.
+    stop_group: str | None = None
     # With broker.security = sasl_ssl, the Kafka principal the process logs in as (gpuledger/stack/security.py
     # PRINCIPALS: producers, processors, sinks, chat, reclaim, admin); None: the default login.
     kafka_principal: str | None = None
@@ -235,6 +238,7 @@ def _broker_node(node: int) -> Component:
         enabled=lambda s: s.broker.enabled and s.broker.nodes >= node,
         ready_timeout_s=120.0,
         stop_timeout_s=30.0,
+        stop_group="broker",
     )
 
 

@@ -106,3 +106,35 @@ def test_component_that_dies_while_starting_is_a_one_line_error(tmp_path):
 def test_unknown_component_name(tmp_path):
     with pytest.raises(ConfigError, match="no component named bogus"):
         _sup(tmp_path, SLEEPER).up({"bogus"})
+
+
+def _waits_for_partner(name: str, partner: str, where: Path) -> Component:
+    """On SIGTERM: says so in a file, waits up to 10 s for `partner`'s, and records whether it came."""
+    code = (
+        "import os, signal, sys, time\n"
+        f"d = {str(where)!r}\n"
+        "def stop(*_):\n"
+        f"    open(os.path.join(d, 'term-{name}'), 'w').close()\n"
+        "    end = time.monotonic() + 10\n"
+        f"    while time.monotonic() < end and not os.path.exists(os.path.join(d, 'term-{partner}')):\n"
+        "        time.sleep(0.05)\n"
+        f"    seen = os.path.exists(os.path.join(d, 'term-{partner}'))\n"
+        f"    open(os.path.join(d, 'result-{name}'), 'w').write('together' if seen else 'alone')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(600)\n"
+    )
+    return Component(name=name, description="a KRaft-like node", argv=lambda s, _: _py(code), stop_group="pair")
+
+
+def test_down_stops_a_stop_group_at_once(tmp_path):
+    """Nodes of one stop group (the KRaft nodes) get SIGTERM together: each one, stopping, sees the other stop
+    too; one after the other, the first would wait for its partner in vain."""
+    where = tmp_path / "signals"
+    where.mkdir()
+    sup = _sup(tmp_path, _waits_for_partner("node-a", "node-b", where), _waits_for_partner("node-b", "node-a", where))
+    assert all(s.state == "running" for s in sup.up())
+    time.sleep(0.5)  # both installed their handlers
+    assert sorted(sup.down()) == ["node-a", "node-b"]
+    assert (where / "result-node-a").read_text() == "together"
+    assert (where / "result-node-b").read_text() == "together"
