@@ -172,8 +172,16 @@ def test_clickhouse_down_mid_run(stack: Stack, baseline: Baseline, tmp_path: Any
 
 
 def test_sink_killed_9_mid_batch(stack: Stack, baseline: Baseline, tmp_path: Any) -> None:
-    with PipelineRun(stack, "kill-sink", tmp_path, sink_batch=300) as run:  # small batches: many of them in flight
-        run.start_pipeline()
+    # The sink starts on a backlog (the simulator done, the processors' output waiting) and lands it 50 records a
+    # batch: however fast or loaded the machine, many batches still wait at each kill. (Killed while the pipeline
+    # still ran, a restarted sink on a loaded CI machine once drained the rest before the third kill.)
+    with PipelineRun(stack, "kill-sink", tmp_path, sink_batch=50) as run:
+        run.start_simulator()
+        run.start_processors()
+        run.start_agents()
+        run.wait_simulator()
+        wait_until(lambda: run.sink_lag() >= 3000, 180, "a backlog of 3,000 records for the sink", 0.5)
+        run.start_sink()
         kills = 0
         last = 0
         deadline = time.monotonic() + 240
