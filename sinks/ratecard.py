@@ -65,6 +65,14 @@ def allocate_cents(numerators: dict[str, int]) -> dict[str, Decimal]:
     return {line: (Decimal(floors[line] + (1 if line in bonus else 0)) / 100).quantize(CENT) for line in numerators}
 
 
+def share_rate_micro(micro_per_gpu_hour: int, slices: int, of: int) -> int:
+    """The rate of a MIG slice holding `slices` of the GPU's `of` compute slices: the GPU's rate x slices / of,
+    half-up to the micro-dollar (as the preemptible rate is). `v_usage_priced` computes the same integer."""
+    if of <= 0 or not 0 <= slices <= of:
+        raise ValueError(f"a share is 0..{of} slices of {of}, got {slices}")
+    return (micro_per_gpu_hour * slices * 2 + of) // (2 * of)
+
+
 def gpu_hours(seconds: int) -> Decimal:
     return (Decimal(seconds) / SECONDS_PER_HOUR).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP)
 
