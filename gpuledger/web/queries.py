@@ -111,9 +111,11 @@ class Warehouse:
         return [Day(d, int(a), int(s), int(i), int(k)) for d, a, s, i, k in rows]
 
     def dark_by_node(self, period: Period, team: str) -> list[tuple[str, int]]:
+        """Where the team's allocated time had no telemetry, per node (the daily rollup node_daily: one row
+        per team, day and node, so a month of 10,000 GPUs is read in thousands of rows, not millions)."""
         return [(str(n), int(s)) for n, s in self._rows(
-            "SELECT node, sum(dark_s) FROM device_minutes WHERE day >= {start:Date} AND day < {end:Date} "
-            "AND team = {team:String} AND job_id != '' GROUP BY node HAVING sum(dark_s) > 0 ORDER BY 2 DESC LIMIT 50",
+            "SELECT node, sum(dark_s) FROM node_daily WHERE team = {team:String} AND day >= {start:Date} "
+            "AND day < {end:Date} GROUP BY node HAVING sum(dark_s) > 0 ORDER BY 2 DESC, 1 LIMIT 50",
             start=period.start, end=period.end, team=team,
         )]  # fmt: skip
 
@@ -127,7 +129,8 @@ class Warehouse:
         )]  # fmt: skip
 
     def latest_minute_ms(self, since: dt.date) -> int | None:
-        rows = self._rows("SELECT max(minute_start_ms), count() FROM device_minutes WHERE day >= {since:Date}",
+        """The newest device-minute stored since `since`, any team (node_daily's max per row)."""
+        rows = self._rows("SELECT max(last_minute_ms), count() FROM node_daily WHERE day >= {since:Date}",
                           since=since)  # fmt: skip
         return int(rows[0][0]) if rows and rows[0][1] else None
 

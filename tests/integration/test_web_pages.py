@@ -14,13 +14,24 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from fixtures_web import END_MS, PERIOD, SIM, Published, make_client, run_cli, web_app, web_ledger, web_settings
+from fixtures_web import (
+    END_MS,
+    PERIOD,
+    SIM,
+    Published,
+    make_client,
+    run_cli,
+    small_ledger,
+    web_app,
+    web_ledger,
+    web_settings,
+)
 
 from gpuledger.web.model import gpu_h
 from producers.simulator import expected_ledger
 
 pytestmark = pytest.mark.integration
-__all__ = ["web_app", "web_ledger", "web_settings"]  # fixtures used by name
+__all__ = ["small_ledger", "web_app", "web_ledger", "web_settings"]  # fixtures used by name
 LEAD, MEMBER, OTHER = "vis00", "vis01", "nlp01"  # the simulator's directory: the first user of a team leads it
 FIGURES = {"charge": "charge", "allocated": "allocated_gpu_h", "consumed": "consumed_gpu_h",
            "utilisation": "utilisation_pct", "idle-cost": "idle_cost", "active": "active_gpu_h",
@@ -259,5 +270,62 @@ def test_a_jobs_drill_down_reads_only_its_nodes_and_loses_no_row(web_ledger: Any
         for job_id, (nodes, allocated) in by_job.items():
             assert set(wh.job_nodes("sim", job_id)) == nodes, job_id
             assert sum(d["allocated_s"] for d in wh.job_devices(period, "sim", job_id)) == allocated, job_id
+    finally:
+        client.close()
+
+
+def test_the_data_quality_rollup_equals_the_raw_device_minutes(web_ledger: Any) -> None:
+    """The team page's dark-by-node and freshest-minute figures read node_daily (migration 014), not the month's
+    raw device-minutes: per team and node they are exactly what device_minutes holds."""
+    from gpuledger.web.params import period as parse_period
+    from gpuledger.web.queries import Warehouse
+    from sinks.db import connect
+
+    ch, _ = web_ledger
+    client, analyst = connect(ch), connect(ch, analyst=True)
+    try:
+        wh = Warehouse(analyst)  # the page's reader: the analyst may read the rollup
+        period = parse_period(PERIOD, END_MS)
+        raw = client.query(
+            "SELECT team, node, sum(dark_s) FROM device_minutes FINAL WHERE job_id != '' GROUP BY team, node "
+            "HAVING sum(dark_s) > 0"
+        ).result_rows
+        expected: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        for team, node, dark in raw:
+            expected[str(team)].add((str(node), int(dark)))
+        assert expected, "the simulated ledger has dark minutes"
+        for team in {t for t in expected} | {"vision", "nlp"}:
+            assert set(wh.dark_by_node(period, team)) == expected.get(team, set()), team
+        newest = client.query("SELECT max(minute_start_ms) FROM device_minutes").result_rows[0][0]
+        assert wh.latest_minute_ms(period.start) == newest
+        assert wh.latest_minute_ms(period.next().start) is None
+    finally:
+        client.close()
+        analyst.close()
+
+
+def test_migration_014_rolls_up_the_device_minutes_stored_before_it(small_ledger: Any) -> None:
+    """Applied to a ledger that already holds device-minutes, the migration fills node_daily from them once;
+    later inserts arrive through its materialized view, and nothing is counted twice."""
+    from sinks.db import connect, migrate
+
+    client = connect(small_ledger)
+    try:
+        totals = "SELECT count(), sum(allocated_s), sum(dark_s), max(minute_start_ms) FROM device_minutes"
+        rolled = "SELECT sum(device_minutes), sum(allocated_s), sum(dark_s), max(last_minute_ms) FROM node_daily"
+        before = client.query(totals).result_rows[0]
+        assert before[0] > 0 and client.query(rolled).result_rows[0] == before
+        client.command("DROP VIEW node_daily_mv")
+        client.command("DROP TABLE node_daily")
+        client.command("ALTER TABLE schema_migrations DELETE WHERE version = 14 SETTINGS mutations_sync = 1")
+        assert [r.status for r in migrate(client, small_ledger) if r.version == 14] == ["applied"]
+        assert client.query(rolled).result_rows[0] == before
+        client.command(
+            "INSERT INTO device_minutes (cluster, node, device_uuid, minute_start_ms, job_id, team, allocated_s, "
+            "dark_s) VALUES ('sim', 'node-x', 'GPU-x', {ms:Int64}, 'j-x', 'vision', 60, 60)",
+            parameters={"ms": int(before[3]) + 60_000},
+        )
+        after = client.query(rolled).result_rows[0]
+        assert after == (before[0] + 1, before[1] + 60, before[2] + 60, before[3] + 60_000)
     finally:
         client.close()
