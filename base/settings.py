@@ -208,8 +208,20 @@ class ChatSettings(BaseModel):
     kinds: list[str] = Field(default_factory=lambda: ["IDLE_WARNING", "RECLAIM_NOTICE", "COVERAGE_GAP"])
 
 
+class ReservationServiceSettings(BaseModel):
+    """The reservation service (`gpuledger reserve run`, sinks/reserve_cli.py): the engines it puts approved
+    reservations onto and takes them off at their end. No engine: `up` does not run it (there is nothing to
+    render onto), and `reserve run` wants `--engine`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[Literal["slurm", "kueue"]] = Field(default_factory=list)
+    every_s: float = Field(default=30.0, gt=0)  # seconds between passes
+    kubeconfig: Path | None = None  # Kueue: None is in-cluster (its ServiceAccount), else ~/.kube/config
+
+
 class SinksSettings(BaseModel):
-    """The ClickHouse sinks, rate card, chat alerts and reclaim executor (sinks/)."""
+    """The ClickHouse sinks, rate card, chat alerts, reclaim executor and reservation service (sinks/)."""
 
     group_id: str = "gpuledger-sinks"
     topics: list[str] = Field(default_factory=list)  # empty: every topic the sinks know
@@ -222,6 +234,7 @@ class SinksSettings(BaseModel):
     reclaim_checkpoint_signal: str = "USR1"
     reclaim_checkpoint_grace_s: float = 120.0
     chat: ChatSettings = Field(default_factory=ChatSettings)
+    reservations: ReservationServiceSettings = Field(default_factory=ReservationServiceSettings)
 
 
 class BrokerSettings(BaseModel):
@@ -329,6 +342,8 @@ class Settings(BaseSettings):
 
     state_dir: Path = Field(default_factory=lambda: Path(user_data_dir("gpuledger")))
     cluster: str = "sim"
+    # The cluster's cost centre: the contra line of `gpuledger report journal` (None: CLUSTER-<cluster>).
+    cluster_cost_centre: str | None = None
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)

@@ -9,7 +9,8 @@
   as scontrol reads them.
 - **Kueue** (`KueueQuota`): while a reservation is active, the team's ClusterQueue has the reserved GPUs added
   to the generation's flavor's `nominalQuota` (policy quota + every active reservation of the team and
-  generation), and the bump is taken back when it ends.
+  generation), and the bump is taken back when it ends. Each pass puts a rendered bump back if it went missing
+  (a `policy apply` meanwhile).
 - `reconcile`: one pass of the reservation service: the pure `due` of `schemas/governance_reservations.py`,
   carried out; each engine change becomes a RENDERED or REMOVED step. An engine that fails is logged and tried
   again at the next pass (no step is written for it).
@@ -192,7 +193,8 @@ class KueueQuota:
         quota = self._policy.team(team).quota.get(generation, 0)
         return quota + sum(r.gpus for r in self._active if r.team == team and r.generation == generation)
 
-    def _apply(self, team: str, generation: str) -> str:
+    def _apply(self, team: str, generation: str) -> tuple[bool, str]:
+        """Set the quota the active reservations call for: (whether it was patched, what happened)."""
         flavor = self._policy.generations[generation].kueue_flavor
         resource = self._policy.kueue.resource
         try:
@@ -206,7 +208,7 @@ class KueueQuota:
                 for res in fl.get("resources", []) if fl.get("name") == flavor else []:
                     if res.get("name") == resource:
                         if str(res.get("nominalQuota")) == str(want):
-                            return f"ClusterQueue {team} {flavor} nominalQuota already {want}"
+                            return False, f"ClusterQueue {team} {flavor} nominalQuota already {want}"
                         res["nominalQuota"] = want
                         body = {"spec": {"resourceGroups": groups}}
                         try:
@@ -214,17 +216,29 @@ class KueueQuota:
                                                                        body)  # fmt: skip
                         except Exception as exc:
                             raise ServiceError(f"ClusterQueue {team}: {exc}") from exc
-                        return f"ClusterQueue {team} {flavor} nominalQuota {want}"
+                        return True, f"ClusterQueue {team} {flavor} nominalQuota {want}"
         raise ServiceError(f"ClusterQueue {team} has no {resource} quota in flavor {flavor}")
 
     def sync(self, live: Iterable[Reservation], now_ms: int) -> None:
+        """The active reservations, and their bump put back where it went missing since it was rendered (a
+        `policy apply` sets the policy's quota alone): the service is what holds the quota, not its first patch."""
         self._active = [r for r in live if r.active(now_ms)]
+        on = {(r.team, r.generation) for r in self._active
+              if self.engine in r.rendered and self.engine not in r.removed}  # fmt: skip
+        for team, generation in sorted(on):
+            try:
+                patched, text = self._apply(team, generation)
+            except ServiceError as exc:
+                log.warning("%s: %s", self.engine, exc)
+                continue
+            if patched:
+                log.warning("reservations of %s: %s put back", team, text)
 
     def render(self, r: Reservation) -> tuple[str, list[str], str]:
-        return r.team, [], self._apply(r.team, r.generation)
+        return r.team, [], self._apply(r.team, r.generation)[1]
 
     def remove(self, r: Reservation) -> str:
-        return self._apply(r.team, r.generation)
+        return self._apply(r.team, r.generation)[1]
 
 
 def reconcile(existing: Mapping[str, Reservation], policy: Policy, now_ms: int, engines: Sequence[Engine],

@@ -33,10 +33,13 @@ from sinks.cli import _client, _emit
 
 reserve_app = typer.Typer(help="Reservations of GPUs for a team, with expiry (onto Slurm and Kueue).",
                           no_args_is_help=True)  # fmt: skip
-ENGINE_OPTION = typer.Option(["slurm"], "--engine", help="slurm and/or kueue (repeatable).")
-KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="With --engine kueue: the kubeconfig.")
+ENGINE_OPTION = typer.Option(None, "--engine",
+                             help="slurm and/or kueue (repeatable; default: sinks.reservations.engines).")  # fmt: skip
+KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="With kueue: the kubeconfig (default: sinks.reservations."
+                                 "kubeconfig, else in-cluster, else ~/.kube/config).")  # fmt: skip
 LIST_COLUMNS = ("reservation_id", "state", "team", "generation", "gpus", "start", "end", "requested_by",
                 "approved_by", "on", "nodes", "reason")  # fmt: skip
+EVERY_OPTION = typer.Option(None, "--every-s", help="Seconds between passes (default: sinks.reservations.every_s).")
 log = logging.getLogger("gpuledger.reservations")
 
 
@@ -199,11 +202,17 @@ def reserve_list(
     _emit(rows, fmt, None, f"reservations ({state})", LIST_COLUMNS)
 
 
-def _engines(policy: Any, names: list[str], kubeconfig: Path | None) -> list[Any]:
+def _engines(settings: Settings, policy: Any, names: list[str] | None, kubeconfig: Path | None) -> list[Any]:
+    """The engines named on the command line, else those of the settings (`sinks.reservations`)."""
     from sinks.reservations import KueueQuota, SlurmReservations
 
+    service = settings.sinks.reservations
+    names = names or list(service.engines)
+    if not names:
+        raise ConfigError("no engine: pass --engine slurm|kueue or set sinks.reservations.engines")
+    kubeconfig = kubeconfig or service.kubeconfig
     out: list[Any] = []
-    for name in names:
+    for name in dict.fromkeys(names):
         if name == "slurm":
             out.append(SlurmReservations(policy))
         elif name == "kueue":
@@ -232,7 +241,7 @@ def reconcile_once(settings: Settings, policy: Any, engines: list[Any]) -> list[
 
 @reserve_app.command("reconcile")
 def reserve_reconcile(
-    engine: list[str] = ENGINE_OPTION,
+    engine: list[str] | None = ENGINE_OPTION,
     kubeconfig: Path | None = KUBECONFIG_OPTION,
     policy_path: Path | None = POLICY_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
@@ -240,24 +249,27 @@ def reserve_reconcile(
     """One pass of the service: expire, warn or release idle, render onto and remove from the engines."""
     settings = settings_for(state_dir)
     policy = _policy(settings, policy_path)
-    for event in reconcile_once(settings, policy, _engines(policy, engine, kubeconfig)):
+    for event in reconcile_once(settings, policy, _engines(settings, policy, engine, kubeconfig)):
         where = f" {event['engine']}" if event.get("engine") else ""
         typer.echo(f"{event['reservation_id']} {event['event_type'].lower()}{where}: {event['text']}")
 
 
 @reserve_app.command("run")
 def reserve_run(
-    every_s: float = typer.Option(30.0, "--every-s", help="Seconds between passes."),
-    engine: list[str] = ENGINE_OPTION,
+    every_s: float | None = EVERY_OPTION,
+    engine: list[str] | None = ENGINE_OPTION,
     kubeconfig: Path | None = KUBECONFIG_OPTION,
     policy_path: Path | None = POLICY_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
-    """The reservation service: `reconcile` every --every-s seconds until SIGTERM (a plain loop over the topic,
-    read whole each pass: reservations are few)."""
+    """The reservation service (`gpuledger up` runs it when sinks.reservations.engines names one): `reconcile`
+    every --every-s seconds until SIGTERM. A plain loop over the topic, read whole each pass (reservations are
+    few), so a restart resumes from the topic alone: what is on an engine is recorded there (RENDERED, REMOVED)
+    and each engine change checks the engine first."""
     settings = start_service(state_dir)
     policy = _policy(settings, policy_path)
-    engines = _engines(policy, engine, kubeconfig)
+    engines = _engines(settings, policy, engine, kubeconfig)
+    every_s = every_s if every_s is not None else settings.sinks.reservations.every_s
     stop = stop_signal("reservations")
     while not stop():
         try:

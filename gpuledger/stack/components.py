@@ -204,6 +204,13 @@ def _local_chat(settings: Settings) -> bool:
     return chat.default is None and not chat.users and not chat.teams
 
 
+def _reservation_engine(settings: Settings) -> bool:
+    # The reservation service renders onto a scheduler: only with an engine configured (and the policy its rules
+    # come from). Without one there is nothing to put on or take off; the statement charges a reservation to its
+    # end either way.
+    return bool(settings.sinks.reservations.engines) and settings.policy_path is not None
+
+
 def _processors_argv(settings: Settings, _: Progress) -> list[str]:
     if _simulated(settings):
         # The simulator replays hours of history at start-up: event time alone closes its windows,
@@ -335,6 +342,14 @@ COMPONENTS: list[Component] = [
         argv=lambda s, _: gpuledger_argv("reclaim", "run"),
         command=("reclaim", "run"),
         kafka_principal="reclaim",
+    ),
+    Component(
+        name="reservations",
+        description="reservation service: approved reservations onto Slurm/Kueue, off at their end",
+        argv=lambda s, _: gpuledger_argv("reserve", "run"),
+        enabled=_reservation_engine,
+        command=("reserve", "run"),
+        kafka_principal="producers",  # the governance steps' login (security.component_acls)
     ),
     Component(
         name="simulator",

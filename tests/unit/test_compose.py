@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 PROJECT = [name for name, svc in SERVICES.items() if "build" in svc]
+# Services of a profile run only with `--profile`: the components `up` runs only when something is configured.
+PROFILED = {name: svc["profiles"] for name, svc in SERVICES.items() if svc.get("profiles")}
+DEFAULT = set(SERVICES) - set(PROFILED)
 STATE_DIR = Path("/var/lib/gpuledger")  # the image's GPULEDGER_STATE_DIR (deploy/Dockerfile)
 KAFKA_NODES = ("broker", "broker-2", "broker-3")
 # Launcher properties that name an address or a path: the containers have their own (checked apart).
@@ -83,20 +86,42 @@ def _kafka_env_name(prop: str) -> str:
     return "KAFKA_" + prop.replace("_", "__").replace("-", "___").replace(".", "_").upper()
 
 
+def _configured(clean_env: pytest.MonkeyPatch, name: str) -> Settings:
+    """The local stack with what a profiled service configures (its settings beyond the shared ones) set as
+    `up` would read them: from the environment."""
+    shared = _env({"environment": COMPOSE["x-gpuledger"]["environment"]})
+    for key, value in _env(SERVICES[name]).items():
+        if shared.get(key) != value:
+            clean_env.setenv(key, value)
+    return Settings(state_dir=STATE_DIR, cluster="sim", broker=BrokerSettings(nodes=3))
+
+
 def test_compose_runs_exactly_the_components_of_up(local: Settings) -> None:
-    assert set(SERVICES) == set(_up(local)), "compose and `gpuledger up` (broker.nodes = 3) run different sets"
+    assert set(_up(local)) == DEFAULT, "compose and `gpuledger up` (broker.nodes = 3) run different sets"
 
 
-def test_project_services_run_the_components_with_their_arguments(local: Settings) -> None:
+def test_each_profile_adds_exactly_the_component_its_configuration_enables(clean_env: pytest.MonkeyPatch) -> None:
+    local = Settings(state_dir=STATE_DIR, cluster="sim", broker=BrokerSettings(nodes=3))
+    assert PROFILED == {"reservations": ["reservations"]}  # a profile named as its service
+    settings = _configured(clean_env, "reservations")
+    assert settings.sinks.reservations.engines == ["kueue"] and settings.policy_path is not None
+    assert set(_up(settings)) - set(_up(local)) == {"reservations"}
+    assert set(_up(local)) <= set(_up(settings))
+
+
+def test_project_services_run_the_components_with_their_arguments(
+    local: Settings, clean_env: pytest.MonkeyPatch
+) -> None:
     up = _up(local)
     for name in PROJECT:
-        comp = up[name]
+        comp = up[name] if name in up else _up(_configured(clean_env, name))[name]
         assert comp.command is not None, name
         argv = comp.argv(local, lambda _: None)
         assert argv[:3] == [argv[0], "-c", "from gpuledger.cli import main; main()"], name
         assert SERVICES[name]["command"] == argv[3:], name
     # What the image runs and what `up` runs locally are the non-project services.
     assert set(SERVICES) - set(PROJECT) == {*KAFKA_NODES, "registry", "clickhouse"}
+    assert SERVICES["reservations"]["command"] == ["reserve", "run"]
     # The arguments the issue found missing are there.
     assert "--event-time" in SERVICES["processors"]["command"] and "--event-time" in SERVICES["agents"]["command"]
     assert SERVICES["simulator"]["command"][:3] == ["simulate", "run", "--backfill"]

@@ -228,3 +228,37 @@ def test_kueue_quota_is_the_policy_plus_active_reservations() -> None:
     after = reconcile(on, POLICY, T0 + HOUR_MS, [engine])
     assert [e["event_type"] for e in after] == ["EXPIRED", "REMOVED"]
     assert api.cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == 2
+
+
+def test_a_kueue_bump_that_went_missing_is_put_back_at_the_next_pass() -> None:
+    """A `policy apply` meanwhile sets the policy's quota alone: the service holds the reserved quota, not its first
+    patch, and puts it back without a new step (it was rendered once)."""
+    api = FakeKueue()
+    engine = KueueQuota(POLICY, api)
+    events = ask(gpus=2, start_ms=T0, end_ms=T0 + HOUR_MS)
+    on = state(*events, *reconcile(state(*events), POLICY, T0 + 1, [engine]))
+    flavor = api.cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]
+    flavor["nominalQuota"] = 2  # the policy's own quota, as `policy apply` writes it
+    assert reconcile(on, POLICY, T0 + 2, [engine]) == []
+    assert api.cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == 4
+    assert api.patches == 2
+
+
+def test_the_service_takes_its_engines_from_the_command_line_else_the_settings(tmp_path: Any) -> None:
+    from base.settings import ReservationServiceSettings, Settings, SinksSettings
+    from gpuledger.stack.components import by_name
+    from sinks.reserve_cli import _engines
+
+    bare = Settings(state_dir=tmp_path)
+    with pytest.raises(ConfigError, match="no engine"):
+        _engines(bare, POLICY, None, None)
+    assert [e.engine for e in _engines(bare, POLICY, ["slurm", "kueue", "slurm"], None)] == ["SLURM", "KUEUE"]
+    service = ReservationServiceSettings(engines=["kueue"], kubeconfig=tmp_path / "kubeconfig")
+    configured = Settings(state_dir=tmp_path, sinks=SinksSettings(reservations=service))
+    (engine,) = _engines(configured, POLICY, None, None)
+    assert engine.engine == "KUEUE" and engine._kubeconfig == str(tmp_path / "kubeconfig")
+    # `up` runs the service with an engine and the policy its rules come from, not without either.
+    component = by_name()["reservations"]
+    assert not component.enabled(bare) and not component.enabled(configured)
+    assert component.enabled(configured.model_copy(update={"policy_path": tmp_path / "policy.yaml"}))
+    assert not component.enabled(bare.model_copy(update={"policy_path": tmp_path / "policy.yaml"}))
