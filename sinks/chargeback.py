@@ -1,4 +1,4 @@
-"""Chargeback, explain, finance journal and alert listings, read from the analyst views.
+"""Chargeback, explain and alert listings, read from the analyst views.
 
 The CLI reads the views analysts query (`v_chargeback_month(period, by)`, the one-month form of
 `v_chargeback`; `v_chargeback_jobs`), so the two cannot disagree; this module only selects,
@@ -153,31 +153,6 @@ def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
         parameters={"period": period, "project": project},
     )
     return [dict(zip(EXPLAIN_COLUMNS, row, strict=True)) for row in result.result_rows]
-
-
-JOURNAL_COLUMNS = ("period", "cost_centre", "account", "description", "debit", "allocated_gpu_h", "jobs")
-
-
-def journal(client: Any, period: str, *, account: str = "GPU-CHARGEBACK") -> list[dict[str, Any]]:
-    """Finance journal lines: one debit per cost centre for the period."""
-    period = check_period(period)
-    result = client.query(
-        "SELECT line, jobs, allocated_gpu_h, charge FROM v_chargeback_month(period = {period:String}, "
-        "by = 'cost-centre') ORDER BY line",
-        parameters={"period": period},
-    )
-    return [
-        {
-            "period": period,
-            "cost_centre": cc or "UNASSIGNED",
-            "account": account,
-            "description": f"GPU allocation {period}: {hours} GPU-h over {jobs} jobs",
-            "debit": charge,
-            "allocated_gpu_h": hours,
-            "jobs": jobs,
-        }
-        for cc, jobs, hours, charge in result.result_rows
-    ]
 
 
 ALERT_LIST_COLUMNS = ("ts_ms", "kind", "cluster", "job_id", "user", "team", "project", "idle_minutes", "message")

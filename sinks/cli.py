@@ -277,18 +277,34 @@ def report_explain(
 @report_app.command("journal")
 def report_journal(
     period: str = typer.Option(..., "--period", help="Month, YYYY-MM."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
-    account: str = typer.Option("GPU-CHARGEBACK", "--account", help="Ledger account of the debit lines."),
+    fmt: str = typer.Option("csv", "--format", help="csv or parquet."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File (default: stdout; parquet needs one)."),
+    account: str = typer.Option("GPU-CHARGEBACK", "--account", help="Ledger account of the cost centres' lines."),
+    contra_account: str | None = typer.Option(None, "--contra-account", help="Account of the contra line "
+                                              "(default: --account)."),
+    contra_cost_centre: str | None = typer.Option(None, "--contra-cost-centre", help="Cost centre of the contra "
+                                                  "line (default: settings' cluster_cost_centre, then "
+                                                  "CLUSTER-<cluster>)."),
     state_dir: Path | None = STATE_DIR,
 ) -> None:
-    """Finance export: one journal line per cost centre for the period (CSV)."""
+    """Finance export that balances: a debit per cost centre, a line per adjustment, credit or reservation
+    charge with its cause, and one contra line to the cluster's cost centre; deterministic line ids. From the
+    frozen statements of a closed month, else provisional (the statements as they would close now)."""
     from sinks import chargeback as cb
+    from sinks.journal import JOURNAL_COLUMNS
+    from sinks.statement_cli import _charges
+    from sinks.statement_store import StatementStore, journal
 
     cb.check_period(period)
+    if fmt not in ("csv", "parquet"):
+        raise ConfigError(f"--format must be csv or parquet for the journal, got {fmt!r}")
     settings = settings_for(state_dir)
+    contra = contra_cost_centre or settings.cluster_cost_centre or f"CLUSTER-{settings.cluster}"
+    client = _client(settings, analyst=True)
     with _warehouse_errors():
-        rows = cb.journal(_client(settings, analyst=True), period, account=account)
-    _emit(rows, "csv", output, "", cb.JOURNAL_COLUMNS)
+        lines = journal(StatementStore(client), period, lambda: _charges(settings, client), account=account,
+                        contra_cost_centre=contra, contra_account=contra_account)  # fmt: skip
+    _emit([dataclasses.asdict(line) for line in lines], fmt, output, "", JOURNAL_COLUMNS)
 
 
 def alerts_cmd(

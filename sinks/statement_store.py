@@ -16,6 +16,7 @@ from typing import Any
 
 from base.errors import ConfigError
 from sinks.chargeback import check_period
+from sinks.journal import JournalLine, StatementLike, build_journal
 from sinks.statements import (
     Charge,
     Segment,
@@ -161,6 +162,16 @@ class StatementStore:
                           "WHERE kind IN ('credit', 'reservation')")
         return {(str(k), str(r)) for k, r in rows}
 
+    def job_cost_centres(self, jobs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The cost centre of each job's usage in the closed statements (its earliest month's, if several)."""
+        wanted = set(jobs)
+        if not wanted:
+            return {}
+        rows = self._rows("SELECT cluster, job_id, argMin(cost_centre, period) FROM v_statement_lines "
+                          "WHERE kind = 'usage' AND cost_centre != '' AND job_id IN {ids:Array(String)} "
+                          "GROUP BY cluster, job_id", ids=sorted({j for _, j in wanted}))  # fmt: skip
+        return {(str(c), str(j)): str(cc) for c, j, cc in rows if (str(c), str(j)) in wanted}
+
     def statements(self, period: str) -> list[StoredStatement]:
         """The closed statements of `period` with their lines, as stored."""
         rows = self._rows(
@@ -247,6 +258,19 @@ def adjustments_since(store: StatementStore, period: str) -> list[tuple[str, Sta
     pending = pending_adjustments(period, store.frozen_lines(period), [line for _, line in posted],
                                   store.segments(period), store.card_version())  # fmt: skip
     return [*posted, *(("open", line) for line in pending)]
+
+
+def journal(store: StatementStore, period: str, charges: ChargeSource, *, account: str, contra_cost_centre: str,
+            contra_account: str | None = None) -> list[JournalLine]:  # fmt: skip
+    """The finance journal of `period` (`sinks.journal`): from its frozen statements when it is closed, else
+    from the statements it would close with now (`prepare`, with `charges()`), marked provisional."""
+    period = check_period(period)
+    closed = period in store.closes()
+    statements: Sequence[StatementLike] = store.statements(period) if closed else prepare(store, period, charges())
+    unnamed = {(line.cluster, line.job_id) for s in statements for line in s.lines
+               if line.job_id and not line.cost_centre}  # fmt: skip
+    return build_journal(period, statements, closed=closed, account=account, contra_cost_centre=contra_cost_centre,
+                         contra_account=contra_account, job_cost_centres=store.job_cost_centres(unnamed))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,11 +235,13 @@ def test_worked_ledger_exact_to_the_cent_in_cli_and_views(ledger_settings: Click
     stored = analyst.query("SELECT DISTINCT project FROM device_minutes WHERE job_id = 'j3'").result_rows
     assert stored == [("p-wrong",)]  # corrections never rewrite history
 
-    # Finance journal: one line per cost centre.
+    # Finance journal: one debit per cost centre, and the contra (an open month: provisional) balancing them.
     journal_csv = tmp_path / "journal.csv"
     run_cli(ch, "report", "journal", "--period", "2026-11", "--output", str(journal_csv))
     journal = list(csv.DictReader(io.StringIO(journal_csv.read_text())))
-    assert [(r["cost_centre"], r["debit"]) for r in journal] == [("CC-100", "24.02"), ("CC-200", "1.55")]
+    assert [(r["line_kind"], r["cost_centre"], r["debit"], r["credit"], r["status"]) for r in journal] == [
+        ("usage", "CC-100", "24.02", "0.00", "provisional"), ("usage", "CC-200", "1.55", "0.00", "provisional"),
+        ("contra", "CLUSTER-sim", "0.00", "25.57", "provisional")]  # fmt: skip
     journal_view = analyst.query("SELECT cost_centre, charge FROM v_finance_journal WHERE period = '2026-11' "
                                  "ORDER BY cost_centre").result_rows  # fmt: skip
     assert [(c, str(v)) for c, v in journal_view] == [("CC-100", "24.02"), ("CC-200", "1.55")]
