@@ -344,8 +344,6 @@ class Settings(BaseSettings):
     cluster: str = "sim"
     # The cluster's cost centre: the contra line of `gpuledger report journal` (None: CLUSTER-<cluster>).
     cluster_cost_centre: str | None = None
-    # The cluster's cost centre: the contra line of `gpuledger report journal` (None: CLUSTER-<cluster>).
-    cluster_cost_centre: str | None = None
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
