@@ -40,7 +40,8 @@ kube: $(STAMP)
 # control plane and the Kueue controller, and a live one-node Slurm with accounting). The Slurm fixture runs as
 # root (as CI does) and installs Debian's slurm-wlm, slurmdbd, munge, mariadb-server and slurm-client with
 # apt-get the first time when they are missing (about a minute); not as root it names what to install.
-test: $(STAMP) kube
+test: $(STAMP)
+	$(VENV)/bin/gpuledger dev kube build --jobs $(KUBE_JOBS) --detach
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest

@@ -152,3 +152,9 @@ def eventually(probe: Any, what: str, timeout: float = 120) -> Any:
             return value
         time.sleep(0.25)
     raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the Kubernetes control plane run last, in their order: on a first run `make test` builds its
+    binaries in the background (`dev kube build --detach`) while the other tests run."""
+    items.sort(key=lambda item: "kube_binaries" in getattr(item, "fixturenames", ()))

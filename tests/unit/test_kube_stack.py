@@ -8,17 +8,21 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from base.errors import DependencyMissing
-from gpuledger.stack.kube import crd_files, deploy_dir
+from gpuledger.stack.kube import build, crd_files, deploy_dir
 from gpuledger.stack.kube.build import (
+    BINARIES,
     STAGING,
     KubeBinaries,
     KubeVersions,
+    _build_lock,
     _ldflags,
     _wrapper,
     cache_dir,
@@ -139,3 +143,31 @@ def test_the_crds_are_kueues_own_then_the_copied_ones(tmp_path: Path) -> None:
         "volcano-v1.15.1_scheduling.volcano.sh_queues.yaml",
     ]  # fmt: skip
     assert (deploy_dir() / "crds" / "PROVENANCE.md").is_file()
+
+
+def test_a_second_build_waits_for_the_first_and_finds_the_binaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make test` builds in the background while the tests run; a fixture that needs the binaries meanwhile
+    waits for that build instead of starting a second one (a Go that does not exist: nothing may compile)."""
+    monkeypatch.setattr(build, "find_go", lambda: str(tmp_path / "no-such-go"))
+    root = cache_dir(KubeVersions(), tmp_path)
+    holding = threading.Event()
+
+    def first_build() -> None:
+        with _build_lock(root, lambda _: None):
+            holding.set()
+            time.sleep(0.5)
+            (root / "bin").mkdir(parents=True)
+            for name in BINARIES:
+                (root / "bin" / name).write_text("")
+            (root / ".complete").write_text("1\n")
+
+    first = threading.Thread(target=first_build)
+    first.start()
+    assert holding.wait(10)
+    said: list[str] = []
+    found = ensure_binaries(cache_root=tmp_path, progress=said.append)
+    first.join()
+    assert found == KubeBinaries(root, None)
+    assert len(said) == 1 and said[0].startswith("waiting for the Kubernetes build already running")

@@ -18,11 +18,13 @@ starve what else the machine runs; about 8 minutes cold on 2 cores (docs/benchma
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,7 +216,40 @@ def ensure_binaries(
         shutil.rmtree(root, ignore_errors=True)
     if is_built(root):
         return KubeBinaries(root, None)
-    go = _Go(find_go(), max(1, jobs), progress)
+    go = find_go()  # before the lock: without Go, nothing is written to the cache
+    with _build_lock(root, progress):
+        if is_built(root):  # another process built it while this one waited
+            return KubeBinaries(root, None)
+        return _build(v, root, _Go(go, max(1, jobs), progress))
+
+
+def build_log(versions: KubeVersions | None = None, cache_root: Path | None = None) -> Path:
+    """Where a build started in the background (`dev kube build --detach`) writes its output."""
+    return _beside(cache_dir(versions or KubeVersions(), cache_root), ".build.log")
+
+
+def _beside(root: Path, suffix: str) -> Path:
+    return root.parent / f"{root.name}{suffix}"
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, progress: Progress) -> Iterator[None]:
+    """One build per cache entry at a time: a second caller (a test fixture while `make test` builds in the
+    background) waits for the first, then finds the binaries built."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(_beside(root, ".lock"), "w", encoding="utf-8") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for the Kubernetes build already running (its log: {_beside(root, '.build.log')})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(v: KubeVersions, root: Path, go: _Go) -> KubeBinaries:
     started = time.monotonic()
     src = root / "src"
     bin_dir = root / "bin"

@@ -8,6 +8,8 @@ ports of their own, prints the admin kubeconfig, and returns; `down` stops them.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import typer
@@ -29,10 +31,25 @@ def _progress(message: str) -> None:
 def build(
     jobs: int = typer.Option(1, "--jobs", min=1, help="Go packages compiled at once (at low priority)."),
     rebuild: bool = typer.Option(False, "--rebuild", help="Build again even when cached."),
+    detach: bool = typer.Option(
+        False, "--detach", help="Build in the background and return at once (`make test` runs the other tests "
+        "meanwhile; the Kubernetes fixtures wait for the build)."),
 ) -> None:
     """Build the binaries into the user cache (nothing to do when cached); print where they are."""
-    from gpuledger.stack.kube.build import ensure_binaries
+    from gpuledger.stack.kube.build import KubeVersions, build_log, cache_dir, ensure_binaries, is_built
 
+    if detach and not rebuild:
+        root = cache_dir(KubeVersions())
+        if is_built(root):
+            typer.echo(f"{root} (cached)")
+            return
+        log_path = build_log()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w", encoding="utf-8") as log:
+            argv = [sys.executable, "-m", "gpuledger", "dev", "kube", "build", "--jobs", str(jobs)]
+            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        typer.echo(f"building the Kubernetes binaries in the background into {root} (log: {log_path})")
+        return
     bins = ensure_binaries(jobs=jobs, rebuild=rebuild, progress=_progress)
     took = "cached" if bins.build_s is None else f"built in {bins.build_s:.0f} s"
     typer.echo(f"{bins.root} ({took})")
