@@ -11,9 +11,12 @@ the fold, never a credit.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import time
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +114,30 @@ def dead_letters(s: Settings, topic: topics.Topic) -> list[dict[str, bytes]]:
     return out
 
 
-def test_a_credit_on_a_closed_month_is_one_line_in_the_next(appeals_env: tuple[Settings, dict[str, str]]) -> None:
+def journal(environ: dict[str, str], period: str, path: Path) -> list[dict[str, str]]:
+    cli(environ, "report", "journal", "--period", period, "--output", str(path))
+    return list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+
+
+def parquet_rows(path: Path) -> list[dict[str, str]]:
+    """The Parquet journal read back with pyarrow, each cell as the CSV writes it."""
+    import pyarrow.parquet as pq
+
+    return [{k: str(v) for k, v in row.items()} for row in pq.read_table(path).to_pylist()]
+
+
+def statement_ids(s: Settings, period: str) -> str:
+    client = connect(s.clickhouse)
+    rows = client.query("SELECT statement_id FROM v_statements WHERE period = {p:String} ORDER BY statement_id",
+                        parameters={"p": period}).result_rows  # fmt: skip
+    client.close()
+    return ";".join(str(r[0]) for r in rows)
+
+
+def test_a_credit_on_a_closed_month_is_one_line_in_the_next(appeals_env: tuple[Settings, dict[str, str]],
+                                                             tmp_path: Path) -> None:  # fmt: skip
     s, environ = appeals_env
+    environ = {**environ, "GPULEDGER_CLUSTER_COST_CENTRE": "CC-GPU-OPS"}
     pub = RecordPublisher(s.kafka)
     for rec in LEDGER[:60]:  # a1: one hopper GPU for an hour on 2026-09-10
         pub.publish(topics.DEVICE_MINUTES, job_key("c1", "a1"), rec)
@@ -165,8 +190,40 @@ def test_a_credit_on_a_closed_month_is_one_line_in_the_next(appeals_env: tuple[S
     assert october == {("vision", "credit", "2026-09", "a1", "p-v", "-1.50", "appeal", appeal_id)}
     assert hashes(s, "2026-09") == closed
     assert cli(environ, "statement", "verify", "--period", "2026-09").count(" ok") == 1
+
+    # The journal of open October (provisional): the credit is its one line, to a1's cost centre (September's
+    # frozen usage names CC-100), naming the appeal; the contra to the cluster's cost centre balances it.
+    provisional = journal(environ, "2026-10", tmp_path / "oct-open.csv")
+    assert [(r["line_kind"], r["cost_centre"], r["debit"], r["credit"], r["source_period"], r["cause_kind"],
+             r["cause_ref"], r["status"]) for r in provisional] == [
+        ("credit", "CC-100", "0.00", "1.50", "2026-09", "appeal", appeal_id, "provisional"),
+        ("contra", "CC-GPU-OPS", "1.50", "0.00", "2026-10", "", "", "provisional")]  # fmt: skip
     out = cli(environ, "period", "close", "2026-10", "--by", "fin")
     assert ": -1.50 over 1 lines" in out
+
+    # Closed October's journal: exactly one adjustment line, from October's closed statement; it balances to
+    # the cent; two exports give the same ids (the provisional export's too, so a finance system upserts);
+    # the Parquet file says what the CSV says.
+    october_ids = set(hashes(s, "2026-10"))
+    october_sid = statement_ids(s, "2026-10")
+    first = journal(environ, "2026-10", tmp_path / "oct-1.csv")
+    again = journal(environ, "2026-10", tmp_path / "oct-2.csv")
+    assert first == again
+    assert october_ids == {"vision"}
+    assert [r["line_id"] for r in first] == [r["line_id"] for r in provisional]
+    adjustments = [r for r in first if r["line_kind"] != "contra"]
+    assert [(r["line_kind"], r["cost_centre"], r["credit"], r["cause_ref"], r["statement_ids"], r["status"])
+            for r in adjustments] == [("credit", "CC-100", "1.50", appeal_id, october_sid, "closed")]  # fmt: skip
+    assert sum(Decimal(r["debit"]) - Decimal(r["credit"]) for r in first) == Decimal("0.00")
+    assert sum(Decimal(r["amount"]) for r in first) == 0 and first[-1]["debit"] == "1.50"
+    cli(environ, "report", "journal", "--period", "2026-10", "--format", "parquet", "-o", str(tmp_path / "oct.pq"))
+    assert parquet_rows(tmp_path / "oct.pq") == first
+    # September's own journal: its frozen usage and the contra, unchanged by the credit posted in October.
+    september = journal(environ, "2026-09", tmp_path / "sep.csv")
+    assert [(r["line_kind"], r["cost_centre"], r["debit"], r["credit"], r["statement_ids"]) for r in september] == [
+        ("usage", "CC-100", "2.00", "0.00", statement_ids(s, "2026-09")),
+        ("contra", "CC-GPU-OPS", "0.00", "2.00", statement_ids(s, "2026-09"))]  # fmt: skip
+    assert hashes(s, "2026-09") == closed
     november = json.loads(cli(environ, "statement", "show", "--period", "2026-11", "--format", "json"))
     assert november == []
     listed = json.loads(cli(environ, "appeal", "list", "--state", "decided", "--format", "json"))
