@@ -275,7 +275,7 @@ def test_a_jobs_drill_down_reads_only_its_nodes_and_loses_no_row(web_ledger: Any
 
 
 def test_the_data_quality_rollup_equals_the_raw_device_minutes(web_ledger: Any) -> None:
-    """The team page's dark-by-node and freshest-minute figures read node_daily (migration 014), not the month's
+    """The team page's dark-by-node and freshest-minute figures read node_daily (migration 015), not the month's
     raw device-minutes: per team and node they are exactly what device_minutes holds."""
     from gpuledger.web.params import period as parse_period
     from gpuledger.web.queries import Warehouse
@@ -304,7 +304,7 @@ def test_the_data_quality_rollup_equals_the_raw_device_minutes(web_ledger: Any) 
         analyst.close()
 
 
-def test_migration_014_rolls_up_the_device_minutes_stored_before_it(small_ledger: Any) -> None:
+def test_migration_015_rolls_up_the_device_minutes_stored_before_it(small_ledger: Any) -> None:
     """Applied to a ledger that already holds device-minutes, the migration fills node_daily from them once;
     later inserts arrive through its materialized view, and nothing is counted twice."""
     from sinks.db import connect, migrate
@@ -317,8 +317,8 @@ def test_migration_014_rolls_up_the_device_minutes_stored_before_it(small_ledger
         assert before[0] > 0 and client.query(rolled).result_rows[0] == before
         client.command("DROP VIEW node_daily_mv")
         client.command("DROP TABLE node_daily")
-        client.command("ALTER TABLE schema_migrations DELETE WHERE version = 14 SETTINGS mutations_sync = 1")
-        assert [r.status for r in migrate(client, small_ledger) if r.version == 14] == ["applied"]
+        client.command("ALTER TABLE schema_migrations DELETE WHERE version = 15 SETTINGS mutations_sync = 1")
+        assert [r.status for r in migrate(client, small_ledger) if r.version == 15] == ["applied"]
         assert client.query(rolled).result_rows[0] == before
         client.command(
             "INSERT INTO device_minutes (cluster, node, device_uuid, minute_start_ms, job_id, team, allocated_s, "
