@@ -291,8 +291,8 @@ def report_journal(
     charge with its cause, and one contra line to the cluster's cost centre; deterministic line ids. From the
     frozen statements of a closed month, else provisional (the statements as they would close now)."""
     from sinks import chargeback as cb
+    from sinks.governance_charges import configured_charges
     from sinks.journal import JOURNAL_COLUMNS
-    from sinks.statement_cli import _charges
     from sinks.statement_store import StatementStore, journal
 
     cb.check_period(period)
@@ -302,8 +302,8 @@ def report_journal(
     contra = contra_cost_centre or settings.cluster_cost_centre or f"CLUSTER-{settings.cluster}"
     client = _client(settings, analyst=True)
     with _warehouse_errors():
-        lines = journal(StatementStore(client), period, lambda: _charges(settings, client), account=account,
-                        contra_cost_centre=contra, contra_account=contra_account)  # fmt: skip
+        lines = journal(StatementStore(client), period, lambda: configured_charges(settings, client, _now_ms()),
+                        account=account, contra_cost_centre=contra, contra_account=contra_account)  # fmt: skip
     _emit([dataclasses.asdict(line) for line in lines], fmt, output, "", JOURNAL_COLUMNS)
 
 

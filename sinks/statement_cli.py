@@ -44,18 +44,10 @@ def _now_ms() -> int:
 
 
 def _charges(settings: Settings, client: Any) -> list[Any]:
-    """Credits (appeals granted as credit) and reservation charges, judged under the policy (settings'
-    policy_path). Without a policy no decision can be judged: refused when there is any."""
-    from schemas.policy import load_policy
-    from sinks.governance import has_decisions
-    from sinks.governance_charges import charges
+    """Credits (appeals granted as credit) and reservation charges, judged under the settings' policy."""
+    from sinks.governance_charges import configured_charges
 
-    if settings.policy_path is None:
-        if has_decisions(client):
-            raise ConfigError("appeals were decided but no policy is set to judge them: set policy_path "
-                              "(GPULEDGER_POLICY_PATH)")  # fmt: skip
-        return []
-    return charges(client, load_policy(settings.policy_path), _now_ms())
+    return configured_charges(settings, client, _now_ms())
 
 
 def line_rows(statements: Iterable[Any], state: str) -> list[dict[str, Any]]:
