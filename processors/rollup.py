@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, cast
 
 from base.processor_settings import Thresholds
@@ -15,6 +16,10 @@ from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo
 from processors.classify import MinuteClass, classify_minute
 from processors.windows import DeviceWindow, Second
 from schemas.generations import generation_of
+from schemas.mig import UnknownMigProfile, mig_share
+
+WHOLE_GPU = (1, 1)
+UNKNOWN_SHARE = (0, 1)  # a MIG instance whose share cannot be derived: its seconds are left unpriced
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +27,24 @@ class DeviceFacts:
     uuid: str
     model: str | None
     generation: str
+    mig_profile: str | None = None
+
+
+@lru_cache(maxsize=4096)
+def gpu_share(mig: int | None, profile: str | None, model: str | None) -> tuple[int, int]:
+    """(slices, of): the share of its GPU a device's seconds are priced at. A whole GPU is 1 of 1; a MIG
+    instance is its profile's compute slices of the GPU's (`schemas.mig.mig_share`), or 0 of 1 (unpriced,
+    and so listed in every report's unpriced hours) when no source named its profile or the profile is
+    unknown: a wrong guess would bill a slice as a whole GPU, or a whole GPU as a slice."""
+    if mig is None:
+        return WHOLE_GPU
+    if not profile:
+        return UNKNOWN_SHARE
+    try:
+        share = mig_share(profile, model)
+    except UnknownMigProfile:
+        return UNKNOWN_SHARE
+    return share.slices, share.of
 
 
 class DeviceDirectory:
@@ -51,7 +74,14 @@ class DeviceDirectory:
         uuid = ref.uuid or (dev.get("uuid") if dev else None) or ref.label
         model = dev.get("model") if dev else None
         gen = (dev.get("generation") if dev else None) or generation_of(model)
-        return DeviceFacts(uuid, model, gen)
+        return DeviceFacts(uuid, model, gen, dev.get("mig_profile") if dev else None)
+
+    def mig_profile(self, node: str, uuid: str, index: int | None, mig: int | None) -> str | None:
+        """The inventory's MIG profile of a device (None for a whole GPU or one it does not describe)."""
+        if mig is None:
+            return None
+        dev = self.lookup(node, uuid, None, mig) or self.lookup(node, None, index, mig)
+        return dev.get("mig_profile") if dev is not None else None
 
     def generation(self, node: str, uuid: str, index: int | None, mig: int | None, model: str | None) -> str:
         dev = self.lookup(node, uuid, None, mig) or self.lookup(node, None, index, mig)
@@ -82,11 +112,15 @@ def _row(
     mappings: Iterable[str],
     thresholds: Thresholds,
 ) -> dict[str, Any]:
+    slices, of = gpu_share(mig, facts.mig_profile, facts.model)
     return {
         "cluster": cluster,
         "node": node,
         "device_uuid": facts.uuid,
         "mig_instance_id": mig,
+        "mig_profile": facts.mig_profile if mig is not None else None,
+        "gpu_share_slices": slices,
+        "gpu_share_of": of,
         "minute_start_ms": minute_ms,
         "model": facts.model,
         "generation": facts.generation,
@@ -217,7 +251,8 @@ def node_minute_rows(
     for (uuid, mig), win in windows.items():
         ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
         matched.update(iv.ref for iv in ivs)
-        facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model))
+        profile = win.mig_profile or directory.mig_profile(node_id, uuid, win.index, mig)
+        facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model), profile)
         if len(ivs) == 1:  # the common case: one job, the whole minute or a span of it
             iv = ivs[0]
             a, b = seconds_span(iv, lo_s, lo_s + 60)

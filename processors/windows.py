@@ -98,7 +98,7 @@ class DeviceWindow:
     About 1.9 KB per device-minute instead of ~12 KB for a dict of tuples; `secs` gives the dict view.
     """
 
-    __slots__ = ("act", "fb", "index", "mapping", "minute_s", "model", "pw", "seen")
+    __slots__ = ("act", "fb", "index", "mapping", "mig_profile", "minute_s", "model", "pw", "seen")
 
     def __init__(
         self,
@@ -106,9 +106,11 @@ class DeviceWindow:
         model: str | None,
         secs: Mapping[int, Second] | None = None,
         minute_s: int | None = None,
+        mig_profile: str | None = None,
     ) -> None:
         self.index = index
         self.model = model
+        self.mig_profile = mig_profile
         self.minute_s = minute_s if minute_s is not None else (min(secs) - min(secs) % 60 if secs else 0)
         self.act = array("d", _EMPTY)
         self.fb = array("d", _EMPTY)
@@ -206,7 +208,7 @@ class MinuteWindows:
             key = (node, dev["uuid"], dev["mig_instance_id"])
             w = devices.get(key)
             if w is None:
-                w = devices[key] = DeviceWindow(dev["index"], dev["model"], None, m // 1000)
+                w = devices[key] = DeviceWindow(dev["index"], dev["model"], None, m // 1000, dev.get("mig_profile"))
             if w.put(s, activity(dev), dev["fb_used_mib"], dev["power_w"]) and w.mapping != mapping:
                 w.add_mapping(mapping)
         return verdict

@@ -859,6 +859,9 @@ class DeviceMinute:
     node: str
     device_uuid: str
     mig_instance_id: int | None = None
+    mig_profile: str | None = None
+    gpu_share_slices: int = 1
+    gpu_share_of: int = 1
     minute_start_ms: int
     model: str | None = None
     generation: str
@@ -890,6 +893,9 @@ class DeviceMinute:
             "node": self.node,
             "device_uuid": self.device_uuid,
             "mig_instance_id": self.mig_instance_id,
+            "mig_profile": self.mig_profile,
+            "gpu_share_slices": self.gpu_share_slices,
+            "gpu_share_of": self.gpu_share_of,
             "minute_start_ms": self.minute_start_ms,
             "model": self.model,
             "generation": self.generation,
@@ -923,6 +929,9 @@ class DeviceMinute:
             node=d["node"],
             device_uuid=d["device_uuid"],
             mig_instance_id=d.get("mig_instance_id"),
+            mig_profile=d.get("mig_profile"),
+            gpu_share_slices=d.get("gpu_share_slices", 1),
+            gpu_share_of=d.get("gpu_share_of", 1),
             minute_start_ms=d["minute_start_ms"],
             model=d.get("model"),
             generation=d["generation"],

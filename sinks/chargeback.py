@@ -19,7 +19,7 @@ from typing import Any
 from base.errors import ConfigError
 from base.outputs import csv_text
 
-BY_CHOICES = ("team", "project", "user", "cost-centre")
+BY_CHOICES = ("team", "project", "user", "cost-centre", "tier")
 FORMATS = ("table", "csv", "json", "parquet")
 _PERIOD = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")  # fullmatch: no trailing newline
 
@@ -51,6 +51,11 @@ class ChargebackLine:
     idle_cost: Decimal
     coverage_pct: float
     unpriced_gpu_h: Decimal
+    # owned hardware vs cloud burst (each tier at its own rate; money half-up per column, beside `charge`)
+    onprem_gpu_h: Decimal
+    cloud_gpu_h: Decimal
+    onprem_charge: Decimal
+    cloud_charge: Decimal
 
 
 LINE_COLUMNS = tuple(f.name for f in fields(ChargebackLine))
@@ -102,6 +107,10 @@ def chargeback(client: Any, period: str, by: str, *, closed: bool = False) -> Ch
         idle_cost=sum((line.idle_cost for line in lines), Decimal(0)),
         coverage_pct=_pct(alloc - dark, alloc),
         unpriced_gpu_h=sum((line.unpriced_gpu_h for line in lines), Decimal(0)),
+        onprem_gpu_h=sum((line.onprem_gpu_h for line in lines), Decimal(0)),
+        cloud_gpu_h=sum((line.cloud_gpu_h for line in lines), Decimal(0)),
+        onprem_charge=sum((line.onprem_charge for line in lines), Decimal(0)),
+        cloud_charge=sum((line.cloud_charge for line in lines), Decimal(0)),
     )
     return ChargebackReport(period, by, tuple(lines), total)
 

@@ -59,7 +59,8 @@ def _mig(value: Any) -> int:
 
 
 DEVICE_MINUTE_COLUMNS = (
-    "cluster", "node", "device_uuid", "mig_instance_id", "minute_start_ms", "model", "generation", "job_id",
+    "cluster", "node", "device_uuid", "mig_instance_id", "mig_profile", "gpu_share_slices", "gpu_share_of",
+    "minute_start_ms", "model", "generation", "job_id",
     "user", "project", "team", "cost_centre", "preemptible", "pricing_tier", "unallocated_s", "allocated_s",
     "active_s", "starved_s", "idle_s", "dark_s", "sm_weighted_s", "sample_count", "activity_mean_ratio",
     "activity_max_ratio", "fb_used_mib_max", "power_w_mean", "mapping_version", "classifier_version",
@@ -68,7 +69,8 @@ DEVICE_MINUTE_COLUMNS = (
 
 def device_minute_rows(r: DeviceMinute) -> list[Row]:
     return [[
-        r.cluster, r.node, r.device_uuid, _mig(r.mig_instance_id), r.minute_start_ms, _s(r.model), r.generation,
+        r.cluster, r.node, r.device_uuid, _mig(r.mig_instance_id), _s(r.mig_profile), r.gpu_share_slices,
+        r.gpu_share_of, r.minute_start_ms, _s(r.model), r.generation,
         _s(r.job_id), _s(r.user), _s(r.project), _s(r.team), _s(r.cost_centre), bool(r.preemptible),
         r.pricing_tier, r.unallocated_s, r.allocated_s, r.active_s, r.starved_s, r.idle_s, r.dark_s,
         float(r.sm_weighted_s), r.sample_count, r.activity_mean_ratio, r.activity_max_ratio, r.fb_used_mib_max,
