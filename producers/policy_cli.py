@@ -5,7 +5,9 @@
 - apply: Slurm: the `sacctmgr -i` commands that turn today's accounting state into the policy's (add what
   is missing, modify what differs); Kueue: server-side apply of every object through the Kubernetes API.
 - diff: reads the live state (`sacctmgr -n -P show qos|assoc`, the Kubernetes API) and prints one line per
-  difference; exit 1 when there is any, 0 when none.
+  difference; exit 1 when there is any, 0 when none. On Kueue a team's quota raised by its active reservations
+  (reservations.v1, the reservation service's bump) is expected: a raise they account for exactly is printed as
+  "explained by reservation R (+N) until T" and is not drift; a bump missing or of another size is.
 A policy file with problems prints one `file:line: what` per problem and exits 2, rendering nothing.
 """
 
@@ -25,6 +27,7 @@ from schemas.policy import Policy, PolicyError, load_policy
 
 ENGINES = ("slurm", "kueue")
 SACCTMGR_TIMEOUT_S = 60.0
+RESERVATIONS_TIMEOUT_S = 10.0  # reading reservations.v1 for `diff --engine kueue`
 FIELD_MANAGER = "gpuledger-policy"
 
 Runner = Callable[[Sequence[str]], str]  # argv -> stdout; raises ServiceError when the command fails
@@ -147,12 +150,33 @@ def kueue_apply(api: Any, objs: Sequence[dict[str, Any]]) -> None:
             raise ServiceError(f"applying {kind} {name}: {exc.status} {exc.reason}: {str(exc.body)[:500]}") from exc
 
 
+def reservation_bumps(policy: Policy, state_dir: Path | None) -> list[policy_kueue.Bump]:
+    """The active reservations of this cluster as quota bumps (the topic read whole); none, with a warning,
+    when the topic cannot be read: then every quota difference is drift."""
+    import time
+
+    from schemas.eventlog import read_events
+    from schemas.governance_reservations import fold
+    from schemas.topics import RESERVATIONS
+
+    settings = settings_for(state_dir)
+    try:
+        events, _ = read_events(settings.kafka, RESERVATIONS, timeout_s=RESERVATIONS_TIMEOUT_S)
+    except ServiceError as exc:
+        typer.echo(f"reservations not read ({exc}): a reservation's quota bump shows as drift", err=True)
+        return []
+    reservations = fold(events, policy)[0].values()
+    return policy_kueue.bumps(policy, reservations, settings.cluster, time.time_ns() // 1_000_000)
+
+
 # -- commands -------------------------------------------------------------------------------------
 
 ENGINE_OPTION = typer.Option(..., "--engine", help="slurm or kueue.")
 POLICY_OPTION = typer.Option(None, "--policy", help="policy.yaml (default: settings' policy_path).")
 KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="Kueue: default in-cluster, else ~/.kube/config.")
 SACCTMGR_OPTION = typer.Option("sacctmgr", "--sacctmgr", help="Slurm: the sacctmgr to run.")
+RESERVATIONS_OPTION = typer.Option(True, "--reservations/--no-reservations",
+                                   help="Kueue: expect active reservations' quota raises.")  # fmt: skip
 
 
 def render_engine(engine: str, out: Path, policy_path: Path | None, state_dir: Path | None) -> None:
@@ -186,17 +210,22 @@ def policy_diff(
     policy_path: Path | None = POLICY_OPTION,
     kubeconfig: Path | None = KUBECONFIG_OPTION,
     sacctmgr: str = SACCTMGR_OPTION,
+    reservations: bool = RESERVATIONS_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
-    """Print how the live scheduler differs from the policy; exit 1 when it does."""
+    """Print how the live scheduler differs from the policy; exit 1 when it does (a Kueue quota raised by active
+    reservations, exactly, is printed as explained and is not drift)."""
     policy = policy_from(policy_path, state_dir)
     found: Sequence[object]
+    explained: Sequence[object] = ()
     if check_engine(engine) == "slurm":
         found = slurm_drift(policy, run_command, sacctmgr)
     else:
         objs = policy_kueue.render_objects(policy)
-        found = policy_kueue.drift(objs, kueue_live(kube_api(kubeconfig), objs))
-    for item in found:
+        live = kueue_live(kube_api(kubeconfig), objs)
+        by = reservation_bumps(policy, state_dir) if reservations else []
+        found, explained = policy_kueue.drift_with_reservations(policy, objs, live, by)
+    for item in [*found, *explained]:
         typer.echo(str(item))
     if found:
         raise typer.Exit(1)

@@ -22,7 +22,8 @@ How the policy maps onto Kueue:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import copy
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,19 +165,29 @@ def _text(value: Any) -> str:
     return "(none)" if value is None else str(value)
 
 
+def _label(key: tuple[str, str, str]) -> str:
+    kind, ns, name = key
+    return f"{kind} {ns + '/' if ns else ''}{name}"
+
+
 @dataclass(frozen=True)
 class KueueDrift:
     key: tuple[str, str, str]
     path: str  # "" when the whole object is missing
     want: Any
     have: Any
+    reserved: tuple[Bump, ...] = ()  # the active reservations `want` includes (a team's quota)
 
     def __str__(self) -> str:
-        kind, ns, name = self.key
-        label = f"{kind} {ns + '/' if ns else ''}{name}"
+        label = _label(self.key)
         if not self.path:
             return f"{label}: missing"
         # Plain text: the server may hand a quantity back as "5" or 5, the same value either way.
+        if self.reserved:
+            policy = self.want - sum(b.gpus for b in self.reserved)
+            parts = " + ".join(str(b) for b in self.reserved)
+            return (f"{label}: {self.path} is {_text(self.have)}, policy and active reservations say "
+                    f"{_text(self.want)} (policy {policy} + {parts})")  # fmt: skip
         return f"{label}: {self.path} is {_text(self.have)}, policy says {_text(self.want)}"
 
 
@@ -198,3 +209,95 @@ def drift(
             if not _same(value, theirs.get(path)):
                 out.append(KueueDrift(key, path, value, theirs.get(path)))
     return out
+
+
+# -- reservations ---------------------------------------------------------------------------------
+# While a reservation is active the reservation service adds its GPUs to the team's ClusterQueue nominalQuota of
+# the generation's flavor (sinks/reservations.py, KueueQuota). That bump is not drift: the live quota is
+# compared with the policy's plus every active reservation's, and a difference from the policy alone that the
+# reservations account for exactly is reported apart, as explained.
+
+
+def _utc(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+@dataclass(frozen=True)
+class Bump:
+    """An active reservation's GPUs on a team's ClusterQueue, in a flavor, until an instant (epoch ms)."""
+
+    reservation_id: str
+    team: str
+    flavor: str
+    gpus: int
+    until_ms: int
+
+    def __str__(self) -> str:
+        return f"reservation {self.reservation_id} {self.gpus} until {_utc(self.until_ms)}"
+
+
+@dataclass(frozen=True)
+class ExplainedDrift:
+    """A difference from the policy that active reservations account for exactly."""
+
+    drift: KueueDrift
+    by: tuple[Bump, ...]
+
+    def __str__(self) -> str:
+        why = ", ".join(f"reservation {b.reservation_id} (+{b.gpus}) until {_utc(b.until_ms)}" for b in self.by)
+        return f"{_label(self.drift.key)}: {self.drift.path} is {_text(self.drift.have)}, policy says " \
+               f"{_text(self.drift.want)}: explained by {why}"  # fmt: skip
+
+
+def bumps(policy: Policy, reservations: Iterable[Any], cluster: str, now_ms: int) -> list[Bump]:
+    """The active reservations of `cluster` (schemas/governance_reservations.py `Reservation`s) as quota bumps
+    on the teams' ClusterQueues (teams with namespaces: the others have no queue)."""
+    queued = {t.name for t in policy.teams if t.namespaces}
+    return [Bump(r.reservation_id, r.team, policy.generations[r.generation].kueue_flavor, r.gpus, r.end_ms)
+            for r in sorted(reservations, key=lambda r: r.reservation_id)
+            if r.cluster == cluster and r.active(now_ms) and r.team in queued
+            and r.generation in policy.generations]  # fmt: skip
+
+
+def _behind(d: KueueDrift, by: Sequence[Bump], resource: str) -> tuple[Bump, ...]:
+    """The bumps on the quota `d` is about: its team's ClusterQueue, a flavor's nominalQuota of the resource (the
+    leaf path as `_leaves` names it)."""
+    return tuple(b for b in by if d.key == ("ClusterQueue", "", b.team) and d.path.startswith("resourceGroups[")
+                 and d.path.endswith(f".flavors[{b.flavor}].resources[{resource}].nominalQuota"))  # fmt: skip
+
+
+def _reserved(objs: Sequence[Mapping[str, Any]], resource: str, by: Sequence[Bump]) -> list[dict[str, Any]]:
+    """The policy's objects with each team's active reservations added to its ClusterQueue's quota."""
+    out = []
+    for obj in objs:
+        mine = [b for b in by if obj.get("kind") == "ClusterQueue" and b.team == obj["metadata"]["name"]]
+        if mine:
+            obj = copy.deepcopy(dict(obj))
+            for group in obj["spec"]["resourceGroups"]:
+                for flavor in group["flavors"]:
+                    for res in flavor["resources"]:
+                        if res["name"] == resource:
+                            res["nominalQuota"] += sum(b.gpus for b in mine if b.flavor == flavor["name"])
+        out.append(dict(obj))
+    return out
+
+
+def drift_with_reservations(policy: Policy, want: Sequence[Mapping[str, Any]],
+                            live: Mapping[tuple[str, str, str], Mapping[str, Any]],
+                            by: Sequence[Bump]) -> tuple[list[KueueDrift], list[ExplainedDrift]]:  # fmt: skip
+    """(drift the active reservations do not explain, differences from the policy they do). A quota where
+    reservations apply is expected at the policy's plus theirs: a bump missing (not put on yet, or taken back by
+    a `policy apply`) or of another size is drift, with the reservations named."""
+    resource = policy.kueue.resource
+    unexplained = []
+    for d in drift(_reserved(want, resource, by), live):
+        mine = _behind(d, by, resource)
+        unexplained.append(KueueDrift(d.key, d.path, d.want, d.have, mine) if mine else d)
+    flagged = {(d.key, d.path) for d in unexplained}
+    explained = []
+    for d in drift(want, live):
+        if (d.key, d.path) not in flagged:
+            explained.append(ExplainedDrift(d, _behind(d, by, resource)))
+    return unexplained, explained

@@ -126,3 +126,86 @@ def test_render_writes_each_engines_files(tmp_path: Path) -> None:
     bad = run_gpuledger(["policy", "render", "--engine", "lsf", "--out", str(tmp_path), "--policy", str(policy)],
                         env=dict(os.environ), timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--engine must be one of slurm, kueue, got 'lsf'" in bad.stderr
+
+
+# -- drift and reservations (hand-built reservations; the service's own bump from sinks/reservations.py) --------
+
+NOW = 1_796_000_000_000
+HOUR = 3_600_000
+QUOTA = "resourceGroups[0].flavors[{}].resources[nvidia.com/gpu].nominalQuota"
+
+
+def reservation(rid: str, gpus: int, *, team: str = "vision", generation: str = "hopper", cluster: str = "c1",
+                start: int = NOW - HOUR, end: int = NOW + HOUR, approved: bool = True) -> Any:  # fmt: skip
+    from schemas.governance_reservations import Reservation
+
+    return Reservation(rid, cluster, team, generation, gpus, (), start, end, "alice", start, "launch",
+                       approved_by="ops1" if approved else None)  # fmt: skip
+
+
+def quota_of(live: dict[Any, Any], team: str, flavor: str) -> Any:
+    flavors = live[("ClusterQueue", "", team)]["spec"]["resourceGroups"][0]["flavors"]
+    return next(f for f in flavors if f["name"] == flavor)["resources"][0]
+
+
+def test_a_quota_raised_by_active_reservations_is_explained_not_drift() -> None:
+    live = {pk.object_key(o): copy.deepcopy(o) for o in OBJECTS}
+    quota_of(live, "vision", "h100")["nominalQuota"] = "4"  # policy 1 + 2 + 1 reserved, as the server returns it
+    held = [reservation("rsv-a", 2), reservation("rsv-b", 1, end=NOW + 2 * HOUR)]
+    by = pk.bumps(POLICY, held, "c1", NOW)
+    found, explained = pk.drift_with_reservations(POLICY, OBJECTS, live, by)
+    assert found == [] and pk.drift(OBJECTS, live)  # without the reservations, the same quota is drift
+    assert [str(e) for e in explained] == [
+        f"ClusterQueue vision: {QUOTA.format('h100')} is 4, policy says 1: explained by reservation rsv-a (+2) "
+        "until 2026-11-30T01:53Z, reservation rsv-b (+1) until 2026-11-30T02:53Z"
+    ]
+
+
+def test_reservations_explain_only_their_exact_bump() -> None:
+    live = {pk.object_key(o): copy.deepcopy(o) for o in OBJECTS}
+    held = [reservation("rsv-a", 2), reservation("rsv-nlp", 1, team="nlp", generation="ampere")]
+    # Ended, not yet approved, of another cluster: no bump.
+    ignored = [reservation("rsv-old", 2, start=NOW - 3 * HOUR, end=NOW - HOUR),
+               reservation("rsv-new", 2, approved=False), reservation("rsv-far", 2, cluster="c2")]  # fmt: skip
+    by = pk.bumps(POLICY, [*held, *ignored], "c1", NOW)
+    assert [b.reservation_id for b in by] == ["rsv-a", "rsv-nlp"]
+    quota_of(live, "vision", "h100")["nominalQuota"] = 5  # 1 + 2 reserved + 2 more by hand
+    quota_of(live, "nlp", "a100")["nominalQuota"] = 1  # the nlp bump not on (yet, or taken back by policy apply)
+    live[("ClusterQueue", "", "vision")]["spec"]["fairSharing"]["weight"] = 7  # an edit elsewhere
+    found, explained = pk.drift_with_reservations(POLICY, OBJECTS, live, by)
+    assert explained == []
+    assert [str(d) for d in found] == [
+        "ClusterQueue vision: fairSharing.weight is 7, policy says 2",
+        f"ClusterQueue vision: {QUOTA.format('h100')} is 5, policy and active reservations say 3 "
+        "(policy 1 + reservation rsv-a 2 until 2026-11-30T01:53Z)",
+        f"ClusterQueue nlp: {QUOTA.format('a100')} is 1, policy and active reservations say 2 "
+        "(policy 1 + reservation rsv-nlp 1 until 2026-11-30T01:53Z)",
+    ]
+
+
+def test_the_reservation_services_own_bump_is_what_diff_explains() -> None:
+    """sinks/reservations.py raises the quota; producers/policy_kueue.py must read that raise as explained."""
+    from sinks.reservations import KueueQuota
+
+    class Api:
+        def __init__(self, cq: dict[str, Any]) -> None:
+            self.cq = cq
+
+        def get_cluster_custom_object(self, *args: Any) -> dict[str, Any]:
+            return copy.deepcopy(self.cq)
+
+        def patch_cluster_custom_object(self, group: str, version: str, plural: str, name: str, body: Any) -> None:
+            self.cq["spec"].update(copy.deepcopy(body["spec"]))
+
+    live = {pk.object_key(o): copy.deepcopy(o) for o in OBJECTS}
+    api = Api(live[("ClusterQueue", "", "vision")])
+    held = reservation("rsv-a", 2)
+    engine = KueueQuota(POLICY, api)
+    engine.sync([held], NOW)
+    engine.render(held)
+    assert quota_of(live, "vision", "h100")["nominalQuota"] == 3
+    found, explained = pk.drift_with_reservations(POLICY, OBJECTS, live, pk.bumps(POLICY, [held], "c1", NOW))
+    assert found == [] and len(explained) == 1
+    later = NOW + 2 * HOUR  # past its end, the service not yet run: the raise is drift again
+    found, explained = pk.drift_with_reservations(POLICY, OBJECTS, live, pk.bumps(POLICY, [held], "c1", later))
+    assert explained == [] and [d.path for d in found] == [QUOTA.format("h100")]
