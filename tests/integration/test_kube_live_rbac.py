@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from fixtures_kube import COMPONENT_ROLES, gpu_pod, rbac_manifests
+from fixtures_kube import COMPONENT_ROLES, bind_user, gpu_pod, rbac_manifests
 
 from gpuledger.stack.kube.cluster import LocalKube
 
@@ -121,3 +121,36 @@ def test_policy_apply_writes_the_admission_policy_and_kueue_quotas_only(local_ku
     result = as_user(local_kube, user, "create", "clusterrolebinding", "escalate", "--clusterrole=cluster-admin",
                      f"--user={user}")  # fmt: skip
     assert forbidden(result, user, "create", "clusterrolebindings")
+
+
+def test_the_reservation_service_gets_and_patches_cluster_queues_only(local_kube: LocalKube, objects: str) -> None:
+    """deploy/kubernetes/rbac/reservations.yaml: a reservation's quota bump is a merge patch of a ClusterQueue;
+    the queues themselves, Workloads, pods and every other Kueue object are out of its reach."""
+    ns, user = objects, "gpuledger-reservations"
+    local_kube.apply(rbac_manifests("reservations"))
+    bind_user(local_kube, user, "gpuledger-reservations")
+    name = f"rsv-{ns}"
+    cq = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name},
+          "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+              {"name": name, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1}]}]}]}}  # fmt: skip
+    local_kube.apply([cq])
+    got = as_user(local_kube, user, "get", "clusterqueues.kueue.x-k8s.io", name, "-o", "json")
+    assert got.returncode == 0, got.stderr
+    groups = json.loads(got.stdout)["spec"]["resourceGroups"]
+    groups[0]["flavors"][0]["resources"][0]["nominalQuota"] = 3
+    status, message = api_patch(local_kube, user, f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{name}",
+                                {"spec": {"resourceGroups": groups}})  # fmt: skip
+    assert status == 200, message
+    after = json.loads(local_kube.kubectl("get", "clusterqueues.kueue.x-k8s.io", name, "-o", "json").stdout)
+    assert str(after["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"]) == "3"
+    other = {**cq, "metadata": {"name": f"{name}-2"}}
+    result = as_user(local_kube, user, "create", "-f", "-", input=yaml.safe_dump(other))
+    assert forbidden(result, user, "create", "clusterqueues")
+    result = as_user(local_kube, user, "delete", "clusterqueues.kueue.x-k8s.io", name)
+    assert forbidden(result, user, "delete", "clusterqueues")
+    assert forbidden(as_user(local_kube, user, "get", "clusterqueues.kueue.x-k8s.io"), user, "list", "clusterqueues")
+    status, message = api_patch(local_kube, user, f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/wl",
+                                {"spec": {"active": False}})  # fmt: skip
+    assert status == 403 and f'User "{user}" cannot patch resource "workloads"' in message
+    assert forbidden(as_user(local_kube, user, "-n", ns, "get", "pod", "p"), user, "get", "pods")
+    assert forbidden(as_user(local_kube, user, "get", "localqueues.kueue.x-k8s.io", "-A"), user, "list", "localqueues")

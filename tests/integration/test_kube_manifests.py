@@ -7,11 +7,13 @@ DaemonSets, the setup steps as Jobs.
 - Each container runs a registered `gpuledger` command with options that command has, and the pods run
   as the image's non-root user.
 - Every process `gpuledger up` runs for a real cluster has its workload there with the same command
-  (the simulator, the chat stand-in and the local broker/registry/ClickHouse are the laptop's).
+  (the simulator, the chat stand-in and the local broker/registry/ClickHouse are the laptop's); the reservation
+  service, which `up` runs only with an engine and a policy, is configured by its workload to run.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,40 @@ def test_every_production_process_of_up_has_its_workload(tmp_path: Path, monkeyp
         assert (kind == "Job") == comp.oneshot, f"{comp.name}: a {kind}"
     # The producers: telemetry on every GPU node, scheduler events once.
     assert commands[("dcgm", "run")] == "DaemonSet" and commands[("kube", "watch")] == "Deployment"
+
+
+def test_the_reservation_service_runs_as_its_workload_configures_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` runs `reserve run` only with an engine and the policy configured: the Deployment sets both (Kueue, the
+    policy ConfigMap's file) and runs as its own ServiceAccount, bound to a role that gets and patches
+    ClusterQueues and nothing more."""
+    named = "gpuledger-reservations"
+    (deployment,) = [d for d in _docs() if d["kind"] == "Deployment" and d["metadata"]["name"] == named]
+    pod = _pod_spec(deployment)
+    (container,) = pod["containers"]
+    monkeypatch.chdir(tmp_path)
+    for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
+        monkeypatch.delenv(key)
+    for item in container["env"]:
+        if "value" in item and item["name"] != "GPULEDGER_CONFIG":
+            monkeypatch.setenv(item["name"], item["value"])
+    settings = Settings(state_dir=tmp_path, cluster="prod")
+    assert settings.sinks.reservations.engines == ["kueue"] and settings.sinks.reservations.kubeconfig is None
+    comp = next(c for c in COMPONENTS if c.name == "reservations")
+    assert comp.enabled(settings) and not comp.enabled(Settings(state_dir=tmp_path, cluster="prod", policy_path=None))
+    assert container["args"] == comp.argv(settings, lambda _: None)[3:]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v.get("configMap", {}).get("name") for v in pod["volumes"]}
+    assert str(settings.policy_path) == f"{mounts['policy']}/policy.yaml" and volumes["policy"] == "gpuledger-policy"
+    account = pod["serviceAccountName"]
+    assert account == "gpuledger-reservations" and pod.get("automountServiceAccountToken", True)
+    assert any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account for d in _docs())
+    rbac = [d for d in yaml.safe_load_all((MANIFESTS.parent / "rbac" / "reservations.yaml").read_text()) if d]
+    role, binding = rbac
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "gpuledger"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["rules"] == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"],
+                              "verbs": ["get", "patch"]}]  # fmt: skip
 
 
 def _dry_run(kube: LocalKube, docs: list[dict[str, Any]]) -> Any:
