@@ -18,11 +18,15 @@ the rate-card reloads are new `rate_card` loads, as `gpuledger ratecard load` wr
         vision  a1: now 2.50 - frozen 2.00 - posted 1.00 = -0.50;  a2: now 1.25 - frozen 1.50 = -0.25
         nlp     b1: 180 s x 1.00 = +0.05 (late-data)
 2026-09's statements keep their hash through all of it; `report chargeback --period 2026-09` shows them.
+The finance journals of October and November: each adjustment a line with its cause, per cost centre (b1's
+correction nets to 0.00 within CC-200), and the contra to the cluster's cost centre (-2.50, then +0.70).
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 import uuid
 from decimal import Decimal
@@ -249,6 +253,27 @@ def test_a_closed_month_never_changes_later_changes_are_adjustments(governed: Se
     periods = json.loads(cli(s, "period", "list", "--format", "json"))
     assert [(p["period"], p["closed_by"], p["total_charge"]) for p in periods] == [
         ("2026-09", "fin", "4.00"), ("2026-10", "fin", "2.50"), ("2026-11", "fin", "-0.70")]
+
+    # The finance journals: each adjustment its own line with its cause (the correction's reversal and new
+    # charge, both CC-200, net to one 0.00 line), the contra to the cluster's cost centre balancing each month.
+    def journal(period: str) -> list[tuple[str, ...]]:
+        rows = list(csv.DictReader(io.StringIO(cli(s, "report", "journal", "--period", period))))
+        assert sum(Decimal(r["debit"]) - Decimal(r["credit"]) for r in rows) == 0
+        return [(r["line_kind"], r["cost_centre"], r["debit"], r["credit"], r["source_period"], r["cause_kind"],
+                 r["cause_ref"]) for r in rows if r["status"] == "closed"]  # fmt: skip
+
+    assert journal("2026-10") == [
+        ("usage", "CC-100", "1.50", "0.00", "2026-10", "", ""),
+        ("adjustment", "CC-100", "1.00", "0.00", "2026-09", "rate-card", "card-2"),
+        ("adjustment", "CC-200", "0.00", "0.00", "2026-09", "correction", correction_id),
+        ("contra", "CLUSTER-c1", "0.00", "2.50", "2026-10", "", ""),
+    ]
+    assert journal("2026-11") == [
+        ("adjustment", "CC-100", "0.00", "0.50", "2026-09", "rate-card", "card-3"),
+        ("adjustment", "CC-100", "0.00", "0.25", "2026-10", "rate-card", "card-3"),
+        ("adjustment", "CC-200", "0.05", "0.00", "2026-09", "late-data", ""),
+        ("contra", "CLUSTER-c1", "0.70", "0.00", "2026-11", "", ""),
+    ]
 
 
 def test_a_tampered_statement_fails_verification(governed: Settings) -> None:
