@@ -24,6 +24,7 @@ from gpuledger.stack.kube.cluster import LocalKube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+DIFF = ["--no-reservations"]  # no broker here: reservations and diff, tests/integration/test_reservations_kueue.py
 
 
 def policy_text(s: str, ns_a: str, ns_b: str) -> str:
@@ -78,11 +79,11 @@ def applied(local_kube: LocalKube, tmp_path: Path) -> tuple[str, str, str, list[
 def test_diff_is_empty_after_apply_and_shows_a_hand_edit(local_kube: LocalKube,
                                                          applied: tuple[str, str, str, list[str]]) -> None:  # fmt: skip
     s, _, _, args = applied
-    clean = run_gpuledger(["policy", "diff", *args], env=dict(os.environ), timeout=120)
+    clean = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
     assert (clean.returncode, clean.stdout.strip()) == (0, "no drift"), clean.stderr
     patch = [{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota", "value": 5}]
     local_kube.kubectl("patch", "clusterqueues.kueue.x-k8s.io", f"serve-{s}", "--type=json", "-p", json.dumps(patch))
-    drifted = run_gpuledger(["policy", "diff", *args], env=dict(os.environ), timeout=120)
+    drifted = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
     assert drifted.returncode == 1, drifted.stderr
     assert drifted.stdout.strip().splitlines() == [
         f"ClusterQueue serve-{s}: resourceGroups[0].flavors[h100-{s}].resources[nvidia.com/gpu].nominalQuota is 5, "
@@ -90,7 +91,7 @@ def test_diff_is_empty_after_apply_and_shows_a_hand_edit(local_kube: LocalKube,
     ]
     again = run_gpuledger(["policy", "apply", *args], env=dict(os.environ), timeout=120)
     assert again.returncode == 0, again.stderr
-    final = run_gpuledger(["policy", "diff", *args], env=dict(os.environ), timeout=120)
+    final = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
     assert (final.returncode, final.stdout.strip()) == (0, "no drift")
 
 

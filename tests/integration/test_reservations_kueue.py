@@ -2,8 +2,9 @@
 
 The policy gives team serve-<s> 1 hopper GPU (+1 borrowable): a 3-GPU Job stays suspended. A reservation of 2 GPUs
 for a minute, approved at once, is put on by one pass of the service: the team's ClusterQueue's nominalQuota
-becomes 1 + 2 = 3 and Kueue admits the Job. At the end the next pass writes EXPIRED and REMOVED and the quota is
-the policy's 1 again. The service runs as gpuledger-policy (the shipped ClusterRole may patch ClusterQueues)."""
+becomes 1 + 2 = 3 and Kueue admits the Job, and `policy diff` reads the raise as explained by the reservation, not
+drift. At the end the next pass writes EXPIRED and REMOVED and the quota is the policy's 1 again. The service runs
+as gpuledger-reservations with only its shipped ClusterRole (deploy/kubernetes/rbac/reservations.yaml)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_cli import run_gpuledger
-from fixtures_kube import make_namespace
+from fixtures_kube import bind_user, make_namespace, rbac_manifests
 from test_kube_live_policy import eventually, get, gpu_job, unsuspended
 
 from gpuledger.stack.kube.cluster import LocalKube
@@ -56,6 +57,9 @@ def test_a_reservation_bumps_the_team_quota_while_it_lasts(local_kube: LocalKube
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text(s, ns))
     kubeconfig = str(local_kube.cfg.kubeconfig("gpuledger-policy"))
+    local_kube.apply(rbac_manifests("reservations"))
+    bind_user(local_kube, "gpuledger-reservations", "gpuledger-reservations")
+    service = str(local_kube.cfg.kubeconfig("gpuledger-reservations"))
     env = {**os.environ, "GPULEDGER_CONFIG": str(tmp_path / "none.toml"), "GPULEDGER_POLICY_PATH": str(policy),
            "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix}  # fmt: skip
 
@@ -74,13 +78,22 @@ def test_a_reservation_bumps_the_team_quota_while_it_lasts(local_kube: LocalKube
     out = cli("reserve", "create", "--team", cq, "--gpus", "2", "--generation", "hopper", "--hours", str(60 / 3600),
               "--reason", "a launch", "--by", "alice")  # fmt: skip
     rid = out.split()[1].rstrip(":")
-    out = cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", kubeconfig)
+    out = cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", service)
     assert f"{rid} rendered KUEUE: ClusterQueue {cq} h100-{s} nominalQuota 3" in out
     assert nominal(local_kube, cq) == "3"
     eventually(lambda: unsuspended(local_kube, ns, "big"), "the 3-GPU Job admitted on the reserved quota")
+    quota = f"ClusterQueue {cq}: resourceGroups[0].flavors[h100-{s}].resources[nvidia.com/gpu].nominalQuota"
+    diff = run_gpuledger(["policy", "diff", "--engine", "kueue", "--kubeconfig", kubeconfig], env, timeout=120)
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert diff.stdout.splitlines()[0].startswith(f"{quota} is 3, policy says 1: explained by reservation {rid} (+2) "
+                                                  "until "), diff.stdout  # fmt: skip
+    assert diff.stdout.splitlines()[1:] == ["no drift"]
 
     time.sleep(62)  # past the reservation's end; nobody acts on Kueue meanwhile
-    out = cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", kubeconfig)
+    diff = run_gpuledger(["policy", "diff", "--engine", "kueue", "--kubeconfig", kubeconfig], env, timeout=120)
+    assert diff.returncode == 1 and diff.stdout.splitlines() == [f"{quota} is 3, policy says 1"], diff.stdout
+    out = cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", service)
     assert f"{rid} expired" in out and f"{rid} removed KUEUE: ClusterQueue {cq} h100-{s} nominalQuota 1" in out
     assert nominal(local_kube, cq) == "1"
-    assert cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", kubeconfig) == ""
+    assert cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", service) == ""
+    assert cli("policy", "diff", "--engine", "kueue", "--kubeconfig", kubeconfig).strip() == "no drift"
