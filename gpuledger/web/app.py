@@ -199,6 +199,17 @@ def team(request: Request) -> Response:
     return page_response(request, page, "team.html", name, period.text)
 
 
+def fleet(request: Request) -> Response:
+    """Every team and the fleet's capacity evidence: operators and finance only."""
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    period = params.period(request.query_params.get("period"), ctx.now_ms())
+    if not viewer.sees_everything:
+        raise Forbidden(f"{viewer.user} may not see the fleet page (operators and finance): {viewer.scope}")
+    page = pages.fleet_page(ctx.warehouse(), period)
+    return page_response(request, page, "fleet.html", "fleet", period.text)
+
+
 def project(request: Request) -> Response:
     ctx: WebContext = request.app.state.ctx
     name = params.team(request.path_params["team"])
@@ -414,6 +425,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/", home),
         Route("/healthz", healthz),
         Route("/demo", demo_pick),
+        Route("/fleet", fleet),
         Route("/teams/{team}", team),
         Route("/teams/{team}/projects/{project}", project),
         Route("/jobs/{cluster}/{job_id:path}", job),

@@ -20,6 +20,8 @@ def cell(value: Any, kind: str = "text") -> str:
         return f"{float(value):.1f}%"
     if kind == "ratio":
         return f"{float(value):.3f}"
+    if kind == "minutes":
+        return f"{Decimal(value):,.1f}"
     if kind == "int":
         return f"{int(value):,}"
     if isinstance(value, bool):
@@ -28,7 +30,7 @@ def cell(value: Any, kind: str = "text") -> str:
 
 
 def numeric(kind: str) -> bool:
-    return kind in ("money", "gpu_h", "pct", "ratio", "int")
+    return kind in ("money", "gpu_h", "pct", "ratio", "int", "minutes")
 
 
 def minute(ms: Any) -> str:

@@ -278,3 +278,64 @@ def _timeline(minutes: list[dict[str, Any]], start: int, end: int) -> str:
     first = max(start, min(held) - min(held) % 3_600_000)
     last = min(end, max(held) + 3_600_000 - max(held) % 3_600_000)
     return charts.device_timeline([charts.Strip(k, v) for k, v in sorted(strips.items())], first, last)
+
+
+# -- the fleet page (operators and finance) -------------------------------------------------------
+
+FLEET_TEAM_COLUMNS = (Column("team", "team"), *m.USAGE_COLUMNS, Column("unpriced_gpu_h", "unpriced GPU-h", "gpu_h"))
+FLEET_JOB_COLUMNS = (Column("team", "team"), *JOB_COLUMNS)
+FLEET_IDLE_LEADERS = 20
+
+
+def fleet_url(period: Period) -> str:
+    return f"/fleet?{urlencode({'period': period.text})}"
+
+
+def fleet_page(wh: Warehouse, period: Period) -> Page:
+    """Every team side by side (their statement lines), the fleet's daily trend and capacity evidence, where
+    telemetry or prices are missing, and who left the most idle time."""
+    from gpuledger.web import fleet
+
+    statements = wh.statements(period, closed=wh.closed(period))
+    page = Page(f"Fleet: {period.text}")
+    teams = [{"team": line, **s.figures, "_team_url": team_url(line, period)} for line, s in statements.items()]
+    teams.sort(key=lambda r: (-r["charge"], r["team"]))
+    page.add(Table("teams", "Teams side by side", FLEET_TEAM_COLUMNS, teams, links={"team": "_team_url"},
+                   note="Each team's line of report chargeback --by team for the month."))  # fmt: skip
+    days = fleet.days_filled(wh.fleet_days(period), period.start, period.days)
+    page.add(Table("trend", "Share of the fleet allocated, and how much of it computed, per day", fleet.TREND_COLUMNS,
+                   fleet.trend(days), note="Fleet GPU-h: what the node inventory says is installed (every device "
+                   "seen, where no inventory reported). Consumed = active + starved."))  # fmt: skip
+    usage = wh.fleet_usage(period)
+    page.add(Table("generations", "Allocated vs consumed, and what idle time cost, per generation",
+                   fleet.CAPACITY_COLUMNS, fleet.by_generation(usage)))  # fmt: skip
+    page.add(Table("queue", "Queue wait from submit to start", fleet.QUEUE_COLUMNS, fleet.queue(wh.queue_waits(period)),
+                   note="Jobs that started in the month, from their scheduler's submit and start times."))  # fmt: skip
+    page.add(Table("coverage_gaps", "Coverage gaps: devices present but not reporting", fleet.COVERAGE_COLUMNS,
+                   fleet.coverage_gaps(wh.coverage_gaps(period)),
+                   note="Per node: device-seconds the inventory expected and telemetry did not cover "
+                        "(a held device with no telemetry is dark, never idle)."))  # fmt: skip
+    page.add(Table("unpriced", "Unpriced hours: no rate on the card", fleet.UNPRICED_COLUMNS, fleet.unpriced(usage)))
+    jobs = m.merge_segments(wh.idle_leaders(period, FLEET_IDLE_LEADERS * 2))
+    team_of = {j.key: j.team for j in jobs}
+    leaders = m.most_idle_cost(jobs, FLEET_IDLE_LEADERS)
+    for row in leaders:
+        row["team"] = team_of[(row["cluster"], row["job_id"])]
+        row["_job_url"] = job_url(row["cluster"], row["job_id"], period)
+        row["_team_url"] = team_url(row["team"], period)
+    page.add(Table("idle_leaders", "Idle leaders: the jobs whose idle time cost the most", FLEET_JOB_COLUMNS, leaders,
+                   links={"job_id": "_job_url", "team": "_team_url"},
+                   note="Idle: held, with telemetry, neither active nor starved; at the job's own rate."))  # fmt: skip
+    page.context.update(period=period, headline=fleet.headline(days), chart=charts.daily_chart(fleet.chart_days(days)),
+                        totals=_fleet_totals(statements),
+                        prev_url=fleet_url(period.previous()), next_url=fleet_url(period.next()))  # fmt: skip
+    return page
+
+
+def _fleet_totals(statements: Mapping[str, Statement]) -> dict[str, Any]:
+    """The teams' lines added up, as `report chargeback` adds its TOTAL line."""
+    keys = ("jobs", "allocated_gpu_h", "charge", "consumed_gpu_h", "idle_gpu_h", "dark_gpu_h", "idle_cost",
+            "unpriced_gpu_h")  # fmt: skip
+    totals: dict[str, Any] = {k: sum((s.figures[k] for s in statements.values()), Decimal(0)) for k in keys}
+    totals["jobs"] = int(totals["jobs"])
+    return totals
