@@ -162,6 +162,7 @@ def _sim_config(
     realtime: bool,
     cluster: str | None,
     state_dir: Path | None,
+    kube_nodes: int = 0,
 ) -> Any:
     from producers.simulator import SimConfig
 
@@ -172,7 +173,17 @@ def _sim_config(
         duration_s=duration,
         start_ms=_parse_start(start, realtime),
         cluster=cluster or settings.cluster,
+        kube_nodes=kube_nodes,
     ), settings
+
+
+# Two clusters by default: the Slurm-like one and a Kubernetes one beside it (producers/simulator/kube.py).
+KUBE_NODES_OPTION = typer.Option(
+    3,
+    "--kube-nodes",
+    min=0,
+    help="Nodes of the Kubernetes cluster simulated beside it, named <cluster>-k8s (0: none; else at least 3).",
+)
 
 
 @simulate_app.command("run")
@@ -193,6 +204,7 @@ def simulate_run(
         help="Write the expected ledger here (.json or .csv). Default: <state-dir>/simulator/expected-ledger.json.",
     ),
     cluster: str | None = typer.Option(None, "--cluster", help="Cluster name (default: the settings')."),
+    kube_nodes: int = KUBE_NODES_OPTION,
     backfill: int = typer.Option(
         0,
         "--backfill",
@@ -205,7 +217,7 @@ def simulate_run(
     from producers.simulator import run, write_ledger
     from schemas.publish import RecordPublisher
 
-    cfg, settings = _sim_config(seed, nodes, duration, start, realtime, cluster, state_dir)
+    cfg, settings = _sim_config(seed, nodes, duration, start, realtime, cluster, state_dir, kube_nodes)
     resume_s, on_flushed = 0, None
     if backfill:
         if not realtime or start is not None:
@@ -229,7 +241,9 @@ def simulate_run(
     writer.start()
     err = Console(stderr=True)
     err.print(
-        f"simulator: {cfg.nodes} nodes, {cfg.duration_s} s from "
+        f"simulator: {cfg.cluster} ({cfg.nodes} nodes)"
+        + (f" and {cfg.cluster}-k8s ({cfg.kube_nodes} Kubernetes nodes)" if cfg.kube_nodes else "")
+        + f", {cfg.duration_s} s from "
         f"{datetime.fromtimestamp(cfg.start_ms / 1000, UTC).isoformat()}, expected ledger {path}"
     )
     publisher = _metered(RecordPublisher(settings.kafka), settings, "simulator")
@@ -256,12 +270,13 @@ def simulate_ledger(
     duration: int = typer.Option(7200, "--duration"),
     start: str | None = typer.Option(None, "--start"),
     cluster: str | None = typer.Option(None, "--cluster"),
+    kube_nodes: int = KUBE_NODES_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Write the expected ledger of a simulation without publishing anything."""
     from producers.simulator import write_ledger
 
-    cfg, _ = _sim_config(seed, nodes, duration, start, False, cluster, state_dir)
+    cfg, _ = _sim_config(seed, nodes, duration, start, False, cluster, state_dir, kube_nodes)
     typer.echo(str(write_ledger(cfg, out)))
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from base.outputs import csv_text
+from producers.simulator.kube import clusters
 from producers.simulator.model import SimConfig, SimDevice, SimJob, SimPlan, plan
 from producers.simulator.telemetry import DeviceSchedule, device_schedules, truth
 
@@ -51,6 +52,7 @@ class Ledger:
     idle_minutes: int = 0  # job-minutes in which no device was active or starved and one reported
     dark_minutes: int = 0  # job-minutes in which no device reported
     devices: dict[str, dict[str, int]] = field(default_factory=dict)  # "node/uuid" -> per-class seconds
+    cluster: str = ""
 
     def check(self) -> None:
         total = self.active_s + self.starved_s + self.idle_s + self.dark_s
@@ -158,6 +160,7 @@ def _job_ledger(
         end_ms=(base_s + job.end_s) * 1000,
         preemptible=job.preemptible,
         pricing_tier=job.pricing_tier,
+        cluster=cfg.cluster,
     )
     # job-minute -> (any device reported, any device busy)
     job_minutes: dict[int, list[bool]] = {}
@@ -197,39 +200,46 @@ def _job_ledger(
 
 
 def expected_ledger(config: SimConfig, thresholds: Thresholds | None = None) -> dict[str, Ledger]:
-    """job_id -> expected Ledger for every job of the run (classifier c1 defaults unless given)."""
-    p = plan(config)
+    """job_id -> expected Ledger for every job of the run, of every cluster it simulates (classifier c1
+    defaults unless given). Job ids of the two clusters never collide (numbers; `namespace/pod`)."""
     th = thresholds or Thresholds()
-    schedules = device_schedules(p)
-    return {job.job_id: _job_ledger(p, job, schedules, th) for job in p.jobs}
+    out: dict[str, Ledger] = {}
+    for cfg in clusters(config):
+        p = plan(cfg)
+        schedules = device_schedules(p)
+        out.update((job.job_id, _job_ledger(p, job, schedules, th)) for job in p.jobs)
+    return out
 
 
 def expected_device_minutes(config: SimConfig, thresholds: Thresholds | None = None) -> list[DeviceMinute]:
     """Every (job, device, minute) the ledger is made of: what usage.device-minutes rows must say."""
-    p = plan(config)
     th = thresholds or Thresholds()
-    schedules = device_schedules(p)
     rows: list[DeviceMinute] = []
-    for job in p.jobs:
-        _job_ledger(p, job, schedules, th, rows)
+    for cfg in clusters(config):
+        p = plan(cfg)
+        schedules = device_schedules(p)
+        for job in p.jobs:
+            _job_ledger(p, job, schedules, th, rows)
     return rows
 
 
 def unallocated_seconds(config: SimConfig) -> int:
-    """Device-seconds with telemetry and no allocation, over the whole run."""
-    p = plan(config)
-    schedules = device_schedules(p)
+    """Device-seconds with telemetry and no allocation, over the whole run (every cluster)."""
     total = 0
-    for key, sched in schedules.items():
-        if key in p.silent:
-            continue
-        for t in range(config.duration_s):
-            if sched.at(t) is None and not p.outage_at(key[0], t):
-                total += 1
+    for cfg in clusters(config):
+        p = plan(cfg)
+        schedules = device_schedules(p)
+        for key, sched in schedules.items():
+            if key in p.silent:
+                continue
+            for t in range(config.duration_s):
+                if sched.at(t) is None and not p.outage_at(key[0], t):
+                    total += 1
     return total
 
 
 LEDGER_COLUMNS = (
+    "cluster",
     "job_id",
     "kind",
     "user",
@@ -259,6 +269,7 @@ def ledger_json(config: SimConfig, ledger: dict[str, Ledger]) -> dict[str, Any]:
     }
     return {
         "classifier_version": CLASSIFIER_VERSION,
+        "clusters": [c.cluster for c in clusters(config)],
         "config": asdict(config),
         "totals": totals,
         "outages": [asdict(o) for o in p.outages],

@@ -63,6 +63,12 @@ class SimConfig:
     # simulator whose plan ran out, producers/simulator/position.py) takes a fresh block, as a scheduler's
     # counter moves on, so no id names two jobs.
     job_id_base: int = 1000
+    # "slurm": the Slurm-like cluster above. "kube": a Kubernetes cluster whose job events are what the
+    # Kubernetes producer publishes for its pods and Kueue Workloads (producers/simulator/kube.py).
+    scheduler: str = "slurm"
+    # A Slurm-like config with kube_nodes > 0 also runs a Kubernetes cluster of that many nodes beside it,
+    # named `<cluster>-k8s` (kube.kube_config): one stream, one expected ledger over both clusters.
+    kube_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -73,6 +79,10 @@ class SimConfig:
             raise ConfigError("simulator: start must be a whole second")
         if not 0 <= self.mig_nodes <= self.nodes:
             raise ConfigError("simulator: mig_nodes must be between 0 and nodes")
+        if self.scheduler not in ("slurm", "kube"):
+            raise ConfigError(f"simulator: scheduler must be slurm or kube, not {self.scheduler!r}")
+        if self.kube_nodes and (self.kube_nodes < 3 or self.scheduler != "slurm"):
+            raise ConfigError("simulator: the Kubernetes cluster needs at least 3 nodes (a gang on two, MIG on one)")
 
     @property
     def upgrade_second(self) -> int | None:
@@ -345,11 +355,16 @@ def _node_jobs(
     maker: _JobMaker,
     blocked: tuple[int, int] | None,
     is_mig: bool,
+    groups: list[list[int]] | None = None,
 ) -> list[SimJob]:
-    """One node's per-GPU-group jobs, one after another, around a gang that blocks the node."""
+    """One node's per-GPU-group jobs, one after another, around a gang that blocks the node. `groups`: the
+    GPU groups sharing a timeline (default: drawn from rng)."""
     D = cfg.duration_s
     jobs: list[SimJob] = []
-    groups = [[d.slot] for d in node.devices] if is_mig else _groups(cfg.gpus_per_node, rng)
+    if is_mig:
+        groups = [[d.slot] for d in node.devices]
+    elif groups is None:
+        groups = _groups(cfg.gpus_per_node, rng)
     for group in groups:
         t = rng.randint(0, 120)
         while t < D - 60:
@@ -412,5 +427,10 @@ def build_plan(cfg: SimConfig) -> SimPlan:
 
 @cache
 def plan(cfg: SimConfig) -> SimPlan:
-    """The plan of a config (cached: a config is immutable)."""
+    """The plan of a config (cached: a config is immutable): the Slurm-like cluster's, or with
+    `scheduler="kube"` the Kubernetes cluster's (producers/simulator/kube.py)."""
+    if cfg.scheduler == "kube":
+        from producers.simulator.kube import build_kube_plan
+
+        return build_kube_plan(cfg)
     return build_plan(cfg)

@@ -34,10 +34,11 @@ class Position:
     start_ms: int
     job_id_base: int
     through_ms: int  # every record with ts_ms < through_ms is published and flushed
+    kube_nodes: int = 0  # the Kubernetes cluster beside it (0: none; a position saved before it had none)
 
     def same_plan(self, cfg: SimConfig) -> bool:
-        return (self.seed, self.nodes, self.cluster, self.duration_s) == (
-            cfg.seed, cfg.nodes, cfg.cluster, cfg.duration_s)  # fmt: skip
+        return (self.seed, self.nodes, self.cluster, self.duration_s, self.kube_nodes) == (
+            cfg.seed, cfg.nodes, cfg.cluster, cfg.duration_s, cfg.kube_nodes)  # fmt: skip
 
     @property
     def end_ms(self) -> int:
@@ -69,14 +70,16 @@ def restart(pos: Position | None, cfg: SimConfig, now_ms: int, backfill_s: int) 
 
 
 def position_of(cfg: SimConfig, through_ms: int) -> Position:
-    return Position(cfg.seed, cfg.nodes, cfg.cluster, cfg.duration_s, cfg.start_ms, cfg.job_id_base, through_ms)
+    return Position(
+        cfg.seed, cfg.nodes, cfg.cluster, cfg.duration_s, cfg.start_ms, cfg.job_id_base, through_ms, cfg.kube_nodes
+    )
 
 
 def load(path: Path) -> Position | None:
     """The saved position; None when there is none or it cannot be read (a fresh start, logged)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return Position(**{k: data[k] for k in Position.__dataclass_fields__})
+        return Position(**{k: data[k] for k in Position.__dataclass_fields__ if k != "kube_nodes" or k in data})
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:

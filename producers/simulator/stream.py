@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import heapq
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +19,7 @@ from producers.simulator.telemetry import (
     exporter_samples,
     mig_instance_samples,
     mig_parent_samples,
+    render_exposition,
     truth,
 )
 from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic, job_key, node_key
@@ -123,6 +125,7 @@ class _NodeScraper:
         self.schedules = device_schedules(p)
         self._labels: dict[tuple[str, int, str, str | None], dict[str, str]] = {}
         self.base_s = p.config.start_ms // 1000
+        self.kube = p.config.scheduler == "kube"
 
     def labels(
         self, key: tuple[str, int], profile: ExporterProfile, job_id: str | None, dev: SimDevice | None = None
@@ -130,7 +133,7 @@ class _NodeScraper:
         lk = (key[0], key[1], profile.version, job_id)
         labels = self._labels.get(lk)
         if labels is None:
-            labels = device_labels(dev or self.plan.devices[key], profile, job_id)
+            labels = device_labels(dev or self.plan.devices[key], profile, job_id, self.kube)
             self._labels[lk] = labels
         return labels
 
@@ -161,7 +164,7 @@ class _NodeScraper:
                 continue
             held = self.schedules[key].at(t)
             job, pos = held if held is not None else (None, 0)
-            job_id = job.job_id if job is not None and p.config.hpc_job_label else None
+            job_id = job.job_id if job is not None and (p.config.hpc_job_label or self.kube) else None
             if dev.mig_instance_id is not None:
                 samples.extend(
                     mig_instance_samples(self.labels(key, profile, job_id), truth(dev, job, pos, t, self.base_s))
@@ -193,36 +196,75 @@ def exporter_version_at(cfg: SimConfig, t: int) -> str:
     return cfg.exporter_version
 
 
+def scrape_text(p: SimPlan) -> Callable[[str, int], str]:
+    """(node, run second) -> the node's exporter output at that second, as Prometheus text."""
+    scraper = _NodeScraper(p, Normalizer())
+    cfg = p.config
+
+    def text(node: str, t: int) -> str:
+        return render_exposition(scraper.raw(node, t, exporter_profile(exporter_version_at(cfg, t))))
+
+    return text
+
+
 def simulate(config: SimConfig, *, start_s: int = 0, end_s: int | None = None) -> Iterator[Record]:
     """Every record of the run in event-time order: (topic, key, record dict).
 
     Order within one second: inventory (first second only), ENDED events, STARTED events, then one
     device-samples record per node whose exporter is alive. Jobs ending at the run's end emit
     ENDED at `start_ms + duration_s*1000` after the last scrape. `start_s`/`end_s` select a slice
-    of run seconds (for chunked or real-time publishing).
+    of run seconds (for chunked or real-time publishing). With `kube_nodes`, the Kubernetes cluster's
+    records (producers/simulator/kube.py) are merged in by event time, after the first cluster's of
+    the same millisecond.
     """
-    p = plan(config)
+    from producers.simulator.kube import clusters
+
+    streams = [_simulate_cluster(c, start_s=start_s, end_s=end_s) for c in clusters(config)]
+    if len(streams) == 1:
+        yield from streams[0]
+    else:
+        yield from heapq.merge(*streams, key=lambda r: r[2]["ts_ms"])
+
+
+def _job_events(p: SimPlan) -> Callable[[int], list[dict[str, Any]]]:
+    """Run second -> the job events published in it (ENDED before STARTED), by the cluster's scheduler."""
     cfg = p.config
-    end = cfg.duration_s if end_s is None else min(end_s, cfg.duration_s)
+    if cfg.scheduler == "kube":
+        from producers.simulator.kube import job_events
+
+        by_second = job_events(cfg)
+        return lambda t: by_second.get(t, [])
     starts: dict[int, list[SimJob]] = {}
     ends: dict[int, list[SimJob]] = {}
     for job in p.jobs:
         starts.setdefault(job.start_s, []).append(job)
         ends.setdefault(job.end_s, []).append(job)
+
+    def at(t: int) -> list[dict[str, Any]]:
+        return [job_event_record(p, job, "ENDED") for job in ends.get(t, ())] + [
+            job_event_record(p, job, "STARTED") for job in starts.get(t, ())
+        ]
+
+    return at
+
+
+def _simulate_cluster(config: SimConfig, *, start_s: int = 0, end_s: int | None = None) -> Iterator[Record]:
+    p = plan(config)
+    cfg = p.config
+    end = cfg.duration_s if end_s is None else min(end_s, cfg.duration_s)
+    events = _job_events(p)
     scraper = _NodeScraper(p, Normalizer())
     profiles = {v: exporter_profile(v) for v in {cfg.exporter_version, cfg.upgrade_to} if v}
     if start_s == 0:
         yield from inventory_records(p, cfg.start_ms)
     for t in range(start_s, end):
-        for job in ends.get(t, ()):
-            yield JOB_EVENTS, job_key(cfg.cluster, job.job_id), job_event_record(p, job, "ENDED")
-        for job in starts.get(t, ()):
-            yield JOB_EVENTS, job_key(cfg.cluster, job.job_id), job_event_record(p, job, "STARTED")
+        for ev in events(t):
+            yield JOB_EVENTS, job_key(cfg.cluster, ev["job_id"]), ev
         profile = profiles[exporter_version_at(cfg, t)]
         for node in p.nodes:
             if p.outage_at(node.name, t):
                 continue
             yield DEVICE_SAMPLES, node_key(cfg.cluster, node.name), scraper.record(node.name, t, profile)
     if end == cfg.duration_s:
-        for job in ends.get(cfg.duration_s, ()):
-            yield JOB_EVENTS, job_key(cfg.cluster, job.job_id), job_event_record(p, job, "ENDED")
+        for ev in events(cfg.duration_s):
+            yield JOB_EVENTS, job_key(cfg.cluster, ev["job_id"]), ev

@@ -145,7 +145,11 @@ def exporter_profile(version: str) -> ExporterProfile:
     )
 
 
-def device_labels(dev: SimDevice, profile: ExporterProfile, job_id: str | None) -> dict[str, str]:
+def device_labels(
+    dev: SimDevice, profile: ExporterProfile, job_id: str | None, kube: bool = False
+) -> dict[str, str]:
+    """A device's series labels. The job holding it is `hpc_job` on a Slurm node; on a Kubernetes node
+    (`kube`, job ids `namespace/pod`) the exporter names the pod (`namespace`, `pod`, `container`)."""
     labels = {
         "gpu": str(dev.index),
         "UUID": dev.uuid,
@@ -158,7 +162,10 @@ def device_labels(dev: SimDevice, profile: ExporterProfile, job_id: str | None) 
     if dev.mig_instance_id is not None:
         labels["GPU_I_PROFILE"] = dev.mig_profile or ""
         labels["GPU_I_ID"] = str(dev.mig_instance_id)
-    if job_id is not None:
+    if job_id is not None and kube:
+        namespace, pod = job_id.split("/", 1)
+        labels.update(namespace=namespace, pod=pod, container="main")
+    elif job_id is not None:
         labels["hpc_job"] = job_id
     return labels
 

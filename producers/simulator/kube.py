@@ -1,0 +1,333 @@
+"""The simulation's Kubernetes cluster: its jobs as Pods and Kueue Workloads, and the job events the real
+Kubernetes producer publishes for them.
+
+`kube_config(cfg)` is the second cluster of a Slurm-like config with `kube_nodes > 0`: named `<cluster>-k8s`,
+nodes `k8s-gpu-NNN`, the last one an A100 in MIG mode, one pricing tier (a Kubernetes producer has one,
+`EventContext.pricing_tier`), no dead exporter or silent device. Its plan (`build_kube_plan`) reuses the
+Slurm-like planner (people, kinds, activity) and then names every job as Kubernetes does:
+- a multi-node training gang is a Kueue pod group: one Pod per node (`kueue.x-k8s.io/pod-group-name`) and the
+  Workload of the group (gang `kueue:<ns>/<group>`);
+- batch and data-starved jobs are Kueue-managed Jobs: a Workload owned by the Job, one Pod owned by the Job;
+- notebooks and the poking script are plain Pods (`gpuledger.io/interactive` on notebooks);
+- Pods on the MIG node ask for one slice (`nvidia.com/mig-<profile>: 1`);
+- every non-MIG node runs a 4-GPU group, so 4-GPU Pods start while the watcher runs (after its first list).
+Namespaces are teams; job ids are `<namespace>/<pod>` (never a Slurm-like number: one ledger keys both).
+
+`kube_job_events(cfg)` feeds those objects, in event-time order, through `producers.kube.KubeTracker` (the
+watcher's pure core) with the simulated organisation's registry and directory. Device identities come the way
+they do on a node without a reachable kubelet socket: `DcgmPodLabels` reads the node's exporter scrape of the
+second the Pod starts (labels `namespace`/`pod`/`UUID`/`GPU_I_ID`), so each STARTED names its devices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from producers.identity import StaticDirectory
+from producers.jobevents import EventContext
+from producers.kube import (
+    GPU_RESOURCE,
+    KUEUE_POD_GROUP,
+    KUEUE_QUEUE,
+    MIG_PREFIX,
+    PROJECT_LABEL,
+    DcgmPodLabels,
+    KubeTracker,
+)
+from producers.projects import Attributor, ProjectRule
+from producers.simulator.model import (
+    SimConfig,
+    SimJob,
+    SimPlan,
+    _build_nodes,
+    _build_people,
+    _faults,
+    _JobMaker,
+    _node_jobs,
+    _training_gangs,
+)
+
+KUBE_SUFFIX = "-k8s"
+KUBE_NODE_PREFIX = "k8s-gpu-"
+KUBE_TIER = "on-prem"
+USER_LABEL = "gpuledger.io/user"
+PREEMPTIBLE_CLASS = "preemptible"
+# GPU groups sharing a timeline on a whole-GPU node of 8: one of 4 (4-GPU Pods), one of 2, two of 1.
+KUBE_GROUPS = [[0, 1, 2, 3], [4, 5], [6], [7]]
+_POD_NAME = {"training": "train", "batch": "batch", "starved": "etl", "notebook": "jupyter", "poker": "dev"}
+KUEUE_KINDS = frozenset({"training", "batch", "starved"})  # admitted by Kueue; the others are plain Pods
+
+
+def kube_config(cfg: SimConfig) -> SimConfig | None:
+    """The Kubernetes cluster run beside a Slurm-like config, or None when it has none."""
+    if cfg.scheduler != "slurm" or not cfg.kube_nodes:
+        return None
+    return replace(
+        cfg,
+        scheduler="kube",
+        cluster=cfg.cluster + KUBE_SUFFIX,
+        nodes=cfg.kube_nodes,
+        kube_nodes=0,
+        node_prefix=KUBE_NODE_PREFIX,
+        mig_nodes=1,
+        dead_exporter_nodes=0,
+        silent_devices=0,
+        training_gangs=1,
+        hpc_job_label=False,
+    )
+
+
+def clusters(cfg: SimConfig) -> tuple[SimConfig, ...]:
+    """Every cluster a config simulates: itself, then its Kubernetes cluster if it has one."""
+    kube = kube_config(cfg)
+    return (cfg,) if kube is None else (cfg, kube)
+
+
+def _as_pods(job: SimJob) -> list[SimJob]:
+    """A planned job as Kubernetes names it: one Pod per node, `<namespace>/<name>` ids, a Kueue gang id."""
+    ns = job.person.team
+    name = f"{_POD_NAME[job.kind]}-{job.job_id}"
+    if job.kind in KUEUE_KINDS:
+        gang = f"kueue:{ns}/{name}" if len(job.nodes) > 1 else f"kueue:{ns}/job-{name}"
+    else:
+        gang = None
+    pod = replace(
+        job,
+        gang_id=gang,
+        submit_s=max(0, job.submit_s),
+        pricing_tier=KUBE_TIER,
+        partition=f"{ns}-queue" if gang else "",
+        qos=PREEMPTIBLE_CLASS if job.preemptible else "",
+    )
+    if len(job.nodes) == 1:
+        return [replace(pod, job_id=f"{ns}/{name}")]
+    return [
+        replace(pod, job_id=f"{ns}/{name}-{i}", devices=tuple(d for d in job.devices if d[0] == node))
+        for i, node in enumerate(job.nodes)
+    ]
+
+
+def build_kube_plan(cfg: SimConfig) -> SimPlan:
+    rng = random.Random(cfg.seed)  # noqa: S311 (a reproducible simulation, not cryptography)
+    nodes = tuple(replace(n, pricing_tier=KUBE_TIER) for n in _build_nodes(cfg, rng))
+    people = _build_people()
+    maker = _JobMaker(cfg, nodes, rng)
+    planned, blocked, mig = _training_gangs(cfg, nodes, people, rng, maker)
+    groups = KUBE_GROUPS if cfg.gpus_per_node == 8 else None
+    for node in nodes:
+        planned.extend(
+            _node_jobs(cfg, node, people, rng, maker, blocked.get(node.name), node.name in mig, groups=groups)
+        )
+    jobs = [pod for job in planned for pod in _as_pods(job)]
+    jobs.sort(key=lambda j: (j.start_s, j.job_id))
+    outages, silent = _faults(cfg, jobs)
+    devices = {d.key: d for n in nodes for d in n.devices}
+    return SimPlan(cfg, nodes, people, tuple(jobs), tuple(outages), frozenset(silent), devices)
+
+
+# ------------------------------------------------------------------------------------------------
+# The objects the API server would send
+
+
+def _iso(s: int) -> str:
+    return datetime.fromtimestamp(s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _uid(*parts: str) -> str:
+    h = hashlib.sha256("/".join(parts).encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _resources(p: SimPlan, job: SimJob) -> dict[str, str]:
+    dev = p.devices[job.devices[0]]
+    if dev.mig_profile is not None:
+        return {f"{MIG_PREFIX}{dev.mig_profile}": str(len(job.devices))}
+    return {GPU_RESOURCE: str(len(job.devices))}
+
+
+def _owner_labels(job: SimJob) -> dict[str, str]:
+    labels = {USER_LABEL: job.person.user}
+    if job.project_source == "EXPLICIT":
+        labels[PROJECT_LABEL] = job.project
+    return labels
+
+
+class _Objects:
+    """Pods and Workloads of one plan at the moments their state changes."""
+
+    def __init__(self, p: SimPlan) -> None:
+        self.plan = p
+        self.base_s = p.config.start_ms // 1000
+
+    def pod(self, job: SimJob, phase: str) -> dict[str, Any]:
+        ns, name = job.job_id.split("/", 1)
+        b = self.base_s
+        labels = _owner_labels(job)
+        if job.interactive:
+            labels["gpuledger.io/interactive"] = "true"
+        if job.checkpointable:
+            labels["gpuledger.io/checkpointable"] = "true"
+        owners: list[dict[str, str]] = []
+        if job.gang_id is not None:
+            labels[KUEUE_QUEUE] = job.partition
+            group = job.gang_id.split("/", 1)[1]
+            if group.startswith("job-"):  # a Kueue-managed Job owns the Pod (and its Workload)
+                owners.append({"kind": "Job", "name": group[4:], "uid": _uid(self.plan.config.cluster, ns, group)})
+            else:
+                labels[KUEUE_POD_GROUP] = group
+        spec: dict[str, Any] = {
+            "containers": [{"name": "main", "resources": {"limits": _resources(self.plan, job)}}],
+        }
+        if job.preemptible:
+            spec["priorityClassName"] = PREEMPTIBLE_CLASS
+        status: dict[str, Any] = {"phase": phase}
+        if phase != "Pending":
+            spec["nodeName"] = job.nodes[0]
+            status["startTime"] = _iso(b + job.start_s)
+        if phase == "Succeeded":
+            status["containerStatuses"] = [
+                {"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": _iso(b + job.end_s)}}}
+            ]
+        meta = {
+            "name": name,
+            "namespace": ns,
+            "uid": _uid(self.plan.config.cluster, job.job_id),
+            "creationTimestamp": _iso(b + job.submit_s),
+            "labels": labels,
+            "ownerReferences": owners,
+        }
+        return {"metadata": meta, "spec": spec, "status": status}
+
+    def workload(self, pods: list[SimJob], stage: str) -> dict[str, Any]:
+        """A gang's Workload: "created", "admitted" or "finished"."""
+        first = pods[0]
+        assert first.gang_id is not None
+        ns, name = first.gang_id.split(":", 1)[1].split("/", 1)
+        b = self.base_s
+        cluster = self.plan.config.cluster
+        per_pod = _resources(self.plan, first)
+        owners = []
+        if name.startswith("job-"):
+            owners.append({"kind": "Job", "name": name[4:], "uid": _uid(cluster, ns, name)})
+        conditions: list[dict[str, str]] = []
+        status: dict[str, Any] = {"conditions": conditions}
+        if stage in ("admitted", "finished"):
+            conditions.append(
+                {
+                    "type": "Admitted",
+                    "status": "True",
+                    "reason": "Admitted",
+                    "lastTransitionTime": _iso(b + first.start_s),
+                }
+            )
+            usage = {k: str(int(v) * len(pods)) for k, v in per_pod.items()}
+            status["admission"] = {
+                "clusterQueue": first.partition,
+                "podSetAssignments": [{"name": "main", "resourceUsage": usage}],
+            }
+        if stage == "finished":
+            conditions.append(
+                {
+                    "type": "Finished",
+                    "status": "True",
+                    "reason": "Succeeded",
+                    "lastTransitionTime": _iso(b + max(p.end_s for p in pods)),
+                }
+            )
+        meta = {
+            "name": name,
+            "namespace": ns,
+            "uid": _uid(cluster, first.gang_id),
+            "creationTimestamp": _iso(b + first.submit_s),
+            "labels": _owner_labels(first),
+            "ownerReferences": owners,
+        }
+        spec = {
+            "queueName": first.partition,
+            "active": True,
+            "podSets": [
+                {
+                    "name": "main",
+                    "count": len(pods),
+                    "template": {"spec": {"containers": [{"name": "main", "resources": {"limits": per_pod}}]}},
+                }
+            ],
+        }
+        return {"metadata": meta, "spec": spec, "status": status}
+
+
+# (second, order within the second, watch target, object)
+_Change = tuple[int, int, str, str, dict[str, Any]]
+ScrapeText = Callable[[str, int], str]  # (node, run second) -> that node's exporter output
+
+
+def _changes(p: SimPlan) -> list[_Change]:
+    objs = _Objects(p)
+    out: list[_Change] = []
+    gangs: dict[str, list[SimJob]] = {}
+    for job in p.jobs:
+        if job.gang_id is not None:
+            gangs.setdefault(job.gang_id, []).append(job)
+        out.append((job.submit_s, 3, "pod", "ADDED", objs.pod(job, "Pending")))
+        out.append((job.start_s, 5, "pod", "MODIFIED", objs.pod(job, "Running")))
+        out.append((job.end_s, 0, "pod", "MODIFIED", objs.pod(job, "Succeeded")))
+    for pods in gangs.values():
+        first = pods[0]
+        out.append((first.submit_s, 2, "workload", "ADDED", objs.workload(pods, "created")))
+        out.append((first.start_s, 4, "workload", "MODIFIED", objs.workload(pods, "admitted")))
+        out.append((max(j.end_s for j in pods), 1, "workload", "MODIFIED", objs.workload(pods, "finished")))
+    out.sort(key=lambda c: (c[0], c[1]))
+    return out
+
+
+def kube_job_events(p: SimPlan, scrape_text: ScrapeText) -> dict[int, list[dict[str, Any]]]:
+    """Run second -> the job events the Kubernetes producer publishes in it, from the watch of the plan's
+    Pods and Workloads (`KubeTracker`), device UUIDs from the exporters' pod labels."""
+    from producers.simulator.org import sim_directory, sim_registry
+
+    cfg = p.config
+    labels = DcgmPodLabels()
+    ctx = EventContext(
+        cfg.cluster,
+        attributor=Attributor(sim_registry(), ProjectRule(mode="grace")),
+        identity=StaticDirectory(sim_directory()),
+        pricing_tier=KUBE_TIER,
+        preemptible_qos=frozenset({PREEMPTIBLE_CLASS}),
+    )
+    tracker = KubeTracker(ctx, labels)
+    base_s = cfg.start_ms // 1000
+    out: dict[int, list[dict[str, Any]]] = {}
+    scraped: set[tuple[str, int]] = set()
+    for t, _, target, watch_type, obj in _changes(p):
+        ts_ms = (base_s + t) * 1000
+        if target == "pod":
+            node = obj["spec"].get("nodeName")
+            if node and obj["status"]["phase"] == "Running" and (node, t) not in scraped:
+                scraped.add((node, t))
+                labels.load_scrape(scrape_text(node, t), node=node)
+            events = tracker.on_pod(watch_type, obj, ts_ms)
+        else:
+            events = tracker.on_workload(watch_type, obj, ts_ms)
+        for ev in events:
+            out.setdefault(ev["ts_ms"] // 1000 - base_s, []).append(ev)
+    return out
+
+
+@cache
+def _events_of(cfg: SimConfig) -> dict[int, list[dict[str, Any]]]:
+    from producers.simulator.model import plan
+    from producers.simulator.stream import scrape_text
+
+    p = plan(cfg)
+    return kube_job_events(p, scrape_text(p))
+
+
+def job_events(cfg: SimConfig) -> dict[int, list[dict[str, Any]]]:
+    """`kube_job_events` of a kube config's plan (cached: a config is immutable)."""
+    return _events_of(cfg)
