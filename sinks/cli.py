@@ -196,7 +196,8 @@ def _emit(rows: list[dict[str, Any]], fmt: str, output: Path | None, title: str,
 @report_app.command("chargeback")
 def report_chargeback(
     period: str = typer.Option(..., "--period", help="Month, YYYY-MM."),
-    by: str = typer.Option("team", "--by", help="team, project, user or cost-centre."),
+    by: str = typer.Option("team", "--by", help="team, project, user, cost-centre or cluster (per team and "
+                           "cluster, and the team's total)."),
     fmt: str = typer.Option("table", "--format", help="table, csv, json or parquet."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to a file (required for parquet)."),
     quota: bool = typer.Option(False, "--quota", help="Per team and generation: allocated GPU-hours beside the "
@@ -210,10 +211,14 @@ def report_chargeback(
     from sinks import chargeback as cb
 
     cb.check_period(period)
-    cb.check_by(by)
+    if by != "cluster":
+        cb.check_by(by)
     settings = settings_for(state_dir)
     if quota:
         _quota_report(settings, period, policy_path, fmt, output)
+        return
+    if by == "cluster":
+        _cluster_report(settings, period, fmt, output)
         return
     from sinks.statement_store import StatementStore, adjustments_since
 
@@ -234,11 +239,39 @@ def report_chargeback(
         if unknown.jobs:
             typer.echo(f"data quality: {unknown.gpu_h} GPU-h of {unknown.jobs} job(s) on devices no source identified "
                        f"(device_uuid {cb.UNIDENTIFIED_PREFIX}*: charged per device, counted dark)")
+        _echo_overlaps(client, period)
     if closed is not None and fmt == "table":
         rows = [{"posted_in": where, "team": a.team, "job_id": a.job_id, "project": a.project, "charge": a.charge,
                  "cause_kind": a.cause_kind, "cause_ref": a.cause_ref} for where, a in since]  # fmt: skip
         _emit(rows, fmt, None, f"adjustments to {period} since it closed",
               ("posted_in", "team", "job_id", "project", "charge", "cause_kind", "cause_ref"))  # fmt: skip
+
+
+def _cluster_report(settings: Settings, period: str, fmt: str, output: Path | None) -> None:
+    """`--by cluster`: a line per (team, cluster), each team's total across clusters (cluster ALL), and the
+    device-seconds two clusters both claimed (charged once, sinks/reconcile.py)."""
+    from sinks import reconcile
+    from sinks.statement_store import StatementStore
+
+    client = _client(settings, analyst=True)
+    with _warehouse_errors():
+        if period in StatementStore(client).closes():
+            raise ConfigError(f"{period} is closed: its frozen statements are reported --by team, project, user, "
+                              "cost-centre or tier; --by cluster reads the open ledger only")
+        report = reconcile.chargeback_by_cluster(client, period)
+    _emit(reconcile.report_rows(report), fmt, output, f"chargeback {period} by cluster", reconcile.CLUSTER_COLUMNS)
+    if fmt == "table":
+        _echo_overlaps(client, period)
+
+
+def _echo_overlaps(client: Any, period: str) -> None:
+    """The data-quality finding under a table: devices two clusters' jobs both claimed, naming both."""
+    from sinks import reconcile
+
+    with _warehouse_errors():
+        found = reconcile.overlaps(client, period)
+    for overlap in found:
+        typer.echo(f"data quality: {overlap.text()}")
 
 
 def _quota_report(settings: Settings, period: str, policy_path: Path | None, fmt: str, output: Path | None) -> None:
