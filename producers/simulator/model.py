@@ -28,6 +28,8 @@ TEAMS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("research", ("rl-agents", "diffusion"), "cc-1004"),
     ("platform", ("infra-bench",), "cc-1000"),
 )
+# Where a node's GPUs are priced (sinks/ratecard.py's tiers): owned, cloud on demand, cloud spot.
+PRICING_TIERS = ("on-prem", "cloud-on-demand", "cloud-spot")
 USERS_PER_TEAM = 4
 KINDS = ("training", "batch", "notebook", "starved", "poker")
 # Per group-timeline job mix (training gangs are placed first, on whole nodes).
@@ -196,7 +198,7 @@ def _build_nodes(cfg: SimConfig, rng: random.Random) -> tuple[SimNode, ...]:
     for i in range(cfg.nodes):
         model, mem, power, _ = rng.choices(MODELS, weights=weights)[0]
         name = f"{cfg.node_prefix}{i:0{width}d}"
-        tier = rng.choices(("on-prem", "cloud-on-demand", "cloud-spot"), weights=(6, 1, 1))[0]
+        tier = rng.choices(PRICING_TIERS, weights=(6, 1, 1))[0]
         devices = tuple(
             SimDevice(
                 name, g, _uuid(rng), model, generation_of(model), mem, power, f"00000000:{0x18 + 0x11 * g:02X}:00.0"

@@ -1,0 +1,108 @@
+"""The simulator's second cluster (producers/simulator/kube.py): Kubernetes pods and Kueue Workloads whose job
+events are the real Kubernetes producer's, a ledger over both clusters equal to the processors', and a rate
+card that prices every generation and tier the simulator runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+
+from base.errors import ConfigError
+from base.processor_settings import ProcessorSettings
+from processors.pipeline import LEDGER_FIELDS, PipelineResult, run_in_memory
+from producers.simulator import DEFAULT_START_MS, SimConfig, expected_ledger, plan, simulate
+from producers.simulator.kube import KUBE_TIER, clusters, kube_config
+from producers.simulator.model import MIG_MODEL, MODELS, PRICING_TIERS
+from schemas.generations import generation_of
+from schemas.topics import JOB_EVENTS
+from sinks.ratecard import TIERS, load_card
+
+CFG = SimConfig(seed=11, nodes=2, duration_s=900, kube_nodes=3)
+
+
+@pytest.fixture(scope="module")
+def records() -> list[Any]:
+    return list(simulate(CFG))
+
+
+@pytest.fixture(scope="module")
+def result(records: list[Any]) -> PipelineResult:
+    return run_in_memory(records, ProcessorSettings())
+
+
+def _events(records: list[Any], cluster: str) -> list[dict[str, Any]]:
+    return [r for t, _, r in records if t is JOB_EVENTS and r["cluster"] == cluster]
+
+
+def test_one_cluster_by_default_in_the_dataclass_two_when_asked() -> None:
+    assert clusters(SimConfig(nodes=2)) == (SimConfig(nodes=2),)
+    kube = kube_config(CFG)
+    assert kube is not None and [c.cluster for c in clusters(CFG)] == ["sim", "sim-k8s"]
+    assert kube.scheduler == "kube" and kube.nodes == 3 and kube.kube_nodes == 0
+    with pytest.raises(ConfigError):
+        SimConfig(kube_nodes=2)
+
+
+def test_the_single_cluster_records_are_unchanged_by_a_kubernetes_cluster_beside_them(records: list[Any]) -> None:
+    alone = list(simulate(SimConfig(seed=11, nodes=2, duration_s=900)))
+    assert [r for r in records if r[2]["cluster"] == "sim"] == alone
+
+
+def test_kubernetes_job_events_are_the_kube_producers(records: list[Any]) -> None:
+    events = _events(records, "sim-k8s")
+    schedulers = {e["scheduler"] for e in events}
+    assert schedulers == {"KUEUE", "KUBERNETES"}
+    assert all("/" in e["job_id"] for e in events)
+    started = {e["job_id"]: e for e in events if e["event_type"] == "STARTED"}
+    # Every pod names its devices (UUIDs from the exporters' pod labels), never a count alone.
+    for e in started.values():
+        assert all(d["uuid"] for a in e["allocations"] for d in a["devices"]), e["job_id"]
+    # A multi-pod gang: one Kueue pod group, one pod per node, each pod the gang's member.
+    gangs: dict[str, set[str]] = defaultdict(set)
+    for e in started.values():
+        if e["gang_id"]:
+            gangs[e["gang_id"]].add(e["allocations"][0]["node"])
+    assert any(len(nodes) >= 2 for nodes in gangs.values())
+    # Pods on MIG slices.
+    mig = [e for e in started.values() if any(d["mig_instance_id"] for a in e["allocations"] for d in a["devices"])]
+    assert mig and all(d["mig_profile"] for e in mig for a in e["allocations"] for d in a["devices"])
+    # 4-GPU pods that start while the watcher runs (after its first second).
+    assert any(e["ts_ms"] > CFG.start_ms and len(e["allocations"][0]["devices"]) == 4 for e in started.values())
+    # Notebooks as plain pods; Kueue Workloads as gang jobs of their own (SUBMITTED, admitted UPDATED, ENDED).
+    assert any(e["interactive"] and e["scheduler"] == "KUBERNETES" for e in started.values())
+    workload_types = Counter(e["event_type"] for e in events if e["job_id"].split("/")[1].startswith("job-"))
+    assert workload_types["SUBMITTED"] == workload_types["UPDATED"] > 0
+    assert all(e["project"] and e["project_validation"] == "VALID" for e in events)
+
+
+def test_processors_ledger_equals_the_expected_ledger_of_both_clusters(result: PipelineResult) -> None:
+    expected = expected_ledger(CFG)
+    assert {led.cluster for led in expected.values()} == {"sim", "sim-k8s"}
+    assert result.ledger() == {j: {f: getattr(led, f) for f in LEDGER_FIELDS} for j, led in expected.items()}
+
+
+def test_every_generation_and_tier_the_simulator_uses_is_priced() -> None:
+    card = load_card()
+    generations = {generation_of(m[0]) for m in MODELS} | {generation_of(MIG_MODEL[0])}
+    assert set(PRICING_TIERS) | {KUBE_TIER} <= set(TIERS)
+    days = [dt.datetime.fromtimestamp(DEFAULT_START_MS / 1000, dt.UTC).date(), dt.date(2026, 12, 2)]
+    unpriced = [
+        (g, t, p, d)
+        for g in sorted(generations)
+        for t in sorted(set(PRICING_TIERS) | {KUBE_TIER})
+        for p in (False, True)
+        for d in days
+        if card.rate_for(g, t, p, d) is None
+    ]
+    assert unpriced == []
+    # And what a demo-sized plan actually runs: every job's devices, in both clusters.
+    demo = SimConfig(seed=1, nodes=24, duration_s=3600, kube_nodes=3)
+    for c in clusters(demo):
+        p = plan(c)
+        for job in p.jobs:
+            for key in job.devices:
+                gen = p.devices[key].generation
+                assert card.rate_for(gen, job.pricing_tier, job.preemptible, days[0]) is not None, (gen, job)
