@@ -51,7 +51,7 @@ class ChargebackLine:
     idle_cost: Decimal
     coverage_pct: float
     unpriced_gpu_h: Decimal
-    # owned hardware vs cloud burst (each tier at its own rate; money half-up per column, beside `charge`)
+    # owned hardware vs cloud burst, each at its own tier's rate; the two charges add up to `charge`
     onprem_gpu_h: Decimal
     cloud_gpu_h: Decimal
     onprem_charge: Decimal
@@ -224,7 +224,8 @@ def render_table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...
             and isinstance(rows[0].get(col), int | float | Decimal)
             and not isinstance(rows[0].get(col), bool)
         )
-        table.add_column(col, justify="right" if numeric else "left")
+        widest = max((len(str(row.get(col, ""))) for row in rows), default=0) if col == "line" else None
+        table.add_column(col, justify="right" if numeric else "left", min_width=widest)  # a line's name whole
     for i, row in enumerate(rows):
         style = "bold" if row.get("line") == "TOTAL" and i == len(rows) - 1 else None
         table.add_row(*(escape(str(_plain(row.get(c, "")))) for c in columns), style=style)

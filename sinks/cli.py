@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from rich.console import Console
 from base.errors import ConfigError, ServiceError
 from base.settings import Settings
 from gpuledger.cli_common import VERBOSE_OPTION, settings_for, start_service, stop_signal
+
+if TYPE_CHECKING:
+    from sinks.data_quality import DataQuality
 
 db_app = typer.Typer(help="The ClickHouse schema (versioned migrations).", no_args_is_help=True)
 sink_app = typer.Typer(help="Kafka -> ClickHouse sinks.", no_args_is_help=True)
@@ -193,11 +196,17 @@ def _emit(rows: list[dict[str, Any]], fmt: str, output: Path | None, title: str,
         typer.echo(f"wrote {len(rows)} rows to {output}")
 
 
+def _with_quality(rows: list[dict[str, Any]], quality: DataQuality, fmt: str) -> list[dict[str, Any]]:
+    """Rows of a machine-readable output carry the data-quality figure as dq_* columns (a table prints it as a
+    line under itself instead)."""
+    return rows if fmt == "table" else [{**row, **quality.columns()} for row in rows]
+
+
 @report_app.command("chargeback")
 def report_chargeback(
     period: str = typer.Option(..., "--period", help="Month, YYYY-MM."),
-    by: str = typer.Option("team", "--by", help="team, project, user, cost-centre or cluster (per team and "
-                           "cluster, and the team's total)."),
+    by: str = typer.Option("team", "--by", help="team, project, user, cost-centre, tier (on-prem, "
+                           "cloud-on-demand, cloud-spot) or cluster (per team and cluster, and the team's total)."),
     fmt: str = typer.Option("table", "--format", help="table, csv, json or parquet."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to a file (required for parquet)."),
     quota: bool = typer.Option(False, "--quota", help="Per team and generation: allocated GPU-hours beside the "
@@ -206,9 +215,11 @@ def report_chargeback(
                                             "settings' policy_path)."),
     state_dir: Path | None = STATE_DIR,
 ) -> None:
-    """Charged on allocation; utilisation, idle/starved/dark time and coverage beside it (with --quota: use
-    beside each team's guaranteed quota per generation)."""
+    """Charged on allocation; utilisation, idle/starved/dark time, coverage and the on-prem / cloud split beside
+    it, and the month's data-quality figure (with --quota: use beside each team's guaranteed quota per
+    generation)."""
     from sinks import chargeback as cb
+    from sinks.data_quality import data_quality
 
     cb.check_period(period)
     if by != "cluster":
@@ -228,12 +239,14 @@ def report_chargeback(
         closed = store.closes().get(period)
         report = cb.chargeback(client, period, by, closed=closed is not None)
         since = adjustments_since(store, period) if closed is not None and fmt == "table" else []
+        quality = data_quality(client, period)
     columns = ("line", *[c for c in cb.LINE_COLUMNS if c != "line"])
     title = f"chargeback {period} by {by}"
     if closed is not None:
         title += f" (closed {closed.close_id[:12]} by {closed.closed_by}: the frozen statements)"
-    _emit(cb.report_rows(report), fmt, output, title, columns)
+    _emit(_with_quality(cb.report_rows(report), quality, fmt), fmt, output, title, columns)
     if fmt == "table":
+        typer.echo(quality.text())
         with _warehouse_errors():
             unknown = cb.unidentified(client, period)
         if unknown.jobs:
@@ -251,6 +264,7 @@ def _cluster_report(settings: Settings, period: str, fmt: str, output: Path | No
     """`--by cluster`: a line per (team, cluster), each team's total across clusters (cluster ALL), and the
     device-seconds two clusters both claimed (charged once, sinks/reconcile.py)."""
     from sinks import reconcile
+    from sinks.data_quality import data_quality
     from sinks.statement_store import StatementStore
 
     client = _client(settings, analyst=True)
@@ -259,8 +273,11 @@ def _cluster_report(settings: Settings, period: str, fmt: str, output: Path | No
             raise ConfigError(f"{period} is closed: its frozen statements are reported --by team, project, user, "
                               "cost-centre or tier; --by cluster reads the open ledger only")
         report = reconcile.chargeback_by_cluster(client, period)
-    _emit(reconcile.report_rows(report), fmt, output, f"chargeback {period} by cluster", reconcile.CLUSTER_COLUMNS)
+        quality = data_quality(client, period)
+    _emit(_with_quality(reconcile.report_rows(report), quality, fmt), fmt, output, f"chargeback {period} by cluster",
+          reconcile.CLUSTER_COLUMNS)  # fmt: skip
     if fmt == "table":
+        typer.echo(quality.text())
         _echo_overlaps(client, period)
 
 
@@ -297,14 +314,20 @@ def report_explain(
     output: Path | None = typer.Option(None, "--output", "-o"),
     state_dir: Path | None = STATE_DIR,
 ) -> None:
-    """The jobs behind a project's charge (corrections applied, original project shown)."""
+    """The jobs behind a project's charge (corrections applied, original project shown), and the data-quality
+    figure of those jobs."""
     from sinks import chargeback as cb
+    from sinks.data_quality import data_quality
 
     cb.check_period(period)
     settings = settings_for(state_dir)
+    client = _client(settings, analyst=True)
     with _warehouse_errors():
-        rows = cb.explain(_client(settings, analyst=True), period, project)
-    _emit(rows, fmt, output, f"jobs behind {project} in {period}", cb.EXPLAIN_COLUMNS)
+        rows = cb.explain(client, period, project)
+        quality = data_quality(client, period, project)
+    _emit(_with_quality(rows, quality, fmt), fmt, output, f"jobs behind {project} in {period}", cb.EXPLAIN_COLUMNS)
+    if fmt == "table":
+        typer.echo(quality.text())
 
 
 @report_app.command("journal")
@@ -322,8 +345,10 @@ def report_journal(
 ) -> None:
     """Finance export that balances: a debit per cost centre, a line per adjustment, credit or reservation
     charge with its cause, and one contra line to the cluster's cost centre; deterministic line ids. From the
-    frozen statements of a closed month, else provisional (the statements as they would close now)."""
+    frozen statements of a closed month, else provisional (the statements as they would close now). Every
+    line carries the month's data-quality figure (dq_* columns)."""
     from sinks import chargeback as cb
+    from sinks.data_quality import data_quality
     from sinks.governance_charges import configured_charges
     from sinks.journal import JOURNAL_COLUMNS
     from sinks.statement_store import StatementStore, journal
@@ -337,7 +362,9 @@ def report_journal(
     with _warehouse_errors():
         lines = journal(StatementStore(client), period, lambda: configured_charges(settings, client, _now_ms()),
                         account=account, contra_cost_centre=contra, contra_account=contra_account)  # fmt: skip
-    _emit([dataclasses.asdict(line) for line in lines], fmt, output, "", JOURNAL_COLUMNS)
+        quality = data_quality(client, period)
+    _emit(_with_quality([dataclasses.asdict(line) for line in lines], quality, fmt), fmt, output, "",
+          JOURNAL_COLUMNS)  # fmt: skip
 
 
 def alerts_cmd(

@@ -9,8 +9,9 @@
 -- The share is part of usage_daily's key, so slices of different sizes never sum into one row.
 --
 -- Reports split by pricing tier: `by = 'tier'` (on-prem, cloud-on-demand, cloud-spot), and every line carries
--- onprem_gpu_h / cloud_gpu_h and onprem_charge / cloud_charge (each half-up from its own exact numerator, like
--- idle_cost: informational beside the billed `charge`, which they can differ from by a cent).
+-- onprem_gpu_h / cloud_gpu_h and onprem_charge / cloud_charge, which add up to the line's `charge`: a line of one
+-- kind has all of its charge in that column; a mixed line has its cloud part half-up from its exact numerator
+-- and the rest (the line's cent allocation included) on-prem.
 
 ALTER TABLE device_minutes
     ADD COLUMN IF NOT EXISTS mig_profile LowCardinality(String) DEFAULT '' AFTER mig_instance_id,
@@ -136,8 +137,10 @@ SELECT
     toDecimal128(intDiv(unpriced * 10000 + 1800, 3600), 4) / 10000 AS unpriced_gpu_h,
     toDecimal128(intDiv(onprem_s * 10000 + 1800, 3600), 4) / 10000 AS onprem_gpu_h,
     toDecimal128(intDiv((alloc_s - onprem_s) * 10000 + 1800, 3600), 4) / 10000 AS cloud_gpu_h,
-    toDecimal128(intDiv(onprem_num + 18000000, 36000000), 2) / 100 AS onprem_charge,
-    toDecimal128(intDiv(num - onprem_num + 18000000, 36000000), 2) / 100 AS cloud_charge,
+    multiIf(alloc_s = onprem_s, toDecimal128(0, 2),
+            onprem_s = 0, toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100,
+            toDecimal128(intDiv(num - onprem_num + 18000000, 36000000), 2) / 100) AS cloud_charge,
+    toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100 - cloud_charge AS onprem_charge,
     alloc_s AS allocated_seconds,
     act_s AS active_seconds,
     starv_s AS starved_seconds,
@@ -194,8 +197,10 @@ SELECT
     toDecimal128(intDiv(unpriced * 10000 + 1800, 3600), 4) / 10000 AS unpriced_gpu_h,
     toDecimal128(intDiv(onprem_s * 10000 + 1800, 3600), 4) / 10000 AS onprem_gpu_h,
     toDecimal128(intDiv((alloc_s - onprem_s) * 10000 + 1800, 3600), 4) / 10000 AS cloud_gpu_h,
-    toDecimal128(intDiv(onprem_num + 18000000, 36000000), 2) / 100 AS onprem_charge,
-    toDecimal128(intDiv(num - onprem_num + 18000000, 36000000), 2) / 100 AS cloud_charge,
+    multiIf(alloc_s = onprem_s, toDecimal128(0, 2),
+            onprem_s = 0, toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100,
+            toDecimal128(intDiv(num - onprem_num + 18000000, 36000000), 2) / 100) AS cloud_charge,
+    toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100 - cloud_charge AS onprem_charge,
     alloc_s AS allocated_seconds,
     act_s AS active_seconds,
     starv_s AS starved_seconds,
@@ -248,8 +253,10 @@ SELECT
     toDecimal128(intDiv(unpriced * 10000 + 1800, 3600), 4) / 10000 AS unpriced_gpu_h,
     toDecimal128(intDiv(onprem_s * 10000 + 1800, 3600), 4) / 10000 AS onprem_gpu_h,
     toDecimal128(intDiv((alloc_s - onprem_s) * 10000 + 1800, 3600), 4) / 10000 AS cloud_gpu_h,
-    toDecimal128(intDiv(onprem_num + 18000000, 36000000), 2) / 100 AS onprem_charge,
-    toDecimal128(intDiv(num - onprem_num + 18000000, 36000000), 2) / 100 AS cloud_charge,
+    multiIf(alloc_s = onprem_s, toDecimal128(0, 2),
+            onprem_s = 0, toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100,
+            toDecimal128(intDiv(num - onprem_num + 18000000, 36000000), 2) / 100) AS cloud_charge,
+    toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100 - cloud_charge AS onprem_charge,
     alloc_s AS allocated_seconds,
     act_s AS active_seconds,
     starv_s AS starved_seconds,

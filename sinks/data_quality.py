@@ -1,0 +1,126 @@
+"""The data-quality figure every chargeback output carries (DESIGN principle 4; issue 19, "Fair units").
+
+How far a month's charges can be trusted, over the jobs behind them (the whole month, or one project's line):
+
+- `coverage_pct`: allocated GPU-seconds with telemetry / allocated (dark seconds are charged, never idle);
+- `unidentified_gpu_h`, `unidentified_jobs`: allocated time on devices no source identified
+  (device_uuid `unidentified:*`, processors/attribution.py), charged per device and counted dark;
+- `default_project_pct`: share of allocated GPU-seconds of jobs charged to their user's default project
+  (the job named none: `project_source` DEFAULT);
+- `claimed_project_pct`: share of allocated GPU-seconds of jobs that named a project their user is not a
+  member of (charged to the default instead, `v_job_claims`);
+- `unpriced_gpu_h`, `unknown_mig_gpu_h`: allocated time with no rate, and the part of it on MIG slices
+  whose share of the GPU is unknown (left unpriced rather than guessed, schemas/mig.py).
+
+`figure` is pure over per-job facts; `data_quality` reads them (bound parameters, fixed identifiers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from typing import Any
+
+from sinks.chargeback import UNIDENTIFIED_PREFIX, check_period
+
+_MONTH = "day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1)"
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """One job's month, as the data-quality figure needs it."""
+
+    allocated_s: int
+    dark_s: int
+    unpriced_s: int
+    unknown_mig_s: int  # allocated seconds on MIG slices of unknown share
+    unidentified_s: int  # allocated seconds on devices no source identified
+    project_source: str  # EXPLICIT, DEFAULT or MISSING (the job's latest event)
+    claimed: bool  # named a project its user is not a member of
+
+
+@dataclass(frozen=True, slots=True)
+class DataQuality:
+    scope: str  # what the figure covers: "2026-11" or "2026-11 project p-x"
+    jobs: int
+    coverage_pct: float
+    unidentified_gpu_h: Decimal
+    unidentified_jobs: int
+    default_project_pct: float
+    claimed_project_pct: float
+    unpriced_gpu_h: Decimal
+    unknown_mig_gpu_h: Decimal
+
+    def columns(self) -> dict[str, Any]:
+        """The figure as `dq_*` columns, for rows of CSV, JSON and Parquet outputs."""
+        return {f"dq_{k}": v for k, v in asdict(self).items() if k != "scope"}
+
+    def text(self) -> str:
+        """One line under a table."""
+        line = (f"data quality ({self.scope}, {self.jobs} jobs): coverage {self.coverage_pct}%, "
+                f"unidentified devices {self.unidentified_gpu_h} GPU-h ({self.unidentified_jobs} jobs), "
+                f"default project {self.default_project_pct}%, claimed project {self.claimed_project_pct}% "
+                f"of allocated GPU-h, unpriced {self.unpriced_gpu_h} GPU-h")  # fmt: skip
+        if self.unknown_mig_gpu_h:
+            line += f" ({self.unknown_mig_gpu_h} on MIG slices of unknown profile)"
+        return line
+
+
+DQ_COLUMNS = tuple(f"dq_{name}" for name in DataQuality.__dataclass_fields__ if name != "scope")
+
+
+def _pct(part: int, whole: int) -> float:
+    return 0.0 if whole == 0 else round(100 * part / whole, 1)
+
+
+def _gpu_h(seconds: int) -> Decimal:
+    return (Decimal(seconds) / 3600).quantize(Decimal("0.001"))
+
+
+def figure(scope: str, jobs: Iterable[JobFacts]) -> DataQuality:
+    """The figure over `jobs` (pure): percentages of allocated GPU-seconds, one decimal; hours to 3 places."""
+    listed = list(jobs)
+    alloc = sum(j.allocated_s for j in listed)
+    return DataQuality(
+        scope=scope,
+        jobs=len(listed),
+        coverage_pct=_pct(alloc - sum(j.dark_s for j in listed), alloc),
+        unidentified_gpu_h=_gpu_h(sum(j.unidentified_s for j in listed)),
+        unidentified_jobs=sum(1 for j in listed if j.unidentified_s > 0),
+        default_project_pct=_pct(sum(j.allocated_s for j in listed if j.project_source == "DEFAULT"), alloc),
+        claimed_project_pct=_pct(sum(j.allocated_s for j in listed if j.claimed), alloc),
+        unpriced_gpu_h=_gpu_h(sum(j.unpriced_s for j in listed)),
+        unknown_mig_gpu_h=_gpu_h(sum(j.unknown_mig_s for j in listed)),
+    )
+
+
+def data_quality(client: Any, period: str, project: str | None = None) -> DataQuality:
+    """The month's figure from the ledger as it is now, over every job or over one project's (as charged:
+    corrections applied)."""
+    period = check_period(period)
+    params = {"p": period, "project": project or "", "prefix": UNIDENTIFIED_PREFIX}
+    usage = client.query(
+        "SELECT cluster, job_id, sum(allocated_s), sum(dark_s), sum(unpriced_s), "
+        f"sumIf(allocated_s, gpu_share_slices = 0) FROM v_usage_priced WHERE {_MONTH} "
+        "AND ({project:String} = '' OR project = {project:String}) GROUP BY cluster, job_id",
+        parameters=params,
+    ).result_rows
+    sources = client.query(
+        "SELECT cluster, job_id, argMax(project_source, ts_ms), max(project_claimed IS NOT NULL) FROM job_events "
+        f"WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM usage_daily WHERE {_MONTH} AND job_id != '') "
+        "GROUP BY cluster, job_id",
+        parameters=params,
+    ).result_rows
+    unidentified = client.query(
+        "SELECT cluster, job_id, sum(allocated_s) FROM device_minutes FINAL WHERE startsWith(device_uuid, "
+        f"{{prefix:String}}) AND {_MONTH} GROUP BY cluster, job_id",
+        parameters=params,
+    ).result_rows
+    source = {(c, j): (str(s), bool(claimed)) for c, j, s, claimed in sources}
+    unknown = {(c, j): int(s) for c, j, s in unidentified}
+    facts = [
+        JobFacts(int(a), int(d), int(u), int(m), unknown.get((c, j), 0), *source.get((c, j), ("MISSING", False)))
+        for c, j, a, d, u, m in usage
+    ]
+    return figure(period if project is None else f"{period} project {project}", facts)
