@@ -463,6 +463,7 @@ class PipelineRun:
         self.simulator = self.spawn(
             "simulator", "simulate", "run", "--fast", "--nodes", str(s.nodes), "--duration", str(s.duration_s),
             "--seed", str(s.seed), "--start", start, "--cluster", s.cluster, "--ledger", str(self.ledger_path),
+            "--kube-nodes", str(s.kube_nodes),  # the CLI runs a Kubernetes cluster too unless told 0
         )  # fmt: skip
 
     @property
