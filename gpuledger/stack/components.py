@@ -353,7 +353,7 @@ COMPONENTS: list[Component] = [
     ),
     Component(
         name="simulator",
-        description="simulated cluster (no real source configured)",
+        description="simulated clusters sim (Slurm-like) and sim-k8s (Kubernetes) (no real source configured)",
         # Three hours of history first (reports and idle alerts to look at at once), then real time.
         argv=lambda s, _: gpuledger_argv("simulate", "run", "--backfill", str(SIMULATOR_BACKFILL_S)),
         enabled=_simulated,
