@@ -197,12 +197,15 @@ def exporter_version_at(cfg: SimConfig, t: int) -> str:
 
 
 def scrape_text(p: SimPlan) -> Callable[[str, int], str]:
-    """(node, run second) -> the node's exporter output at that second, as Prometheus text."""
+    """(node, run second) -> the node's exporter output at that second, as Prometheus text: one series per
+    device (its framebuffer, which every device and MIG slice reports; the labels are those of all its series)."""
     scraper = _NodeScraper(p, Normalizer())
     cfg = p.config
+    profiles = {v: exporter_profile(v) for v in {cfg.exporter_version, cfg.upgrade_to} if v}
 
     def text(node: str, t: int) -> str:
-        return render_exposition(scraper.raw(node, t, exporter_profile(exporter_version_at(cfg, t))))
+        samples = scraper.raw(node, t, profiles[exporter_version_at(cfg, t)])
+        return render_exposition([x for x in samples if x.name == "DCGM_FI_DEV_FB_USED"])
 
     return text
 
