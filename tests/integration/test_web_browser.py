@@ -258,6 +258,11 @@ def test_in_the_browser_a_user_appeals_an_operator_credits_and_another_team_is_r
         assert "decided" in browser.find_element(By.ID, "decided").text
         sink()
 
+        browser.find_element(By.ID, "nav-fleet").click()  # the operator's fleet page: every team, as CSV too
+        assert "Fleet" in browser.find_element(By.ID, "fleet-title").text
+        assert browser.find_elements(By.CSS_SELECTOR, "#table-teams tbody tr")
+        browser.save_screenshot(str(shots / "fleet-page.png"))
+
         browser.get(f"{base}/teams/{job.team}?period={PERIOD}")
         credit = browser.find_elements(By.CSS_SELECTOR, "#table-pending tbody tr")
         assert len(credit) == 1 and "-$7.50" in credit[0].text and "credit" in credit[0].text
