@@ -163,13 +163,17 @@ def _print_next_steps(settings: Settings, state_dir: Path | None) -> None:
     steps = [
         (f"gpuledger report chargeback --period {period}{sd}", "per team: allocated vs consumed, charge, coverage"),
         (f"gpuledger report chargeback --period {period} --by project{sd}", "the same per project"),
+        (
+            f"gpuledger report chargeback --period {period} --by cluster{sd}",
+            "each team on sim (Slurm-like) and sim-k8s (Kubernetes), and its total across them",
+        ),
         (f"gpuledger alerts{sd}", "idle warnings, reclaim notices (dry-run), coverage gaps"),
         (f"tail -f {settings.state_dir / 'webhook.jsonl'}", "what chat received (local webhook)"),
         (f'gpuledger sql "SELECT * FROM v_utilisation_daily LIMIT 10"{sd}', "SQL, as an analyst would"),
         (f"gpuledger status{sd}", "health, consumer lag, row counts"),
         (f"gpuledger down{sd}", "stop everything"),
     ]
-    console.print("\n[bold]A simulated cluster is running.[/] Look at:")
+    console.print("\n[bold]Two simulated clusters are running (sim, Slurm-like; sim-k8s, Kubernetes).[/] Look at:")
     for command, what in steps:
         console.print(f"  [cyan]{command}[/]\n      [dim]{what}[/]", highlight=False, soft_wrap=True)
 
