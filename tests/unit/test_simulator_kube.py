@@ -13,7 +13,14 @@ import pytest
 from base.errors import ConfigError
 from base.processor_settings import ProcessorSettings
 from processors.pipeline import LEDGER_FIELDS, PipelineResult, run_in_memory
-from producers.simulator import DEFAULT_START_MS, SimConfig, expected_ledger, plan, simulate
+from producers.simulator import (
+    DEFAULT_START_MS,
+    SimConfig,
+    expected_device_minutes,
+    expected_ledger,
+    plan,
+    simulate,
+)
 from producers.simulator.kube import KUBE_TIER, clusters, kube_config
 from producers.simulator.model import MIG_MODEL, MODELS, PRICING_TIERS
 from schemas.generations import generation_of
@@ -82,6 +89,22 @@ def test_processors_ledger_equals_the_expected_ledger_of_both_clusters(result: P
     expected = expected_ledger(CFG)
     assert {led.cluster for led in expected.values()} == {"sim", "sim-k8s"}
     assert result.ledger() == {j: {f: getattr(led, f) for f in LEDGER_FIELDS} for j, led in expected.items()}
+
+
+def test_device_minutes_of_both_clusters_match_mig_slices_included(result: PipelineResult) -> None:
+    def row(r: Any) -> tuple[int, ...]:
+        return tuple(r[f] if isinstance(r, dict) else getattr(r, f) for f in LEDGER_FIELDS)
+
+    expected = {
+        (m.job_id, m.node, m.uuid, m.mig_instance_id, m.minute_start_ms): row(m) for m in expected_device_minutes(CFG)
+    }
+    got = {
+        (r["job_id"], r["node"], r["device_uuid"], r["mig_instance_id"], r["minute_start_ms"]): row(r)
+        for r in result.device_minutes
+        if r["job_id"] is not None
+    }
+    assert any(k[3] is not None for k in expected)
+    assert got == expected
 
 
 def test_every_generation_and_tier_the_simulator_uses_is_priced() -> None:
