@@ -7,8 +7,9 @@ device-minute for every minute of the month; 8 GPUs a node, 2 jobs a node a day 
 ~10% of node-halves unallocated; teams, projects and users from the simulator's organisation; minutes
 active/starved/idle/dark by a hash. job_events get SUBMIT/START/END per job (the job page and project
 sources read them). No alerts are seeded (the open-warnings table is empty). job_minutes are not read by
-the pages, so none are written. Then it times, warm, the team page and a job's drill-down page through a
-Starlette TestClient of the app (as an operator, from 127.0.0.1), and each of the team page's queries alone.
+the pages, so none are written. Then it times, warm, the team, project, job and fleet pages through a
+Starlette TestClient of the app (as an operator, from 127.0.0.1), and each of the team page's queries alone,
+once the server has no merge of the fresh month's parts running (a month on a real server was merged long ago).
 
     .venv/bin/python bench/web_page.py --gpus 1000 --requests 10
 """
@@ -98,6 +99,19 @@ def seed(client: Any, gpus: int) -> dict[str, float]:
     return {"device_minutes_s": minutes_s, "job_events_s": events_s}
 
 
+def settle(client: Any, database: str, limit_s: float = 600) -> float:
+    """Wait (up to `limit_s`) until the server merges none of the database's parts: a month on a real
+    server was merged long ago, and merges of the freshly generated one would be timed with the pages."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < limit_s:
+        merging = client.query("SELECT count() FROM system.merges WHERE database = {db:String}",
+                               parameters={"db": database}).result_rows[0][0]  # fmt: skip
+        if not merging:
+            break
+        time.sleep(2)
+    return time.perf_counter() - began
+
+
 def timed(fn: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
     """Median and p95 (ms) of `runs` warm calls, after one warm-up call; the last result."""
     result = fn()
@@ -130,9 +144,9 @@ def per_query(
         ("statements (v_chargeback_month)", lambda: wh.statements(period)),
         ("team_jobs (v_usage_priced)", lambda: wh.team_jobs(period, team)),
         ("daily (v_usage_priced)", lambda: wh.daily(period, team)),
-        ("dark_by_node (device_minutes)", lambda: wh.dark_by_node(period, team)),
+        ("dark_by_node (node_daily)", lambda: wh.dark_by_node(period, team)),
         ("project_sources (job_events IN usage_daily)", lambda: wh.project_sources(period, team)),
-        ("latest_minute_ms (device_minutes)", lambda: wh.latest_minute_ms(period.start - dt.timedelta(days=31))),
+        ("latest_minute_ms (node_daily)", lambda: wh.latest_minute_ms(period.start - dt.timedelta(days=31))),
         ("team_alerts", lambda: wh.team_alerts(team, since)),
         ("job (job_events)", lambda: wh.job(*job)),
         ("job_usage (v_usage_priced)", lambda: wh.job_usage(period, *job)),
@@ -181,6 +195,7 @@ def main() -> None:
                 f"gpus {args.gpus}: {rows[0]:,} device-minutes ({seeded['device_minutes_s']:.1f} s), "
                 f"{rows[1] - 1:,} jobs, {daily:,} usage_daily rows, job_events {seeded['job_events_s']:.1f} s"
             )
+            print(f"waited {settle(client, database):.0f} s for the server's background merges of the fresh month")
             end_ms = int(dt.datetime(2026, 4, 1, tzinfo=dt.UTC).timestamp() * 1000)
             settings = Settings(state_dir=Path(tmp) / "state", cluster="sim", clickhouse=ch,
                                 broker=BrokerSettings(enabled=False), web=WebSettings(demo=False))  # fmt: skip
@@ -202,6 +217,7 @@ def main() -> None:
                 ("team page", f"/teams/{team}?period={PERIOD}"),
                 ("project page", f"/teams/{team}/projects/vision-detect?period={PERIOD}"),
                 ("job page (drill-down)", f"/jobs/sim/{job_id}?period={PERIOD}"),
+                ("fleet page", f"/fleet?period={PERIOD}"),
             ]
             print(f"\n| page ({args.gpus} GPUs, {args.requests} warm requests) | median ms | p95 ms | bytes |")
             print("|---|---:|---:|---:|")
