@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from fixtures_cli import run_gpuledger
+from fixtures_cli import GPULEDGER, run_gpuledger
 from fixtures_kube import bind_user, make_namespace, rbac_manifests
 from test_kube_live_policy import eventually, get, gpu_job, unsuspended
 
+from base.settings import KafkaSettings
 from gpuledger.stack.kube.cluster import LocalKube
 from schemas import topics
+from schemas.eventlog import read_events
 
 pytestmark = pytest.mark.integration
 
@@ -97,3 +101,62 @@ def test_a_reservation_bumps_the_team_quota_while_it_lasts(local_kube: LocalKube
     assert nominal(local_kube, cq) == "1"
     assert cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", service) == ""
     assert cli("policy", "diff", "--engine", "kueue", "--kubeconfig", kubeconfig).strip() == "no drift"
+
+
+def test_the_service_holds_the_quota_alone_and_resumes_after_a_restart(local_kube: LocalKube, kafka_bootstrap: str,
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    """`reserve run` as `up` and the Deployment run it (engine and kubeconfig from the settings): it puts a new
+    reservation on without anyone calling a pass, stops on SIGTERM, and once restarted neither renders it twice
+    nor needs anyone to take it off at its end."""
+    s = uuid.uuid4().hex[:6]
+    ns = make_namespace(local_kube, "rs")
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    names = (topics.RESERVATIONS.name, topics.RESERVATIONS.dlq)
+    for fut in admin.create_topics([NewTopic(prefix + n, 1, 1) for n in names]).values():
+        fut.result(timeout=30)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text(s, ns))
+    local_kube.apply(rbac_manifests("reservations"))
+    bind_user(local_kube, "gpuledger-reservations", "gpuledger-reservations")
+    env = {**os.environ, "GPULEDGER_CONFIG": str(tmp_path / "none.toml"), "GPULEDGER_POLICY_PATH": str(policy),
+           "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix,
+           "GPULEDGER_STATE_DIR": str(tmp_path / "state"), "GPULEDGER_SINKS__RESERVATIONS__ENGINES": '["kueue"]',
+           "GPULEDGER_SINKS__RESERVATIONS__KUBECONFIG": str(local_kube.cfg.kubeconfig("gpuledger-reservations")),
+           "GPULEDGER_SINKS__RESERVATIONS__EVERY_S": "1"}  # fmt: skip
+    cq = f"serve-{s}"
+    done = run_gpuledger(["policy", "apply", "--engine", "kueue", "--kubeconfig",
+                          str(local_kube.cfg.kubeconfig("gpuledger-policy"))], env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    def service() -> subprocess.Popen[str]:
+        return subprocess.Popen([*GPULEDGER, "reserve", "run"], env=env, text=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)  # fmt: skip
+
+    def steps(rid: str) -> list[str]:
+        kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
+        return [e["event_type"] for e in read_events(kafka, topics.RESERVATIONS)[0] if e["reservation_id"] == rid]
+
+    def stop(proc: subprocess.Popen[str]) -> None:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-2000:]
+
+    first = service()
+    try:
+        out = run_gpuledger(["reserve", "create", "--team", cq, "--gpus", "2", "--generation", "hopper", "--hours",
+                             str(40 / 3600), "--reason", "a launch", "--by", "alice"], env, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        rid = out.stdout.split()[1].rstrip(":")
+        eventually(lambda: nominal(local_kube, cq) == "3", "the service put the reservation on", timeout=60)
+    finally:
+        if first.poll() is None:
+            stop(first)
+    again = service()
+    try:
+        eventually(lambda: nominal(local_kube, cq) == "1", "the quota back at the end, nobody acting", timeout=90)
+        eventually(lambda: steps(rid)[-1] == "REMOVED", "REMOVED written", timeout=30)
+        time.sleep(3)  # more passes: nothing more to do
+        assert steps(rid) == ["REQUESTED", "APPROVED", "RENDERED", "EXPIRED", "REMOVED"]
+    finally:
+        stop(again)
