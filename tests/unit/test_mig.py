@@ -85,3 +85,18 @@ def test_slice_rate_by_hand(rate: int, slices: int, of: int, slice_rate: int) ->
 def test_slice_rate_rejects_an_impossible_share() -> None:
     with pytest.raises(ValueError, match="slices of 7"):
         share_rate_micro(1_000_000, 8, 7)
+
+
+def test_the_rollup_prices_a_device_at_its_share() -> None:
+    from processors.rollup import UNKNOWN_SHARE, WHOLE_GPU, gpu_share
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert gpu_share(None, None, h100) == WHOLE_GPU == (1, 1)  # a whole GPU, whatever its model
+    assert gpu_share(None, "1g.10gb", h100) == (1, 1)  # no MIG instance: a stray profile label changes nothing
+    assert gpu_share(1, "1g.10gb", h100) == (1, 7)
+    assert gpu_share(2, "3g.40gb", h100) == (3, 7)
+    assert gpu_share(1, "2g.12gb", "NVIDIA A30") == (2, 4)
+    # A slice whose share cannot be derived is 0 of 1: unpriced, never billed as a whole GPU.
+    assert gpu_share(3, "9g.99gb", h100) == UNKNOWN_SHARE == (0, 1)
+    assert gpu_share(3, None, h100) == (0, 1)  # no source named its profile
+    assert gpu_share(3, "1g.10gb", "Tesla V100-SXM2-32GB") == (0, 1)
