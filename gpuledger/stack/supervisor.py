@@ -272,46 +272,23 @@ class Supervisor:
 
     def down(self) -> list[str]:
         """Stop every component that has a pid file (known or not), last started first."""
-        stopped = []
+        stopped: list[str] = []
         with self._locked():
             names = [c.name for c in self.components]
             extra = sorted(p.stem for p in self.run_dir.glob("*.json") if p.stem not in names)
-            for group in self._stop_groups([*extra, *reversed(names)]):
-                running: list[tuple[str, int, float]] = []
+            timeouts = {c.name: c.stop_timeout_s for c in self.components}
+            for group in stop_groups([*extra, *reversed(names)], self.components):
+                running: dict[str, int] = {}
                 for name in group:
-                    if not self.pid_file(name).exists():
-                        continue
-                    pid = self.running_pid(name)
-                    if pid is None:
-                        self.pid_file(name).unlink(missing_ok=True)
-                        continue
-                    comp = next((c for c in self.components if c.name == name), None)
-                    self.progress(f"stopping {name} (pid {pid})")
-                    running.append((name, pid, comp.stop_timeout_s if comp else 20.0))
-                stoppers = [
-                    threading.Thread(target=broker.stop_process, args=(pid,), kwargs={"timeout": timeout})
-                    for _, pid, timeout in running
-                ]
-                for t in stoppers:
-                    t.start()
-                for t in stoppers:
-                    t.join()
-                for name, _, _ in running:
-                    stopped.append(name)
+                    pid = self.running_pid(name) if self.pid_file(name).exists() else None
+                    if pid is not None:
+                        self.progress(f"stopping {name} (pid {pid})")
+                        running[name] = pid
+                _stop_at_once([(pid, timeouts.get(name, 20.0)) for name, pid in running.items()])
+                stopped.extend(running)
+                for name in group:
                     self.pid_file(name).unlink(missing_ok=True)
         return stopped
-
-    def _stop_groups(self, order: list[str]) -> list[list[str]]:
-        """`order` cut into runs to stop at once: neighbours of one stop group together, the rest alone."""
-        group_of = {c.name: c.stop_group for c in self.components}
-        runs: list[list[str]] = []
-        for name in order:
-            label = group_of.get(name)
-            if runs and label is not None and group_of.get(runs[-1][-1]) == label:
-                runs[-1].append(name)
-            else:
-                runs.append([name])
-        return runs
 
     # -- status -----------------------------------------------------------------------------------
 
@@ -506,3 +483,28 @@ def _component_env(inherited: dict[str, str], own: dict[str, str]) -> dict[str, 
         env.pop("GPULEDGER_KAFKA__SASL_PASSWORD", None)
         env.pop("GPULEDGER_KAFKA__SASL_PASSWORD_FILE", None)
     return env
+
+
+def stop_groups(order: list[str], components: list[Component]) -> list[list[str]]:
+    """`order` cut into runs to stop at once: neighbours of one stop group together, the rest alone."""
+    group_of = {c.name: c.stop_group for c in components}
+    runs: list[list[str]] = []
+    for name in order:
+        label = group_of.get(name)
+        if runs and label is not None and group_of.get(runs[-1][-1]) == label:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return runs
+
+
+def _stop_at_once(processes: list[tuple[int, float]]) -> None:
+    """SIGTERM each (pid, timeout) at the same time, each then waited for and killed after its timeout."""
+    stoppers = [
+        threading.Thread(target=broker.stop_process, args=(pid,), kwargs={"timeout": timeout})
+        for pid, timeout in processes
+    ]
+    for stopper in stoppers:
+        stopper.start()
+    for stopper in stoppers:
+        stopper.join()
