@@ -25,6 +25,10 @@ class ServiceError(GpuledgerError):
     """A service (broker, ClickHouse, a component process) failed to start, answer or stop."""
 
 
+class NotDelivered(ServiceError):
+    """Records still waiting for the broker after a flush's timeout (not refused: they may go out later)."""
+
+
 class PortInUse(ServiceError):
     """The port a service should bind is taken by another process."""
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from base.errors import ContractError, ServiceError
+from base.errors import ContractError, NotDelivered, ServiceError
 from base.kafka import new_producer
 from base.settings import KafkaSettings
 from schemas.codec import AvroCodec
@@ -68,7 +68,7 @@ class RecordPublisher:
         except KafkaException as exc:
             raise ServiceError(f"Kafka flush failed: {exc}") from exc
         if remaining:
-            raise ServiceError(f"{remaining} records not delivered within {timeout_s:.0f}s")
+            raise NotDelivered(f"{remaining} records not delivered within {timeout_s:.0f}s")
         if self._errors:
             errors, self._errors = self._errors, []
             raise ServiceError(f"{len(errors)} records failed delivery, first: {errors[0]}")

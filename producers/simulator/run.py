@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from base.errors import NotDelivered
 from producers.simulator.model import SimConfig
 from producers.simulator.stream import simulate
-from schemas.topics import DEVICE_SAMPLES, JOB_EVENTS, Topic
+from schemas.topics import Topic
 
-# A producer keeps order per partition only: a job event's batch can linger while later samples'
-# batches fill and go out first. Published faster than real time, that puts samples more than the
-# processors' grace ahead of the job event that bounds them, and their minute closes without it.
-# So job events are flushed before any sample this far past them leaves.
-EVENTS_AHEAD_MS = 5_000
+# A producer keeps order per partition only: one partition's batch can linger (behind a slow broker, or a
+# partition leader that moves) while later records of the others go out first. Published faster than real
+# time, seconds of wall time are minutes of cluster time, and a record that far behind the others arrives
+# after the processors' grace closed its minute. So no record is handed over more than AHEAD_MS of cluster
+# time past the oldest one not yet known delivered: a flush, waiting for the broker, comes first.
+AHEAD_MS = 5_000
+log = logging.getLogger(__name__)
 
 
 class Publisher(Protocol):
@@ -24,26 +28,31 @@ class Publisher(Protocol):
     def flush(self, timeout_s: float = 30.0) -> None: ...
 
 
-class EventsBeforeSamples:
-    """Publishes through `publisher`, flushing job events before samples EVENTS_AHEAD_MS past them."""
+class WithinGrace:
+    """Publishes through `publisher`, flushing before a record AHEAD_MS past the oldest unflushed one."""
 
     def __init__(self, publisher: Publisher) -> None:
         self.publisher = publisher
-        self._unflushed_event_ms: int | None = None  # the oldest job event not yet known delivered
+        self._oldest_unflushed_ms: int | None = None
 
     def publish(self, topic: Topic, key: bytes, record: dict[str, Any]) -> None:
         ts_ms: int = record["ts_ms"]
-        if topic is JOB_EVENTS:
-            if self._unflushed_event_ms is None:
-                self._unflushed_event_ms = ts_ms
-        elif (
-            topic is DEVICE_SAMPLES
-            and self._unflushed_event_ms is not None
-            and ts_ms >= self._unflushed_event_ms + EVENTS_AHEAD_MS
-        ):
-            self.publisher.flush()
-            self._unflushed_event_ms = None
+        if self._oldest_unflushed_ms is not None and ts_ms >= self._oldest_unflushed_ms + AHEAD_MS:
+            self.flush()
+        if self._oldest_unflushed_ms is None or ts_ms < self._oldest_unflushed_ms:
+            self._oldest_unflushed_ms = ts_ms
         self.publisher.publish(topic, key, record)
+
+    def flush(self) -> None:
+        """Until every record is delivered: a broker away for a while (restarting, electing leaders) is waited
+        for, saying so; a record the broker refused is an error."""
+        while True:
+            try:
+                self.publisher.flush()
+                break
+            except NotDelivered as exc:
+                log.warning("waiting for the broker: %s", exc)
+        self._oldest_unflushed_ms = None
 
 
 @dataclass(slots=True)
@@ -76,7 +85,7 @@ def run(
     stats = RunStats()
     began = clock()
     base_s = config.start_ms / 1000
-    ordered = EventsBeforeSamples(publisher)
+    ordered = WithinGrace(publisher)
     resume_ms = config.start_ms + resume_s * 1000
     for chunk_start in range(0, config.duration_s, chunk_s):
         if chunk_start + chunk_s <= resume_s:
@@ -92,10 +101,10 @@ def run(
             ordered.publish(topic, key, record)
             stats.records[topic.name] = stats.records.get(topic.name, 0) + 1
         if on_flushed is not None:
-            publisher.flush()
+            ordered.flush()
             on_flushed(config.start_ms + min(chunk_start + chunk_s, config.duration_s) * 1000)
         if progress is not None:
             progress(min(chunk_start + chunk_s, config.duration_s), stats)
-    publisher.flush()
+    ordered.flush()
     stats.wall_s = clock() - began
     return stats

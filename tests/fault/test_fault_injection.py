@@ -42,7 +42,7 @@ from fault_harness import (
 )
 
 from producers.simulator import simulate
-from producers.simulator.run import EventsBeforeSamples
+from producers.simulator.run import WithinGrace
 from producers.simulator.stream import exporter_version_at
 from producers.simulator.telemetry import exporter_profile
 from schemas.topics import DEVICE_SAMPLES, JOB_EVENTS, Topic
@@ -237,7 +237,7 @@ def test_duplicated_out_of_order_and_late_events(stack: Stack, baseline: Baselin
         first = _reordered([r for r in records if r[2]["ts_ms"] < mid_ms], rng, True)
         second = _reordered([r for r in records if r[2]["ts_ms"] >= mid_ms], rng, True)
         pub = run.publisher()
-        ordered = EventsBeforeSamples(pub)  # "within the grace" holds at the broker, not just in this list
+        ordered = WithinGrace(pub)  # "within the grace" holds at the broker, not just in this list
         for topic, key, rec in first:
             ordered.publish(topic, key, rec)
         pub.flush()

@@ -301,23 +301,23 @@ def test_device_minutes_sum_to_the_ledger() -> None:
         assert {k: getattr(led, k) for k in sums[job_id]} == dict(sums[job_id])
 
 
-def test_fast_run_never_lets_samples_run_ahead_of_an_undelivered_job_event() -> None:
-    """A producer orders records per partition only, so job events are flushed before samples more
-    than EVENTS_AHEAD_MS later are handed over: otherwise their minute could close without them."""
+def test_fast_run_never_hands_over_a_record_far_past_an_undelivered_one() -> None:
+    """A producer orders records per partition only, so a flush comes before any record AHEAD_MS past the
+    oldest one not yet delivered: a lingering partition (a job event's, or samples behind a moving partition
+    leader) can then never fall more than the grace behind the others."""
     from producers.simulator import run
-    from producers.simulator.run import EVENTS_AHEAD_MS
+    from producers.simulator.run import AHEAD_MS
 
-    pending: list[int] = []  # job event times handed over since the last flush
+    pending: list[int] = []  # record times handed over since the last flush
     worst = 0
     flushes = 0
 
     class Pub:
         def publish(self, topic: Any, key: bytes, record: dict[str, Any]) -> None:
             nonlocal worst
-            if topic is JOB_EVENTS:
-                pending.append(record["ts_ms"])
-            elif topic is DEVICE_SAMPLES and pending:
+            if pending:
                 worst = max(worst, record["ts_ms"] - min(pending))
+            pending.append(record["ts_ms"])
 
         def flush(self, timeout_s: float = 30.0) -> None:
             nonlocal flushes
@@ -326,7 +326,27 @@ def test_fast_run_never_lets_samples_run_ahead_of_an_undelivered_job_event() -> 
 
     cfg = SimConfig(seed=6, nodes=3, duration_s=1800)
     run(cfg, Pub())
-    events = sum(1 for r in simulate(cfg) if r[0] is JOB_EVENTS)
-    assert events > 10
-    assert 0 < worst < EVENTS_AHEAD_MS
-    assert flushes <= events + 1  # one per batch of events at most, not one per record
+    assert sum(1 for r in simulate(cfg) if r[0] is JOB_EVENTS) > 10
+    assert AHEAD_MS - 1000 <= worst < AHEAD_MS  # samples every second: each flush just before the bound
+    assert flushes <= cfg.duration_s * 1000 // (AHEAD_MS - 1000) + 1  # one per few seconds, not one per record
+
+
+def test_a_flush_waits_out_a_broker_away_and_a_refusal_is_an_error() -> None:
+    from base.errors import NotDelivered, ServiceError
+    from producers.simulator.run import WithinGrace
+
+    outcomes: list[Exception | None] = [NotDelivered("3 records not delivered within 30s"), None]
+
+    class Pub:
+        def publish(self, topic: Any, key: bytes, record: dict[str, Any]) -> None: ...
+
+        def flush(self, timeout_s: float = 30.0) -> None:
+            outcome = outcomes.pop(0)
+            if outcome is not None:
+                raise outcome
+
+    WithinGrace(Pub()).flush()  # waited for: the second flush delivered
+    assert outcomes == []
+    outcomes[:] = [ServiceError("1 records failed delivery, first: MSG_SIZE_TOO_LARGE")]
+    with pytest.raises(ServiceError, match="failed delivery"):
+        WithinGrace(Pub()).flush()
