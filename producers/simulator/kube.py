@@ -51,7 +51,9 @@ from producers.simulator.model import (
     _JobMaker,
     _node_jobs,
     _training_gangs,
+    plan,
 )
+from producers.simulator.org import sim_directory, sim_registry
 
 KUBE_SUFFIX = "-k8s"
 KUBE_NODE_PREFIX = "k8s-gpu-"
@@ -289,8 +291,6 @@ def _changes(p: SimPlan) -> list[_Change]:
 def kube_job_events(p: SimPlan, scrape_text: ScrapeText) -> dict[int, list[dict[str, Any]]]:
     """Run second -> the job events the Kubernetes producer publishes in it, from the watch of the plan's
     Pods and Workloads (`KubeTracker`), device UUIDs from the exporters' pod labels."""
-    from producers.simulator.org import sim_directory, sim_registry
-
     cfg = p.config
     labels = DcgmPodLabels()
     ctx = EventContext(
@@ -320,14 +320,6 @@ def kube_job_events(p: SimPlan, scrape_text: ScrapeText) -> dict[int, list[dict[
 
 
 @cache
-def _events_of(cfg: SimConfig) -> dict[int, list[dict[str, Any]]]:
-    from producers.simulator.model import plan
-    from producers.simulator.stream import scrape_text
-
-    p = plan(cfg)
-    return kube_job_events(p, scrape_text(p))
-
-
-def job_events(cfg: SimConfig) -> dict[int, list[dict[str, Any]]]:
-    """`kube_job_events` of a kube config's plan (cached: a config is immutable)."""
-    return _events_of(cfg)
+def cluster_plan(cfg: SimConfig) -> SimPlan:
+    """The plan of any cluster config: the Kubernetes one's, or the Slurm-like one's (`model.plan`)."""
+    return build_kube_plan(cfg) if cfg.scheduler == "kube" else plan(cfg)

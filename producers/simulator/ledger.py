@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from base.outputs import csv_text
-from producers.simulator.kube import clusters
+from producers.simulator.kube import cluster_plan, clusters
 from producers.simulator.model import SimConfig, SimDevice, SimJob, SimPlan, plan
 from producers.simulator.telemetry import DeviceSchedule, device_schedules, truth
 
@@ -205,7 +205,7 @@ def expected_ledger(config: SimConfig, thresholds: Thresholds | None = None) -> 
     th = thresholds or Thresholds()
     out: dict[str, Ledger] = {}
     for cfg in clusters(config):
-        p = plan(cfg)
+        p = cluster_plan(cfg)
         schedules = device_schedules(p)
         out.update((job.job_id, _job_ledger(p, job, schedules, th)) for job in p.jobs)
     return out
@@ -216,7 +216,7 @@ def expected_device_minutes(config: SimConfig, thresholds: Thresholds | None = N
     th = thresholds or Thresholds()
     rows: list[DeviceMinute] = []
     for cfg in clusters(config):
-        p = plan(cfg)
+        p = cluster_plan(cfg)
         schedules = device_schedules(p)
         for job in p.jobs:
             _job_ledger(p, job, schedules, th, rows)
@@ -227,7 +227,7 @@ def unallocated_seconds(config: SimConfig) -> int:
     """Device-seconds with telemetry and no allocation, over the whole run (every cluster)."""
     total = 0
     for cfg in clusters(config):
-        p = plan(cfg)
+        p = cluster_plan(cfg)
         schedules = device_schedules(p)
         for key, sched in schedules.items():
             if key in p.silent:

@@ -429,10 +429,8 @@ def build_plan(cfg: SimConfig) -> SimPlan:
 
 @cache
 def plan(cfg: SimConfig) -> SimPlan:
-    """The plan of a config (cached: a config is immutable): the Slurm-like cluster's, or with
-    `scheduler="kube"` the Kubernetes cluster's (producers/simulator/kube.py)."""
-    if cfg.scheduler == "kube":
-        from producers.simulator.kube import build_kube_plan
-
-        return build_kube_plan(cfg)
+    """The plan of a Slurm-like config (cached: a config is immutable). A Kubernetes one's is
+    `producers.simulator.kube.cluster_plan`'s."""
+    if cfg.scheduler != "slurm":
+        raise ConfigError("simulator: plan() plans the Slurm-like cluster; use kube.cluster_plan for any cluster")
     return build_plan(cfg)

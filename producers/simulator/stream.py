@@ -5,12 +5,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import cache
 from typing import Any
 
 from producers.dcgm import Normalizer, RawSample, scrape_record
 from producers.mapping import load_mappings
 from producers.records import inventory_device, node_inventory_record
-from producers.simulator.model import MIG_MODEL, SimConfig, SimDevice, SimJob, SimPlan, plan
+from producers.simulator.kube import cluster_plan, clusters, kube_job_events
+from producers.simulator.model import MIG_MODEL, SimConfig, SimDevice, SimJob, SimPlan
 from producers.simulator.telemetry import (
     ExporterProfile,
     device_labels,
@@ -220,8 +222,6 @@ def simulate(config: SimConfig, *, start_s: int = 0, end_s: int | None = None) -
     records (producers/simulator/kube.py) are merged in by event time, after the first cluster's of
     the same millisecond.
     """
-    from producers.simulator.kube import clusters
-
     streams = [_simulate_cluster(c, start_s=start_s, end_s=end_s) for c in clusters(config)]
     if len(streams) == 1:
         yield from streams[0]
@@ -233,9 +233,7 @@ def _job_events(p: SimPlan) -> Callable[[int], list[dict[str, Any]]]:
     """Run second -> the job events published in it (ENDED before STARTED), by the cluster's scheduler."""
     cfg = p.config
     if cfg.scheduler == "kube":
-        from producers.simulator.kube import job_events
-
-        by_second = job_events(cfg)
+        by_second = _kube_events(cfg)
         return lambda t: by_second.get(t, [])
     starts: dict[int, list[SimJob]] = {}
     ends: dict[int, list[SimJob]] = {}
@@ -251,8 +249,15 @@ def _job_events(p: SimPlan) -> Callable[[int], list[dict[str, Any]]]:
     return at
 
 
+@cache
+def _kube_events(cfg: SimConfig) -> dict[int, list[dict[str, Any]]]:
+    """The Kubernetes producer's events of a kube config's plan, by run second (cached: a config is immutable)."""
+    p = cluster_plan(cfg)
+    return kube_job_events(p, scrape_text(p))
+
+
 def _simulate_cluster(config: SimConfig, *, start_s: int = 0, end_s: int | None = None) -> Iterator[Record]:
-    p = plan(config)
+    p = cluster_plan(config)
     cfg = p.config
     end = cfg.duration_s if end_s is None else min(end_s, cfg.duration_s)
     events = _job_events(p)

@@ -145,9 +145,7 @@ def exporter_profile(version: str) -> ExporterProfile:
     )
 
 
-def device_labels(
-    dev: SimDevice, profile: ExporterProfile, job_id: str | None, kube: bool = False
-) -> dict[str, str]:
+def device_labels(dev: SimDevice, profile: ExporterProfile, job_id: str | None, kube: bool = False) -> dict[str, str]:
     """A device's series labels. The job holding it is `hpc_job` on a Slurm node; on a Kubernetes node
     (`kube`, job ids `namespace/pod`) the exporter names the pod (`namespace`, `pod`, `container`)."""
     labels = {

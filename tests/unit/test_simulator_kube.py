@@ -18,10 +18,9 @@ from producers.simulator import (
     SimConfig,
     expected_device_minutes,
     expected_ledger,
-    plan,
     simulate,
 )
-from producers.simulator.kube import KUBE_TIER, clusters, kube_config
+from producers.simulator.kube import KUBE_TIER, cluster_plan, clusters, kube_config
 from producers.simulator.model import MIG_MODEL, MODELS, PRICING_TIERS
 from schemas.generations import generation_of
 from schemas.topics import JOB_EVENTS
@@ -124,7 +123,7 @@ def test_every_generation_and_tier_the_simulator_uses_is_priced() -> None:
     # And what a demo-sized plan actually runs: every job's devices, in both clusters.
     demo = SimConfig(seed=1, nodes=24, duration_s=3600, kube_nodes=3)
     for c in clusters(demo):
-        p = plan(c)
+        p = cluster_plan(c)
         for job in p.jobs:
             for key in job.devices:
                 gen = p.devices[key].generation
