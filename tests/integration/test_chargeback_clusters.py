@@ -7,7 +7,10 @@ the Slurm job cedes them, and the overlap is a data-quality finding naming both 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+from pathlib import Path
 from typing import Any
 
 from contract_records import job_event
@@ -94,7 +97,10 @@ EXPECTED = [
 ]  # fmt: skip
 
 
-def test_by_cluster_lines_total_per_team_and_an_overlap_is_charged_once(ledger_settings: ClickHouseSettings) -> None:  # noqa: F811
+def test_by_cluster_lines_total_per_team_and_an_overlap_is_charged_once(
+    ledger_settings: ClickHouseSettings,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     ch = ledger_settings
     write(ch)
 
@@ -131,6 +137,15 @@ def test_by_cluster_lines_total_per_team_and_an_overlap_is_charged_once(ledger_s
     assert explained == {"j2": 5430, "j3": 3600, "nlp/ft-1": 1770}
     assert found == [reconcile.Overlap("GPU-m", -1, "k8s-b", "nlp/ft-1", "slurm-a", "j2", ms("2026-11-12T01:00"),
                                        ms("2026-11-12T01:29"), 1770)]  # fmt: skip
+
+    # The finance journal reads the same priced rows: the overlap is charged once there too.
+    journal_csv = tmp_path / "journal.csv"
+    run_cli(ch, "report", "journal", "--period", "2026-11", "--output", str(journal_csv))
+    journal = list(csv.DictReader(io.StringIO(journal_csv.read_text(encoding="utf-8"))))
+    assert [(r["line_kind"], r["cost_centre"], r["debit"], r["credit"]) for r in journal] == [
+        ("usage", "CC-100", "2.45", "0.00"), ("usage", "CC-200", "4.01", "0.00"),
+        ("contra", "CLUSTER-sim", "0.00", "6.46"),
+    ]  # fmt: skip
 
     table = run_cli(ch, "report", "chargeback", "--period", "2026-11", "--by", "cluster")
     assert "GPU-m: 1770 s claimed by both slurm-a/j2 and k8s-b/nlp/ft-1; charged once, to k8s-b/nlp/ft-1" in table
