@@ -10,7 +10,9 @@ How far a month's charges can be trusted, over the jobs behind them (the whole m
 - `claimed_project_pct`: share of allocated GPU-seconds of jobs that named a project their user is not a
   member of (charged to the default instead, `v_job_claims`);
 - `unpriced_gpu_h`, `unknown_mig_gpu_h`: allocated time with no rate, and the part of it on MIG slices
-  whose share of the GPU is unknown (left unpriced rather than guessed, schemas/mig.py).
+  whose share of the GPU is unknown (left unpriced rather than guessed, schemas/mig.py);
+- `overlap_gpu_h`, `overlap_jobs`: device time two clusters' jobs both claimed, ceded by the job that started
+  first and charged to the other (migration 016; `report chargeback` names each pair, sinks/reconcile.py).
 
 `figure` is pure over per-job facts; `data_quality` reads them (bound parameters, fixed identifiers).
 """
@@ -38,6 +40,7 @@ class JobFacts:
     unidentified_s: int  # allocated seconds on devices no source identified
     project_source: str  # EXPLICIT, DEFAULT or MISSING (the job's latest event)
     claimed: bool  # named a project its user is not a member of
+    ceded_s: int = 0  # seconds it claimed that a later-started job of another cluster held (not charged to it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,8 @@ class DataQuality:
     claimed_project_pct: float
     unpriced_gpu_h: Decimal
     unknown_mig_gpu_h: Decimal
+    overlap_gpu_h: Decimal = Decimal("0.000")
+    overlap_jobs: int = 0
 
     def columns(self) -> dict[str, Any]:
         """The figure as `dq_*` columns, for rows of CSV, JSON and Parquet outputs."""
@@ -64,6 +69,9 @@ class DataQuality:
                 f"of allocated GPU-h, unpriced {self.unpriced_gpu_h} GPU-h")  # fmt: skip
         if self.unknown_mig_gpu_h:
             line += f" ({self.unknown_mig_gpu_h} on MIG slices of unknown profile)"
+        if self.overlap_jobs:
+            line += (f"; claimed by two clusters at once {self.overlap_gpu_h} GPU-h, ceded by {self.overlap_jobs} "
+                     "jobs (charged once)")  # fmt: skip
         return line
 
 
@@ -92,6 +100,8 @@ def figure(scope: str, jobs: Iterable[JobFacts]) -> DataQuality:
         claimed_project_pct=_pct(sum(j.allocated_s for j in listed if j.claimed), alloc),
         unpriced_gpu_h=_gpu_h(sum(j.unpriced_s for j in listed)),
         unknown_mig_gpu_h=_gpu_h(sum(j.unknown_mig_s for j in listed)),
+        overlap_gpu_h=_gpu_h(sum(j.ceded_s for j in listed)),
+        overlap_jobs=sum(1 for j in listed if j.ceded_s > 0),
     )
 
 
@@ -117,10 +127,17 @@ def data_quality(client: Any, period: str, project: str | None = None) -> DataQu
         f"{{prefix:String}}) AND {_MONTH} GROUP BY cluster, job_id",
         parameters=params,
     ).result_rows
+    ceded = client.query(
+        f"SELECT cluster, job_id, sum(ceded_s) FROM v_device_claims_resolved WHERE ceded_s > 0 AND {_MONTH} "
+        "GROUP BY cluster, job_id",
+        parameters=params,
+    ).result_rows
     source = {(c, j): (str(s), bool(claimed)) for c, j, s, claimed in sources}
     unknown = {(c, j): int(s) for c, j, s in unidentified}
-    facts = [
-        JobFacts(int(a), int(d), int(u), int(m), unknown.get((c, j), 0), *source.get((c, j), ("MISSING", False)))
-        for c, j, a, d, u, m in usage
-    ]
+    given = {(c, j): int(s) for c, j, s in ceded}
+    facts = []
+    for c, j, a, d, u, m in usage:
+        project_source, claimed = source.get((c, j), ("MISSING", False))
+        facts.append(JobFacts(int(a), int(d), int(u), int(m), unknown.get((c, j), 0), project_source, claimed,
+                              given.get((c, j), 0)))  # fmt: skip
     return figure(period if project is None else f"{period} project {project}", facts)

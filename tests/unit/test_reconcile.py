@@ -6,6 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from sinks.chargeback import ChargebackLine
+from sinks.data_quality import JobFacts, figure
 from sinks.reconcile import ALL_CLUSTERS, ClusterLine, Overlap, Seconds, add_up, with_team_totals
 
 
@@ -58,3 +59,13 @@ def test_the_overlap_finding_names_both_jobs_and_the_one_charged() -> None:
     assert whole.text() == ("GPU-m: 1770 s claimed by both slurm-a/j2 and k8s-b/nlp/ft-1; charged once, to "
                             "k8s-b/nlp/ft-1 (started later)")  # fmt: skip
     assert Overlap("GPU-m", 3, "k", "p", "s", "j", 0, 0, 30).text().startswith("GPU-m MIG 3: 30 s claimed by both s/j")
+
+
+def test_the_data_quality_figure_counts_the_seconds_jobs_ceded_to_another_cluster() -> None:
+    # j2 claimed 7200 s, ceded 1770 to a later-started pod of another cluster (charged 5430); ft-1 ceded none.
+    jobs = [JobFacts(5430, 1830, 0, 0, 0, "EXPLICIT", False, 1770), JobFacts(1770, 0, 0, 0, 0, "EXPLICIT", False)]
+    dq = figure("2026-11", jobs)
+    assert (dq.overlap_gpu_h, dq.overlap_jobs) == (Decimal("0.492"), 1)  # 1770 / 3600 = 0.4917
+    assert dq.columns()["dq_overlap_gpu_h"] == Decimal("0.492")
+    assert dq.text().endswith("; claimed by two clusters at once 0.492 GPU-h, ceded by 1 jobs (charged once)")
+    assert "two clusters" not in figure("2026-11", jobs[1:]).text()
