@@ -269,13 +269,13 @@ def _cluster_report(settings: Settings, period: str, fmt: str, output: Path | No
 
     client = _client(settings, analyst=True)
     with _warehouse_errors():
-        if period in StatementStore(client).closes():
-            raise ConfigError(f"{period} is closed: its frozen statements are reported --by team, project, user, "
-                              "cost-centre or tier; --by cluster reads the open ledger only")
-        report = reconcile.chargeback_by_cluster(client, period)
+        closed = StatementStore(client).closes().get(period)
+        report = reconcile.chargeback_by_cluster(client, period, closed=closed is not None)
         quality = data_quality(client, period)
-    _emit(_with_quality(reconcile.report_rows(report), quality, fmt), fmt, output, f"chargeback {period} by cluster",
-          reconcile.CLUSTER_COLUMNS)  # fmt: skip
+    title = f"chargeback {period} by cluster"
+    if closed is not None:
+        title += f" (closed {closed.close_id[:12]} by {closed.closed_by}: the frozen statements)"
+    _emit(_with_quality(reconcile.report_rows(report), quality, fmt), fmt, output, title, reconcile.CLUSTER_COLUMNS)
     if fmt == "table":
         typer.echo(quality.text())
         _echo_overlaps(client, period)

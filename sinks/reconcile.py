@@ -1,8 +1,9 @@
 """The reconciled view (issue 18, item 5): one month over every cluster, and the device-seconds two clusters
 both claimed.
 
-- `chargeback_by_cluster`: the month per (team, cluster) (`v_chargeback_month_clusters`), each team's
-  lines followed by its total across clusters, then the month's total. A total is the sum of its lines
+- `chargeback_by_cluster`: the month per (team, cluster) (`v_chargeback_month_clusters`; a closed month from
+  its frozen statements, `v_statement_month_clusters`), each team's lines followed by its total across
+  clusters, then the month's total. A total is the sum of its lines
   (money, hours and jobs; utilisation and coverage from the summed seconds), so the report adds up.
 - `overlaps`: the data-quality finding (`v_device_overlaps`): a device claimed in the same minutes by jobs
   of two clusters, naming both; the job that started later holds the seconds and is charged for them,
@@ -85,13 +86,15 @@ def with_team_totals(lines: Sequence[ClusterLine]) -> tuple[tuple[ClusterLine, .
     return tuple(out), add_up("TOTAL", lines)
 
 
-def chargeback_by_cluster(client: Any, period: str) -> ClusterReport:
-    """The month's ledger per (team, cluster), each device-second charged once (`v_chargeback_month_clusters`)."""
+def chargeback_by_cluster(client: Any, period: str, *, closed: bool = False) -> ClusterReport:
+    """The month's ledger per (team, cluster), each device-second charged once (`v_chargeback_month_clusters`),
+    or for a closed month its frozen statements' usage lines (`v_statement_month_clusters`)."""
     period = check_period(period)
     cols = ", ".join(c if c != "line" else "team" for c in LINE_COLUMNS)
+    view = "v_statement_month_clusters" if closed else "v_chargeback_month_clusters"  # a fixed name
     result = client.query(
         f"SELECT cluster, {cols}, allocated_seconds, active_seconds + starved_seconds, dark_seconds "
-        "FROM v_chargeback_month_clusters(period = {period:String}) ORDER BY team, cluster",
+        f"FROM {view}(period = {{period:String}}) ORDER BY team, cluster",
         parameters={"period": period},
     )
     lines = []

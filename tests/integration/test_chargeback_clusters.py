@@ -154,3 +154,38 @@ def test_by_cluster_lines_total_per_team_and_an_overlap_is_charged_once(
     assert "claimed by two clusters at once 0.492 GPU-h, ceded by 1 jobs (charged once)" in by_team_table
     # Machine-readable outputs carry it in the data-quality columns (1770 s = 0.492 GPU-h, one job ceded).
     assert {(r["dq_overlap_gpu_h"], r["dq_overlap_jobs"]) for r in by_team.values()} == {("0.492", 1)}
+
+
+def figures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Report rows without the data-quality columns (the figure reads the ledger as it is now)."""
+    return [{k: v for k, v in r.items() if not k.startswith("dq_")} for r in rows]
+
+
+def test_a_closed_month_by_cluster_is_its_frozen_statements(ledger_settings: ClickHouseSettings) -> None:  # noqa: F811
+    ch = ledger_settings
+    write(ch)
+    open_rows = json.loads(run_cli(ch, "report", "chargeback", "--period", "2026-11", "--by", "cluster", "--format",
+                                   "json"))  # fmt: skip
+    run_cli(ch, "period", "close", "2026-11", "--by", "fin")
+    # Late data for the closed month: j1 another hour on GPU-a. The open ledger has it; the closed month does not.
+    (dm,) = SINKS[topics.DEVICE_MINUTES.name]
+    late = claim("j1", "n1", "GPU-a", "2026-11-10T11:00", "active", 60)
+    client = connect(ch)
+    try:
+        pending = [Pending(dm, row, Origin("late", 0, i)) for i, r in enumerate(late) for row in dm.rows(r)]
+        assert not LedgerWriter(client).write(pending).rejected
+    finally:
+        client.close()
+    closed_rows = json.loads(run_cli(ch, "report", "chargeback", "--period", "2026-11", "--by", "cluster", "--format",
+                                     "json"))  # fmt: skip
+    assert [(r["line"], r["cluster"], r["charge"], r["allocated_gpu_h"]) for r in closed_rows] == [
+        (line, cluster, charge, hours) for line, cluster, charge, hours, _jobs in EXPECTED
+    ]
+    assert figures(closed_rows) == figures(open_rows)
+    assert "the frozen statements" in run_cli(ch, "report", "chargeback", "--period", "2026-11", "--by", "cluster")
+    analyst = connect(ch, analyst=True)
+    try:
+        live = reconcile.chargeback_by_cluster(analyst, "2026-11")
+    finally:
+        analyst.close()
+    assert str(live.total.line.charge) == "8.09"  # 6.46 + one more hour of hopper on-prem (1.631018): the open ledger
