@@ -141,11 +141,13 @@ def unidentified(client: Any, period: str) -> Unidentified:
 
 EXPLAIN_COLUMNS = (
     "cluster", "job_id", "user", "team", "project", "original_project", "correction_id", "cost_centre",
-    "generation", "pricing_tier", "preemptible", "first_day", "last_day", "allocated_s", "active_s", "starved_s",
-    "idle_s", "dark_s", "charge", "claimed_project",
+    "generation", "pricing_tier", "preemptible", "gpu_share_slices", "gpu_share_of", "first_day", "last_day",
+    "allocated_s", "active_s", "starved_s", "idle_s", "dark_s", "charge", "claimed_project",
 )  # fmt: skip
 # `claimed_project`: the project the job named but its user is not a member of (v_job_claims); the
 # job is charged to `project`, never to the claim. Empty for every other job.
+# `gpu_share_slices` of `gpu_share_of`: the share of its GPU the segment's device held (1 of 1 a whole GPU, 1 of 7
+# a 1g MIG slice, 0 of 1 a slice of unknown profile, unpriced); a job on slices of two sizes has two segments.
 
 
 def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
@@ -158,7 +160,8 @@ def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
         f"SELECT {selected}, c.claimed_project FROM v_chargeback_jobs AS j "
         "LEFT JOIN v_job_claims AS c ON j.cluster = c.cluster AND j.job_id = c.job_id "
         "WHERE j.period = {period:String} AND j.project = {project:String} "
-        "ORDER BY j.cluster, j.job_id, j.generation, j.pricing_tier, j.preemptible",
+        "ORDER BY j.cluster, j.job_id, j.generation, j.pricing_tier, j.preemptible, j.gpu_share_of, "
+        "j.gpu_share_slices",
         parameters={"period": period, "project": project},
     )
     return [dict(zip(EXPLAIN_COLUMNS, row, strict=True)) for row in result.result_rows]

@@ -194,7 +194,8 @@ def test_every_output_carries_the_data_quality_figure(ledger: ClickHouseSettings
 
     # explain: the figure of the project's own jobs (M1, M3, U: no default, no claim, U unpriced)
     jobs = json.loads(cli(ledger, "report", "explain", "--project", "p-ml", "--period", PERIOD, "--format", "json"))
-    assert sorted(j["job_id"] for j in jobs) == ["M1", "M3", "U"]
+    assert sorted((j["job_id"], j["gpu_share_slices"], j["gpu_share_of"], j["charge"]) for j in jobs) == [
+        ("M1", 1, 7, "0.12"), ("M3", 3, 7, "0.35"), ("U", 0, 1, "0.00")]  # 0.1165015 and 0.349504 half-up
     assert {(j["dq_jobs"], j["dq_default_project_pct"], j["dq_claimed_project_pct"], j["dq_unknown_mig_gpu_h"])
             for j in jobs} == {(3, 0.0, 0.0, "0.500")}  # fmt: skip
     assert "data quality (2026-03 project p-ml, 3 jobs)" in cli(ledger, "report", "explain", "--project", "p-ml",
