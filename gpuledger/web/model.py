@@ -16,6 +16,7 @@ Every table is a `Table` (name, columns, rows): the HTML page and its CSV downlo
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
@@ -196,9 +197,11 @@ def job_lines(jobs: Iterable[JobUsage]) -> list[dict[str, Any]]:
 
 
 def most_idle_cost(jobs: Iterable[JobUsage], limit: int = 10) -> list[dict[str, Any]]:
-    lines = [line for line in job_lines(jobs) if line["_idle_num"] > 0]
-    lines.sort(key=lambda r: (-r["_idle_num"], r["cluster"], r["job_id"]))
-    return lines[:limit]
+    """The `limit` jobs with the most idle cost; only those are turned into lines (a team's month can hold
+    thousands of jobs)."""
+    idle = [job for job in merge_segments(jobs) if job.idle_charge_num > 0]
+    top = heapq.nsmallest(limit, idle, key=lambda j: (-j.idle_charge_num, j.cluster, j.job_id))
+    return job_lines(top)
 
 
 # -- the daily chart ------------------------------------------------------------------------------
