@@ -20,6 +20,7 @@ from base.errors import ConfigError
 from base.outputs import csv_text
 
 BY_CHOICES = ("team", "project", "user", "cost-centre", "tier")
+REPORT_BY = (*BY_CHOICES, "cluster")  # `report chargeback --by`: per cluster is sinks/reconcile.py's view
 FORMATS = ("table", "csv", "json", "parquet")
 _PERIOD = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")  # fullmatch: no trailing newline
 
@@ -30,9 +31,9 @@ def check_period(period: str) -> str:
     return period
 
 
-def check_by(by: str) -> str:
-    if by not in BY_CHOICES:
-        raise ConfigError(f"--by must be one of {', '.join(BY_CHOICES)}, got {by!r}")
+def check_by(by: str, choices: tuple[str, ...] = BY_CHOICES) -> str:
+    if by not in choices:
+        raise ConfigError(f"--by must be one of {', '.join(choices)}, got {by!r}")
     return by
 
 

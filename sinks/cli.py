@@ -222,8 +222,7 @@ def report_chargeback(
     from sinks.data_quality import data_quality
 
     cb.check_period(period)
-    if by != "cluster":
-        cb.check_by(by)
+    cb.check_by(by, cb.REPORT_BY)
     settings = settings_for(state_dir)
     if quota:
         _quota_report(settings, period, policy_path, fmt, output)

@@ -24,6 +24,9 @@ def test_good_period_and_by() -> None:
     assert [cb.check_by(b) for b in cb.BY_CHOICES] == list(cb.BY_CHOICES)
     with pytest.raises(ConfigError, match="--by"):
         cb.check_by("galaxy")
+    assert cb.check_by("cluster", cb.REPORT_BY) == "cluster"  # the report's own view per cluster
+    with pytest.raises(ConfigError, match=r"--by must be one of team, .*, tier, cluster, got 'galaxy'"):
+        cb.check_by("galaxy", cb.REPORT_BY)
 
 
 def test_csv_and_json_keep_decimals_exact() -> None:
