@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from pathlib import Path
@@ -197,10 +197,11 @@ def report_rows(report: ChargebackReport) -> list[dict[str, Any]]:
     return [{"period": report.period, "by": report.by, **asdict(line)} for line in (*report.lines, report.total)]
 
 
-def to_csv(rows: list[dict[str, Any]]) -> str:
-    """CSV for spreadsheets and finance tools: a text cell that would start a formula is neutralised."""
+def to_csv(rows: list[dict[str, Any]], columns: Sequence[str] = ()) -> str:
+    """CSV for spreadsheets and finance tools: a text cell that would start a formula is neutralised. No
+    rows: the header of `columns` alone (a loader still finds its columns)."""
     if not rows:
-        return ""
+        return csv_text(columns, []) if columns else ""
     header = list(rows[0])
     return csv_text(header, ([_plain(row.get(k)) for k in header] for row in rows))
 
@@ -209,11 +210,13 @@ def to_json(rows: list[dict[str, Any]]) -> str:
     return json.dumps([{k: _plain(v) for k, v in row.items()} for row in rows], indent=2)
 
 
-def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
+def write_parquet(rows: list[dict[str, Any]], path: Path, columns: Sequence[str] = ()) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist(rows)  # Decimals become decimal128 columns: exact
+    # Decimals become decimal128 columns (exact); no rows: the columns still, as text (no type to infer)
+    empty = {c: pa.array([], pa.string()) for c in columns}
+    table = pa.Table.from_pylist(rows) if rows else pa.table(empty)
     pq.write_table(table, path)
 
 

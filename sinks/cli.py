@@ -182,13 +182,13 @@ def _emit(rows: list[dict[str, Any]], fmt: str, output: Path | None, title: str,
     if fmt == "parquet":
         if output is None:
             raise ConfigError("--format parquet needs --output FILE")
-        cb.write_parquet(rows, output)
+        cb.write_parquet(rows, output, columns)
         typer.echo(f"wrote {len(rows)} rows to {output}")
         return
     if fmt == "table":
         Console(width=220).print(cb.render_table(title, rows, columns))
         return
-    text = cb.to_csv(rows) if fmt == "csv" else cb.to_json(rows) + "\n"
+    text = cb.to_csv(rows, columns) if fmt == "csv" else cb.to_json(rows) + "\n"
     if output is None:
         sys.stdout.write(text)
     else:

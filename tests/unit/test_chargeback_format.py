@@ -66,3 +66,14 @@ def test_table_prints_user_text_as_text() -> None:
     text = console.export_text()
     for raw in ("[/]", "[bold red]eve[/]", "[link=http://evil]click[/link]", "jobs behind [/x] in 2026-11"):
         assert raw in text
+
+
+def test_an_empty_report_still_names_its_columns(tmp_path) -> None:
+    """A month with no lines (a journal before anything ran) is a header, not an empty file: a finance loader
+    or a spreadsheet still finds the columns it maps."""
+    import pyarrow.parquet as pq
+
+    assert cb.to_csv([], ("period", "line_id", "amount")) == "period,line_id,amount\n"
+    cb.write_parquet([], tmp_path / "empty.parquet", ("period", "line_id", "amount"))
+    table = pq.read_table(tmp_path / "empty.parquet")
+    assert table.column_names == ["period", "line_id", "amount"] and table.num_rows == 0
