@@ -31,6 +31,7 @@ class Exemption(BaseModel):
     value: str
     reason: str
     expires_ms: int | None = None  # None: no expiry
+    starts_ms: int | None = None  # None: from the start (a granted appeal: its decision's time)
 
 
 class IdlePolicy(BaseModel):

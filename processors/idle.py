@@ -7,12 +7,17 @@
 `step(state, job_minute, policy) -> (state, outputs)` consumes the job's JobMinutes in minute order;
 `on_tick(state, now_ms, policy) -> (state | None, outputs)` forgets jobs that ended. Pure: the clock is
 the caller's, times are epoch milliseconds, outputs are plain Alert / ReclaimAction records.
+
+Exemptions: the policy's (loaded at start), and the job's own `granted` ones (appeals decided EXEMPTION,
+`granted_exemptions`), kept in its state so they survive a restart. An exempt idle minute sends nothing. A
+granted exemption also cancels the current streak (a warned job goes back to OK, silently: the appeal's
+decision is the message), so once it expires the job is warned afresh, with a full grace, before any reclaim.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -22,6 +27,8 @@ from base.processor_settings import Exemption, IdlePolicy
 from processors.attribution import JobInfo
 from processors.classify import JobMinuteClass, classify_job_minute
 from processors.windows import MINUTE_MS
+from schemas.governance_appeals import Appeal
+from schemas.topics import qualified_job
 
 FORGET_AFTER_END_MS = 5 * MINUTE_MS
 
@@ -50,9 +57,10 @@ class IdleState:
     last_minute_ms: int | None = None
     ended_ms: int | None = None
     devices: tuple[str, ...] = ()
+    granted: tuple[Exemption, ...] = ()  # from appeals decided EXEMPTION
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "job": _info_dict(self.job),
             "status": self.status.value,
             "idle_minutes": self.idle_minutes,
@@ -64,6 +72,9 @@ class IdleState:
             "ended_ms": self.ended_ms,
             "devices": list(self.devices),
         }
+        if self.granted:  # absent when none: a state without appeals is written as before
+            out["granted"] = [ex.model_dump() for ex in self.granted]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> IdleState:
@@ -78,6 +89,7 @@ class IdleState:
             last_minute_ms=data["last_minute_ms"],
             ended_ms=data["ended_ms"],
             devices=tuple(data["devices"]),
+            granted=tuple(Exemption(**ex) for ex in data.get("granted", ())),
         )
 
 
@@ -94,9 +106,14 @@ def idle_after_min(job: JobInfo, policy: IdlePolicy) -> int:
     return policy.idle_after_min_interactive if job.interactive else policy.idle_after_min_batch
 
 
-def exemption_for(job: JobInfo, at_ms: int, policy: IdlePolicy) -> Exemption | None:
-    for ex in policy.exemptions:
+def exemption_for(
+    job: JobInfo, at_ms: int, policy: IdlePolicy, granted: tuple[Exemption, ...] = ()
+) -> Exemption | None:
+    """The exemption covering `job` at `at_ms`: the policy's, else one granted to the job on appeal."""
+    for ex in (*policy.exemptions, *granted):
         if ex.expires_ms is not None and at_ms >= ex.expires_ms:
+            continue
+        if ex.starts_ms is not None and at_ms < ex.starts_ms:
             continue
         target = {"job": job.job_id, "user": job.user, "project": job.project}[ex.kind]
         if target is not None and target == ex.value:
@@ -205,7 +222,11 @@ def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[I
         cost_so_far=_cost(idle_s, str(jm.get("generation") or ""), policy),
     )
     job = state.job
-    if exemption_for(job, end, policy) is not None:
+    ex = exemption_for(job, end, policy, state.granted)
+    if ex is not None and ex in state.granted:
+        return replace(state, status=Status.OK, idle_minutes=0, idle_since_ms=None, idle_device_s=0,
+                       cost_so_far=None, action_at_ms=None), outs  # fmt: skip
+    if ex is not None:
         return state, outs
     after = idle_after_min(job, policy)
     action = reclaim_kind(job, policy)
@@ -265,6 +286,18 @@ def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[I
             )
         )
     return state, outs
+
+
+def granted_exemptions(appeals: Iterable[Appeal]) -> dict[str, tuple[Exemption, ...]]:
+    """The exemptions granted on appeal, by job ("cluster/job_id"): from each EXEMPTION decision to its end."""
+    out: dict[str, list[Exemption]] = {}
+    for a in sorted(appeals, key=lambda a: (a.decided_ms or 0, a.appeal_id)):
+        if a.decision != "EXEMPTION" or a.exemption_until_ms is None:
+            continue
+        ex = Exemption(kind="job", value=a.subject.job_id, reason=f"appeal {a.appeal_id}",
+                       starts_ms=a.decided_ms, expires_ms=a.exemption_until_ms)  # fmt: skip
+        out.setdefault(qualified_job(a.subject.cluster, a.subject.job_id), []).append(ex)
+    return {jid: tuple(exs) for jid, exs in out.items()}
 
 
 def mark_ended(state: IdleState, ended_ms: int) -> IdleState:

@@ -7,8 +7,20 @@ from typing import Any
 
 from base.processor_settings import Exemption, IdlePolicy
 from processors.attribution import JobInfo
-from processors.idle import IdleState, Status, idle_after_min, mark_ended, new_state, on_tick, step
+from processors.idle import (
+    IdleState,
+    Status,
+    exemption_for,
+    granted_exemptions,
+    idle_after_min,
+    mark_ended,
+    new_state,
+    on_tick,
+    step,
+)
 from processors.testing import T0
+from schemas.governance_appeals import HOUR_MS, Subject, decide_event, file_event, fold
+from schemas.policy import parse_policy
 
 M = 60_000
 NOTEBOOK = JobInfo(cluster="c1", job_id="nb", user="ana", project="p1", interactive=True, partition="interactive")
@@ -131,3 +143,53 @@ def test_on_tick_forgets_ended_jobs() -> None:
     assert gone is None
     running, _ = on_tick(new_state(NOTEBOOK), T0 + 10**9, POLICY)
     assert running is not None
+
+
+APPEALS_POLICY = parse_policy("""
+version: 1
+generations: {hopper: {slurm_gres: h100, kueue_flavor: h100}}
+tiers: [{name: research, priority: 100}]
+governance:
+  operators: [ops1]
+  appeals: {deadline_hours: 72, window_days: 30, max_credit: "100.00", max_exemption_hours: 48}
+teams: [{name: vision, members: [ana]}]
+""")
+
+
+def granted_at(decided_ms: int, hours: int, *, by: str = "ops1") -> tuple[Exemption, ...]:
+    """NOTEBOOK's exemptions after ana appeals its warning and `by` grants one of `hours` at `decided_ms`."""
+    subject = Subject("c1", "nb", "al-nb", "ana", "vision", "p1", None, T0)
+    filed = file_event({}, APPEALS_POLICY, subject, "ana", "demo at 3pm", decided_ms - M)
+    appeals, _ = fold([filed], APPEALS_POLICY)
+    decided = decide_event(appeals, APPEALS_POLICY, filed["appeal_id"], "ops1", "EXEMPTION", "ok", decided_ms,
+                           exemption_hours=hours)  # fmt: skip
+    decided["actor"] = by  # as written on the topic: the fold checks it again
+    appeals, _ = fold([filed, decided], APPEALS_POLICY)
+    return granted_exemptions(appeals.values()).get("c1/nb", ())
+
+
+def test_an_exemption_granted_on_appeal_stops_what_is_due_after_it_and_restarts_the_count() -> None:
+    st, outs = run(new_state(NOTEBOOK), [jm(i, idle=60) for i in range(3)])
+    assert [o.record["kind"] for o in outs] == ["IDLE_WARNING"] and st.action_at_ms == T0 + 5 * M
+    t = T0 + 3 * M + 30_000  # granted during minute 3, for one hour
+    granted = granted_at(t, 1)
+    assert [(ex.kind, ex.value, ex.starts_ms, ex.expires_ms) for ex in granted] == [("job", "nb", t, t + HOUR_MS)]
+    assert exemption_for(NOTEBOOK, t - 1, POLICY, granted) is None  # nothing before the decision
+    assert exemption_for(BATCH, t, POLICY, granted) is None  # another job
+    st = dataclasses.replace(st, granted=granted)
+    assert IdleState.from_json(st.to_json()) == st  # kept in the state: restored after a restart
+
+    # Minute 3 ends after t: the reclaim due at minute 5 never comes while exempt; the warning is withdrawn.
+    st, outs = run(st, [jm(i, idle=60) for i in range(3, 63)])
+    assert outs == [] and st.status is Status.OK and st.idle_minutes == 0
+    # Minute 63 ends at t + 1 h 30 s, past the expiry: the count starts again, a fresh warning, a full grace.
+    st, outs = run(st, [jm(i, idle=60) for i in range(63, 68)])
+    kinds = [(o.record.get("kind"), o.record["ts_ms"]) for o in outs]
+    assert kinds == [("IDLE_WARNING", T0 + 66 * M), ("RECLAIM_NOTICE", T0 + 68 * M), (None, T0 + 68 * M)]
+
+
+def test_only_a_valid_decision_grants_and_no_appeal_changes_nothing() -> None:
+    assert granted_at(T0 + 3 * M, 1, by="ana") == ()  # ana may not decide her own appeal: the fold ignores it
+    st, outs = run(new_state(NOTEBOOK), [jm(i, idle=60) for i in range(5)])
+    assert [o.record.get("kind") for o in outs] == ["IDLE_WARNING", "RECLAIM_NOTICE", None]
+    assert "granted" not in st.to_json()  # a state without appeals is written as before
