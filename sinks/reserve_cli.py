@@ -70,9 +70,9 @@ def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
     return fold(events, policy)[0]
 
 
-def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
+def check_steps(events: list[dict[str, Any]]) -> None:
+    """Each step validated against the contract before any is published (a one-line ConfigError if not)."""
     from schemas.models import validate
-    from schemas.publish import RecordPublisher
     from schemas.topics import RESERVATIONS
 
     for event in events:
@@ -80,12 +80,52 @@ def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
             validate(RESERVATIONS.subject, event)
         except ContractError as exc:
             raise ConfigError(str(exc).splitlines()[0][:300]) from exc
+
+
+def step_key(event: dict[str, Any]) -> bytes:
+    """A step's record key: its reservation, so one reservation's steps stay in order on one partition."""
+    return f"{event['cluster']}/{event['reservation_id']}".encode()
+
+
+def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
+    from schemas.publish import RecordPublisher
+    from schemas.topics import RESERVATIONS
+
+    check_steps(events)
     if not events:
         return
     pub = RecordPublisher(settings.kafka)
     for event in events:
-        pub.publish(RESERVATIONS, f"{event['cluster']}/{event['reservation_id']}".encode(), event)
+        pub.publish(RESERVATIONS, step_key(event), event)
     pub.flush()
+
+
+def request_steps(existing: dict[str, Any], policy: Any, *, cluster: str, team: str, generation: str, gpus: int,
+                  hours: float, start: str, nodes: str, reason: str, requester: str,
+                  now_ms: int) -> list[dict[str, Any]]:  # fmt: skip
+    """`reserve create`'s steps (REQUESTED, and APPROVED when within the automatic limits) from its options as
+    given (start `now` or ISO, nodes comma-separated); a one-line ConfigError when the rules refuse."""
+    from schemas.governance_reservations import HOUR_MS, request_events
+
+    if not 0 < hours <= 24 * 366:
+        raise ConfigError(f"--hours must be above 0, got {hours:g}")
+    begin = _start_ms(start, now_ms)
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    return request_events(existing, policy, cluster=cluster, team=team, generation=generation, gpus=gpus,
+                          nodes=names, start_ms=begin, end_ms=max(begin, now_ms) + int(hours * HOUR_MS),
+                          reason=reason, requester=requester, now_ms=now_ms)  # fmt: skip
+
+
+def step_event(kind: str, existing: dict[str, Any], policy: Any, rid: str, who: str, now_ms: int,
+               **kw: Any) -> dict[str, Any]:  # fmt: skip
+    """`reserve approve|extend|release`'s step, checked by the rules (a one-line ConfigError when refused)."""
+    from schemas import governance_reservations as gr
+
+    if kind == "approve":
+        return gr.approve_event(existing, policy, rid, who, now_ms)
+    if kind == "extend":
+        return gr.extend_event(existing, policy, rid, who, kw["hours"], now_ms)
+    return gr.release_event(existing, policy, rid, who, now_ms, kw["reason"])
 
 
 @reserve_app.command("create")
@@ -104,19 +144,11 @@ def reserve_create(
 ) -> None:
     """Ask for GPUs from a start for some hours: approved at once within the policy's automatic limits, else by
     an operator (`reserve approve`)."""
-    from schemas.governance_reservations import HOUR_MS, request_events
-
     settings = settings_for(state_dir)
     policy = _policy(settings, policy_path)
-    now = _now_ms()
-    if not 0 < hours <= 24 * 366:
-        raise ConfigError(f"--hours must be above 0, got {hours:g}")
-    begin = _start_ms(start, now)
-    names = [n.strip() for n in nodes.split(",") if n.strip()]
-    events = request_events(_reservations(settings, policy), policy, cluster=cluster or settings.cluster, team=team,
-                            generation=generation, gpus=gpus, nodes=names, start_ms=begin,
-                            end_ms=max(begin, now) + int(hours * HOUR_MS), reason=reason,
-                            requester=by or getpass.getuser(), now_ms=now)  # fmt: skip
+    events = request_steps(_reservations(settings, policy), policy, cluster=cluster or settings.cluster, team=team,
+                           generation=generation, gpus=gpus, hours=hours, start=start, nodes=nodes, reason=reason,
+                           requester=by or getpass.getuser(), now_ms=_now_ms())  # fmt: skip
     publish_steps(settings, events)
     first = events[0]
     state = "approved" if len(events) > 1 else "waiting for an operator's approval (reserve approve)"
@@ -126,18 +158,9 @@ def reserve_create(
 
 def _step(kind: str, rid: str, by: str | None, policy_path: Path | None, state_dir: Path | None,
           **kw: Any) -> dict[str, Any]:  # fmt: skip
-    from schemas import governance_reservations as gr
-
     settings = settings_for(state_dir)
     policy = _policy(settings, policy_path)
-    existing = _reservations(settings, policy)
-    who, now = by or getpass.getuser(), _now_ms()
-    if kind == "approve":
-        event = gr.approve_event(existing, policy, rid, who, now)
-    elif kind == "extend":
-        event = gr.extend_event(existing, policy, rid, who, kw["hours"], now)
-    else:
-        event = gr.release_event(existing, policy, rid, who, now, kw["reason"])
+    event = step_event(kind, _reservations(settings, policy), policy, rid, by or getpass.getuser(), _now_ms(), **kw)
     publish_steps(settings, [event])
     return event
 
@@ -180,6 +203,17 @@ def reserve_release(
     typer.echo(f"reservation {rid} released")
 
 
+def list_row(r: Any) -> dict[str, Any]:
+    """One reservation (`schemas.governance_reservations.Reservation`) as a line of `reserve list`."""
+    return {
+        "reservation_id": r.reservation_id, "state": r.state, "cluster": r.cluster, "team": r.team,
+        "generation": r.generation, "gpus": r.gpus, "start": _iso(r.start_ms), "end": _iso(r.until_ms()),
+        "requested_by": r.requested_by, "approved_by": r.approved_by or "",
+        "on": ",".join(e for e in sorted(r.rendered) if e not in r.removed),
+        "nodes": ",".join(r.rendered_nodes or r.nodes), "reason": r.reason,
+    }  # fmt: skip
+
+
 @reserve_app.command("list")
 def reserve_list(
     state: str = typer.Option("live", "--state", help="live (requested or approved, not ended) or all."),
@@ -192,13 +226,8 @@ def reserve_list(
         raise ConfigError(f"--state must be live or all, got {state!r}")
     settings = settings_for(state_dir)
     existing = _reservations(settings, _policy(settings, policy_path))
-    rows = [{
-        "reservation_id": r.reservation_id, "state": r.state, "team": r.team, "generation": r.generation,
-        "gpus": r.gpus, "start": _iso(r.start_ms), "end": _iso(r.until_ms()), "requested_by": r.requested_by,
-        "approved_by": r.approved_by or "", "on": ",".join(e for e in sorted(r.rendered) if e not in r.removed),
-        "nodes": ",".join(r.rendered_nodes or r.nodes), "reason": r.reason,
-    } for r in sorted(existing.values(), key=lambda r: (r.start_ms, r.reservation_id))
-        if state == "all" or r.live]  # fmt: skip
+    rows = [list_row(r) for r in sorted(existing.values(), key=lambda r: (r.start_ms, r.reservation_id))
+            if state == "all" or r.live]  # fmt: skip
     _emit(rows, fmt, None, f"reservations ({state})", LIST_COLUMNS)
 
 

@@ -487,10 +487,10 @@ def component_acls(
     topics(sinks, "READ", *stored)
     topics(sinks, "WRITE", *(tp.dlq for tp in stored))
     grants.append(Grant(sinks, "group", sinks_group, "READ"))
-    # The team page publishes project corrections and appeal steps; it reads appeals whole to check a new step,
-    # as the appeal commands do (assigned partitions, no group).
-    topics(PRINCIPALS["web"], "WRITE", t.CORRECTIONS, t.APPEALS)
-    topics(PRINCIPALS["web"], "READ", t.APPEALS)
+    # The team page publishes project corrections, appeal and reservation steps; it reads appeals and reservations
+    # whole to check a new step, as the commands do (assigned partitions, no group).
+    topics(PRINCIPALS["web"], "WRITE", t.CORRECTIONS, t.APPEALS, t.RESERVATIONS)
+    topics(PRINCIPALS["web"], "READ", t.APPEALS, t.RESERVATIONS)
     grants.append(Grant(PRINCIPALS["web"], "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
     for user, topic, group in ((chat, t.ALERTS, "chat"), (reclaim, t.RECLAIM_ACTIONS, "reclaim")):
         topics(user, "READ", topic)

@@ -35,6 +35,7 @@ from gpuledger.web.appeals import AppealService
 from gpuledger.web.model import Table
 from gpuledger.web.params import BadRequest
 from gpuledger.web.queries import Warehouse
+from gpuledger.web.reservations import ReservationService
 from producers.identity import DirectoryEntry
 from producers.projects import Registry
 
@@ -66,6 +67,7 @@ class WebContext:
     credits: Callable[[Any], list[Any]] = lambda _client: []  # credits and reservation charges a close routes
     policy: Any = None  # policy.yaml (schemas.policy.Policy): quota, and who decides appeals
     appeals: AppealService | None = None  # filing and deciding appeals (issue 19); None without a policy
+    reservations: ReservationService | None = None  # requesting and approving reservations; None without a policy
     trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
     user_header: str = "X-Forwarded-User"
     groups_header: str = "X-Forwarded-Groups"
@@ -131,7 +133,7 @@ def render(request: Request, name: str, status: int = 200, **values: Any) -> HTM
     appeals_link = viewer is not None and ctx.policy is not None and (viewer.user in deciders or viewer.sees_everything)
     html = TEMPLATES.get_template(name).render(
         viewer=viewer, demo=ctx.demo, demo_users=ctx.demo_users, request_path=request.url.path,
-        appeals_link=appeals_link,
+        appeals_link=appeals_link, reservations_link=viewer is not None and ctx.reservations is not None,
         query=str(request.url.query), **{"cluster": ctx.cluster, **values},
     )  # fmt: skip
     return HTMLResponse(html, status_code=status)
@@ -308,7 +310,8 @@ async def appeal_decide(request: Request) -> Response:
 FormAction = Callable[[Request, "WebContext", Viewer, dict[str, str]], Response]
 
 
-async def _form_action(request: Request, fields: tuple[str, ...], action: FormAction) -> Response:
+async def _form_action(request: Request, fields: tuple[str, ...], action: FormAction,
+                       need: str = "appeals") -> Response:  # fmt: skip
     """A bounded form, the viewer and their form token checked, then the action in a worker thread."""
     from starlette.concurrency import run_in_threadpool
 
@@ -318,8 +321,8 @@ async def _form_action(request: Request, fields: tuple[str, ...], action: FormAc
     viewer = _need_viewer(request)
     if not access.csrf_ok(ctx.secret, viewer.user, values["token"]):
         raise Forbidden("the form has expired or did not come from this page; reload it and try again")
-    if ctx.appeals is None:
-        raise BadRequest("appeals need the policy (settings: policy_path): who decides, deadlines, limits")
+    if getattr(ctx, need) is None:
+        raise BadRequest(f"{need} need the policy (settings: policy_path): who decides, deadlines, limits")
     return await run_in_threadpool(action, request, ctx, viewer, values)
 
 
@@ -358,6 +361,54 @@ def appeals_page(request: Request) -> Response:
                         rules=ctx.policy.governance.appeals,
                         decided=decided if decided and re.fullmatch(r"ap-[0-9a-f]{12}", decided) else None)  # fmt: skip
     return page_response(request, page, "appeals.html", "appeals")
+
+
+def reservations_page(request: Request) -> Response:
+    """Reservations: operators see every one and approve, deny or release; a member sees their teams' and asks."""
+    from gpuledger.web import reservations
+
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    if ctx.reservations is None:
+        raise BadRequest("reservations need the policy (settings: policy_path)")
+    operator = reservations.may_operate(viewer, ctx.policy)
+    if not (operator or viewer.teams or viewer.leads):
+        raise Forbidden(f"{viewer.user} may not see reservations: {viewer.scope}")
+    mine = ctx.reservations.visible(viewer) if not operator else list(ctx.reservations.current().values())
+    page = pages.Page("Reservations")
+    waiting = [r for r in mine if r.live and not r.approved_by]
+    page.add(reservations.table("pending", "Waiting for an operator", waiting))
+    page.add(reservations.table("active", "Approved, not ended", [r for r in mine if r.live and r.approved_by]))
+    page.add(reservations.table("ended", "Ended (released, denied or expired)", [r for r in mine if not r.live]))
+    done = request.query_params.get("done")
+    teams = sorted(t.name for t in ctx.policy.teams if operator or viewer.sees_team(t.name))
+    page.context.update(operator=operator, token=access.csrf_token(ctx.secret, viewer.user), teams=teams,
+                        generations=sorted(ctx.policy.generations), rules=ctx.policy.governance.reservations,
+                        default_cluster=ctx.cluster,
+                        done=done if done and re.fullmatch(r"rsv-[0-9a-f]{10}", done) else None)  # fmt: skip
+    return page_response(request, page, "reservations.html", "reservations")
+
+
+async def reservation_request(request: Request) -> Response:
+    fields = ("team", "cluster", "generation", "gpus", "hours", "start", "nodes", "reason", "token")
+    return await _form_action(request, fields, _reservation_request, need="reservations")
+
+
+async def reservation_act(request: Request) -> Response:
+    return await _form_action(request, ("reservation_id", "action", "note", "token"), _reservation_act,
+                              need="reservations")  # fmt: skip
+
+
+def _reservation_request(request: Request, ctx: WebContext, viewer: Viewer, values: dict[str, str]) -> Response:
+    assert ctx.reservations is not None
+    steps = ctx.reservations.request(viewer, values, ctx.cluster, ctx.now_ms())
+    return RedirectResponse(f"/reservations?done={steps[0]['reservation_id']}", status_code=303)
+
+
+def _reservation_act(request: Request, ctx: WebContext, viewer: Viewer, values: dict[str, str]) -> Response:
+    assert ctx.reservations is not None
+    event = ctx.reservations.act(viewer, values, ctx.now_ms())
+    return RedirectResponse(f"/reservations?done={event['reservation_id']}", status_code=303)
 
 
 def demo_pick(request: Request) -> Response:
@@ -433,6 +484,9 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/appeals", appeals_page),
         Route("/appeals/file", appeal_file, methods=["POST"]),
         Route("/appeals/decide", appeal_decide, methods=["POST"]),
+        Route("/reservations", reservations_page),
+        Route("/reservations/request", reservation_request, methods=["POST"]),
+        Route("/reservations/act", reservation_act, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(Guard)], exception_handlers={HTTPException: http_error})

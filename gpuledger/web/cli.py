@@ -61,6 +61,7 @@ def build_context(settings: Settings, publisher: Any = None) -> Any:
         credits=_credits(policy),
         policy=policy,
         appeals=_appeal_service(settings, policy, publish),
+        reservations=_reservation_service(settings, policy, publish),
         trusted_proxies=tuple(web.trusted_proxies),
         user_header=web.user_header,
         groups_header=web.groups_header,
@@ -160,6 +161,30 @@ def _appeal_service(settings: Settings, policy: Any, publish: Any) -> Any:
         log.info("web: appeal %s %s by %s", event["appeal_id"], event["event_type"].lower(), event["actor"])
 
     return AppealService(policy, read, step)
+
+
+def _reservation_service(settings: Settings, policy: Any, publish: Any) -> Any:
+    """Requesting and deciding reservations under the policy, checked against reservations.v1 read whole (as
+    `gpuledger reserve` does)."""
+    if policy is None:
+        return None
+    from gpuledger.web.reservations import ReservationService
+    from schemas.topics import RESERVATIONS
+    from sinks.reserve_cli import step_key
+
+    def read() -> list[dict[str, Any]]:
+        from schemas.eventlog import read_events
+
+        events, unreadable = read_events(settings.kafka, RESERVATIONS)
+        if unreadable:
+            log.warning("web: %d records of %s not read", len(unreadable), RESERVATIONS.name)
+        return events
+
+    def step(event: dict[str, Any]) -> None:
+        publish(RESERVATIONS, step_key(event), event)
+        log.info("web: reservation %s %s by %s", event["reservation_id"], event["event_type"].lower(), event["actor"])
+
+    return ReservationService(policy, read, step)
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
