@@ -58,6 +58,8 @@ def _with_links(rows: list[dict[str, Any]], period: Period, team: str) -> list[d
 
 PROJECT_COLUMNS = (Column("project", "project"), Column("share_pct", "share of team %", "pct"), *m.USAGE_COLUMNS)
 USER_COLUMNS = (Column("user", "user"), Column("share_pct", "share of team %", "pct"), *m.USAGE_COLUMNS)
+CLUSTER_COLUMNS = (Column("cluster", "cluster"), Column("share_pct", "share of team %", "pct"), *m.USAGE_COLUMNS)
+ALL_CLUSTERS = "all clusters"
 JOB_COLUMNS = (
     Column("cluster", "cluster"), Column("job_id", "job"), Column("user", "user"), Column("project", "project"),
     Column("original_project", "corrected from"), Column("generation", "generation"),
@@ -96,6 +98,9 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     page.add(Table("projects", "Projects behind the line", PROJECT_COLUMNS,
                    _with_links(m.lines_by(jobs, "project", figures["charge"]), period, team), links=links))  # fmt: skip
     page.add(Table("users", "Users behind the line", USER_COLUMNS, m.lines_by(jobs, "user", figures["charge"])))
+    page.add(Table("clusters", "Clusters behind the line", CLUSTER_COLUMNS, _cluster_lines(jobs, figures),
+                   note="Each cluster's share of the statement (the charge split to the cent, as for projects), "
+                        "then the statement line itself: the total across clusters."))  # fmt: skip
     page.add(Table("idle_jobs", "Jobs with the most idle cost", JOB_COLUMNS,
                    _with_links(m.most_idle_cost(jobs), period, team), links=links,
                    note="Idle: held, with telemetry, and neither active nor starved."))  # fmt: skip
@@ -121,6 +126,14 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
         prev_url=team_url(team, period.previous()), next_url=team_url(team, period.next()),
     )  # fmt: skip
     return page
+
+
+def _cluster_lines(jobs: list[Any], figures: Mapping[str, Any]) -> list[dict[str, Any]]:
+    lines = m.lines_by(jobs, "cluster", figures["charge"])
+    if not lines:
+        return []
+    share = Decimal(100) if figures["allocated_gpu_h"] else None
+    return [*lines, {**figures, "cluster": ALL_CLUSTERS, "share_pct": share}]
 
 
 QUOTA_COLUMNS = (
@@ -285,6 +298,8 @@ def _timeline(minutes: list[dict[str, Any]], start: int, end: int) -> str:
 FLEET_TEAM_COLUMNS = (Column("team", "team"), *m.USAGE_COLUMNS, Column("unpriced_gpu_h", "unpriced GPU-h", "gpu_h"))
 FLEET_JOB_COLUMNS = (Column("team", "team"), *JOB_COLUMNS)
 FLEET_IDLE_LEADERS = 20
+FLEET_CLUSTER_COLUMNS = (Column("team", "team"), Column("cluster", "cluster"), *m.USAGE_COLUMNS,
+                         Column("unpriced_gpu_h", "unpriced GPU-h", "gpu_h"))  # fmt: skip
 
 
 def fleet_url(period: Period) -> str:
@@ -296,12 +311,17 @@ def fleet_page(wh: Warehouse, period: Period) -> Page:
     telemetry or prices are missing, and who left the most idle time."""
     from gpuledger.web import fleet
 
-    statements = wh.statements(period, closed=wh.closed(period))
+    closed = wh.closed(period)
+    statements = wh.statements(period, closed=closed)
     page = Page(f"Fleet: {period.text}")
     teams = [{"team": line, **s.figures, "_team_url": team_url(line, period)} for line, s in statements.items()]
     teams.sort(key=lambda r: (-r["charge"], r["team"]))
     page.add(Table("teams", "Teams side by side", FLEET_TEAM_COLUMNS, teams, links={"team": "_team_url"},
                    note="Each team's line of report chargeback --by team for the month."))  # fmt: skip
+    page.add(Table("clusters", "Clusters: each team on each cluster, and across them", FLEET_CLUSTER_COLUMNS,
+                   _fleet_clusters(wh, period, closed), links={"team": "_team_url"},
+                   note="report chargeback --by cluster: each team's line per cluster, its total across clusters "
+                        "(cluster ALL), each cluster across teams, and the month's total."))  # fmt: skip
     days = fleet.days_filled(wh.fleet_days(period), period.start, period.days)
     page.add(Table("trend", "Share of the fleet allocated, and how much of it computed, per day", fleet.TREND_COLUMNS,
                    fleet.trend(days), note="Fleet GPU-h: what the node inventory says is installed (every device "
@@ -330,6 +350,27 @@ def fleet_page(wh: Warehouse, period: Period) -> Page:
                         totals=_fleet_totals(statements),
                         prev_url=fleet_url(period.previous()), next_url=fleet_url(period.next()))  # fmt: skip
     return page
+
+
+def _fleet_clusters(wh: Warehouse, period: Period, closed: bool) -> list[dict[str, Any]]:
+    """`report chargeback --by cluster`'s lines (sinks/reconcile.py), then each cluster across teams (summed as the
+    report sums, `add_up`); the last line is the month's total over every cluster."""
+    from dataclasses import asdict
+
+    from sinks.reconcile import ALL_CLUSTERS as ALL
+    from sinks.reconcile import add_up, chargeback_by_cluster
+
+    report = chargeback_by_cluster(wh.client, period.text, closed=closed)
+    per_cluster: dict[str, list[Any]] = {}
+    for ln in report.lines:
+        if ln.cluster != ALL:
+            per_cluster.setdefault(ln.cluster, []).append(ln)
+    across = [(name, add_up("ALL", lines)) for name, lines in sorted(per_cluster.items())]
+    rows = [{**asdict(ln.line), "team": ln.line.line, "cluster": ln.cluster,
+             "_team_url": team_url(ln.line.line, period)} for ln in report.lines]  # fmt: skip
+    rows += [{**asdict(ln.line), "team": "ALL", "cluster": name} for name, ln in across]
+    rows.append({**asdict(report.total.line), "team": "TOTAL", "cluster": ALL})
+    return rows
 
 
 def _fleet_totals(statements: Mapping[str, Statement]) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""The simulator's two clusters on the pages (issue 20: "the page shows the simulator's two clusters"): a real
+pipeline run of the Slurm-like cluster `sim` and the Kubernetes one `sim-k8s` beside it, stored in the embedded
+ClickHouse. The fleet page's cluster table is `report chargeback --by cluster` line for line, with each cluster
+across teams and the month's total; the team page splits its statement per cluster (the same hours and jobs as
+the report's lines) and ends with the statement line, the total across clusters.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_web import PERIOD, make_client, run_cli, seed_simulated_ledger
+
+from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
+from producers.simulator import SimConfig
+
+pytestmark = pytest.mark.integration
+TWO = SimConfig(seed=11, nodes=1, duration_s=1800, kube_nodes=3)
+OPS = "ops00"
+
+
+@pytest.fixture(scope="module")
+def two_clusters(clickhouse_server: Any) -> Iterator[ClickHouseSettings]:
+    from sinks.db import connect, migrate
+    from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
+
+    database = "webk_" + uuid.uuid4().hex[:12]
+    admin = clickhouse_server.client()
+    admin.command(f"CREATE DATABASE {database}")
+    ch = ClickHouseSettings(url=clickhouse_server.url, database=database, password=clickhouse_server.password,
+                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
+    client = connect(ch)
+    migrate(client, ch)
+    client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
+    seed_simulated_ledger(client, TWO)
+    client.close()
+    try:
+        yield ch
+    finally:
+        admin.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        admin.close()
+
+
+def table(client: Any, url: str, user: str) -> list[dict[str, str]]:
+    resp = client.get(url, headers={"X-Forwarded-User": user})
+    assert resp.status_code == 200, resp.text
+    return list(csv.DictReader(io.StringIO(resp.text)))
+
+
+def report(ch: ClickHouseSettings, by: str) -> list[dict[str, str]]:
+    out = run_cli(ch, "report", "chargeback", "--period", PERIOD, "--by", by, "--format", "csv")
+    return list(csv.DictReader(io.StringIO(out[out.index("period,") :])))
+
+
+def test_the_pages_show_both_clusters_and_their_total(two_clusters: ClickHouseSettings, tmp_path: Path) -> None:
+    ch = two_clusters
+    settings = Settings(state_dir=tmp_path, cluster="sim", clickhouse=ch, broker=BrokerSettings(enabled=False),
+                        web=WebSettings(demo=False))  # fmt: skip
+    client = make_client(settings, now_ms=TWO.start_ms + TWO.duration_s * 1000)
+    by_cluster = report(ch, "cluster")
+    assert {r["cluster"] for r in by_cluster} == {"sim", "sim-k8s", "ALL"}
+
+    # The fleet page: the report's lines, then each cluster across teams, then the month's total.
+    fleet = table(client, f"/fleet?period={PERIOD}&csv=clusters", OPS)
+    keys = ("cluster", "jobs", "allocated_gpu_h", "charge", "consumed_gpu_h", "idle_gpu_h", "dark_gpu_h")
+    assert [(r["team"], *(r[k] for k in keys)) for r in fleet if r["team"] != "ALL"] == [
+        (r["line"], *(r[k] for k in keys)) for r in by_cluster]  # fmt: skip
+    across = {r["cluster"]: r for r in fleet if r["team"] == "ALL"}
+    assert set(across) == {"sim", "sim-k8s"}
+    total = fleet[-1]
+    for k in ("jobs", "allocated_gpu_h", "charge"):
+        assert sum(Decimal(r[k]) for r in across.values()) == Decimal(total[k]) > 0
+    html = client.get(f"/fleet?period={PERIOD}", headers={"X-Forwarded-User": OPS}).text
+    assert "sim-k8s" in html
+
+    # The team page of a team on both clusters: each cluster's hours and jobs are the report's; the charges
+    # split the statement to the cent; the last line is the statement (report chargeback --by team's line).
+    teams = {r["line"]: r for r in report(ch, "team")}
+    mine = {}
+    for r in by_cluster:
+        mine.setdefault(r["line"], {})[r["cluster"]] = r
+    team = next(t for t, lines in sorted(mine.items()) if {"sim", "sim-k8s"} <= set(lines))
+    lines = table(client, f"/teams/{team}?period={PERIOD}&csv=clusters", OPS)
+    assert [r["cluster"] for r in lines][-1] == "all clusters"
+    *split, whole = lines
+    assert {r["cluster"] for r in split} == {"sim", "sim-k8s"}
+    for r in split:
+        theirs = mine[team][r["cluster"]]
+        assert (r["jobs"], r["allocated_gpu_h"], r["consumed_gpu_h"]) == (
+            theirs["jobs"], theirs["allocated_gpu_h"], theirs["consumed_gpu_h"])  # fmt: skip
+        assert abs(Decimal(r["charge"]) - Decimal(theirs["charge"])) <= Decimal("0.01")
+    assert (whole["jobs"], whole["allocated_gpu_h"], whole["charge"]) == (
+        teams[team]["jobs"], teams[team]["allocated_gpu_h"], teams[team]["charge"])  # fmt: skip
+    assert sum(Decimal(r["charge"]) for r in split) == Decimal(whole["charge"])
