@@ -131,9 +131,11 @@ def render(request: Request, name: str, status: int = 200, **values: Any) -> HTM
     viewer = getattr(request.state, "viewer", None)
     deciders = ctx.policy.governance.deciders if ctx.policy is not None else ()
     appeals_link = viewer is not None and ctx.policy is not None and (viewer.user in deciders or viewer.sees_everything)
+    reservations_link = viewer is not None and ctx.reservations is not None and bool(
+        viewer.teams or viewer.leads or viewer.sees_everything or viewer.user in ctx.policy.governance.operators)
     html = TEMPLATES.get_template(name).render(
         viewer=viewer, demo=ctx.demo, demo_users=ctx.demo_users, request_path=request.url.path,
-        appeals_link=appeals_link, reservations_link=viewer is not None and ctx.reservations is not None,
+        appeals_link=appeals_link, reservations_link=reservations_link,
         query=str(request.url.query), **{"cluster": ctx.cluster, **values},
     )  # fmt: skip
     return HTMLResponse(html, status_code=status)
@@ -372,7 +374,7 @@ def reservations_page(request: Request) -> Response:
     if ctx.reservations is None:
         raise BadRequest("reservations need the policy (settings: policy_path)")
     operator = reservations.may_operate(viewer, ctx.policy)
-    if not (operator or viewer.teams or viewer.leads):
+    if not (operator or viewer.teams or viewer.leads or viewer.sees_everything):
         raise Forbidden(f"{viewer.user} may not see reservations: {viewer.scope}")
     mine = ctx.reservations.visible(viewer) if not operator else list(ctx.reservations.current().values())
     page = pages.Page("Reservations")
@@ -381,7 +383,7 @@ def reservations_page(request: Request) -> Response:
     page.add(reservations.table("active", "Approved, not ended", [r for r in mine if r.live and r.approved_by]))
     page.add(reservations.table("ended", "Ended (released, denied or expired)", [r for r in mine if not r.live]))
     done = request.query_params.get("done")
-    teams = sorted(t.name for t in ctx.policy.teams if operator or viewer.sees_team(t.name))
+    teams = sorted(t.name for t in ctx.policy.teams if operator or t.name in viewer.teams | viewer.leads)
     page.context.update(operator=operator, token=access.csrf_token(ctx.secret, viewer.user), teams=teams,
                         generations=sorted(ctx.policy.generations), rules=ctx.policy.governance.reservations,
                         default_cluster=ctx.cluster,

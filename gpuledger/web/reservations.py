@@ -72,7 +72,7 @@ class ReservationService:
         from sinks.reserve_cli import request_steps
 
         team = params.team(values.get("team"))
-        if not (viewer.sees_team(team) or may_operate(viewer, self.policy)):
+        if not (team in viewer.teams | viewer.leads or may_operate(viewer, self.policy)):
             raise Forbidden(f"{viewer.user} may not reserve for team {team}: {viewer.scope}")
         cluster = params.cluster(values.get("cluster") or default_cluster)
         generation = _match(_GENERATION, values.get("generation"), "the generation is a name like hopper")

@@ -1,7 +1,8 @@
 """Reservations in the browser on the real broker (issue 19's rules, issue 20's operator page): a member asks for
 GPUs in the page (within the policy's automatic limits: approved at once; above them: waiting), an operator
 approves, denies and releases on /reservations; a member may not act (403), sees only their teams'
-reservations, and the rules' refusals are one line in the page. `gpuledger reserve list` reads the same steps.
+reservations, finance sees every one and acts on none, and the rules' refusals are one line in the page.
+`gpuledger reserve list` reads the same steps.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from producers.simulator import SimConfig
 
 pytestmark = pytest.mark.integration
 __all__ = ["web_ledger"]
-OPS, MEMBER, OTHER = "ops00", "vis01", "nlp01"
+OPS, MEMBER, OTHER = "ops00", "vis01", "nlp01"  # fin00: finance (producers/simulator/org.py)
 POLICY = """\
 version: 1
 generations: {hopper: {slurm_gres: h100, kueue_flavor: h100}}
@@ -140,6 +141,11 @@ def test_members_ask_and_operators_approve_deny_and_release_in_the_page(
     ended = {r["reservation_id"]: r for r in rows(client, "ended", OPS)}
     assert set(ended) == {small, theirs} and ended[theirs]["state"] == "RELEASED"
     assert [r["reservation_id"] for r in rows(client, "ended", OTHER)] == [theirs]
+    # Finance sees every team's, and acts on none.
+    assert {r["reservation_id"] for r in rows(client, "ended", "fin00")} == {small, theirs}
+    finance = client.get("/reservations", headers=who("fin00")).text
+    assert "/reservations/act" not in finance and 'id="request-form"' not in finance
+    assert act(client, "fin00", big, "release", "over budget").status_code == 403
 
     # The command reads the same steps: the page published what `reserve` publishes.
     _register_all() if not any(g.name == "reserve" for g in app.registered_groups) else None
