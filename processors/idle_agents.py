@@ -22,6 +22,13 @@ Exactness, the runtime's commit protocol mapped onto faust's at-least-once commi
    only publishes what was attached to the committed events, and nothing is attached here).
 A crash therefore replays exactly the input not reflected in delivered output and state, and a replayed
 device-minute at or before a job's `last_minute_ms` is skipped, as in the runtime.
+
+Appeals (issue 19), only with a policy (`policy_path`: who may decide): the agent also reads `appeals.v1` (keyed
+by job, like its input), folds each job's appeal steps under the policy (`schemas.governance_appeals.fold`, so a
+step the rules refuse grants nothing) and puts the job's granted exemptions into its idle state at once
+(`JobPartition.grant`), written to the Table like any state change, so a restart restores them before the
+first minute. Appeal events are never acked: a restart reads the topic again from its start (appeals are few),
+which is what lets a decision meet its filing.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from mode.signals import BaseSignalT
 from base.settings import KafkaSettings, Settings
 from base.shutdown import StopSignal
 from processors.dlq import Decoder, FutureTimestamp
-from processors.idle import IdleState
+from processors.idle import IdleState, granted_exemptions
 from processors.pipeline import partition_of
 from processors.recovery import RecoveryPolicy
 from processors.runtime import IDLE_STATE_TOPIC
@@ -63,7 +70,18 @@ from schemas.agents import (
     serve_app,
 )
 from schemas.codec import AvroCodec
-from schemas.topics import ALERTS, DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
+from schemas.governance_appeals import fold
+from schemas.policy import Policy
+from schemas.topics import (
+    ALERTS,
+    APPEALS,
+    DEVICE_MINUTES,
+    JOB_EVENTS,
+    JOB_MINUTES,
+    RECLAIM_ACTIONS,
+    job_key,
+    qualified_job,
+)
 
 log = logging.getLogger("gpuledger.processors.idle_agents")
 
@@ -105,7 +123,14 @@ class AgentStats:
 class JobStageAgents:
     """The job stage's faust adapter: decode, feed the pure `JobPartition`, send, write states, ack."""
 
-    def __init__(self, settings: Settings, app: faust.App, partitions: int, state_topic: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        app: faust.App,
+        partitions: int,
+        state_topic: str | None = None,
+        appeals_policy: Policy | None = None,
+    ) -> None:
         self.settings = settings
         self.ps = settings.processor
         self.app = app
@@ -114,7 +139,12 @@ class JobStageAgents:
         self.codec = AvroCodec.from_settings(k)
         self.decoder = Decoder(self.codec, FaustDeadLetters(app), k.topic_prefix, lambda: int(time.time() * 1000))
         self.t_dm, self.t_jobs = k.topic(DEVICE_MINUTES.name), k.topic(JOB_EVENTS.name)
-        self.source = raw_topic(app, self.t_dm, self.t_jobs)
+        self.appeals_policy = appeals_policy
+        self.t_appeals = k.topic(APPEALS.name) if appeals_policy is not None else None
+        inputs = (self.t_dm, self.t_jobs) + ((self.t_appeals,) if self.t_appeals is not None else ())
+        self.source = raw_topic(app, *inputs)
+        self.appeal_steps: dict[str, dict[str, dict[str, Any]]] = {}  # by job, by event id
+        self.granted_states: dict[str, IdleState] = {}  # changed by an appeal, to write
         self.out_jm = raw_topic(app, k.topic(JOB_MINUTES.name))
         self.out_alerts = raw_topic(app, k.topic(ALERTS.name))
         self.out_actions = raw_topic(app, k.topic(RECLAIM_ACTIONS.name))
@@ -199,12 +229,17 @@ class JobStageAgents:
                 part.horizon.observe_clock(now_ms)
             for event in events:
                 self._feed(event)
-            dirty = self._advance()
+            dirty: dict[str, IdleState | None] = {**self.granted_states}
+            self.granted_states.clear()
+            dirty.update(self._advance())
             await self._checkpoint(stream, dirty)
 
     def _feed(self, event: Any) -> None:
         msg = event.message
         topic, p, off = msg.topic, msg.partition, msg.offset
+        if topic == self.t_appeals:
+            self._feed_appeal(msg)  # never acked: replayed from the topic's start after a restart
+            return
         self.unacked.setdefault((topic, p), []).append(event)
         part = self._part(p)
         self.stats.events += 1
@@ -217,6 +252,24 @@ class JobStageAgents:
             ev = self.decoder.decode(msg, JOB_EVENTS.subject)
             if ev is not None and not part.on_job_event(ev, off):
                 self.decoder.refuse(msg, JOB_EVENTS.subject, FutureTimestamp(part.horizon.reason(ev["ts_ms"])))
+
+    def _feed_appeal(self, msg: Any) -> None:
+        """Fold the job's appeal steps; its exemptions granted so far go into its state at once."""
+        assert self.appeals_policy is not None
+        step = self.decoder.decode(msg, APPEALS.subject)
+        if step is None:
+            return
+        jid = qualified_job(step["cluster"], step["job_id"])
+        p = partition_of(job_key(step["cluster"], step["job_id"]), self.n)
+        if p != msg.partition and p not in self.parts:
+            return  # the job's partition is another worker's (an appeals topic partitioned differently)
+        steps = self.appeal_steps.setdefault(jid, {})
+        steps[step["event_id"]] = step
+        appeals, _ = fold(steps.values(), self.appeals_policy)
+        changed = self._part(p).grant(jid, granted_exemptions(appeals.values()).get(jid, ()))
+        if changed is not None:
+            self.granted_states[jid] = changed
+            log.info("job %s: exemptions granted on appeal now %s", jid, [ex.reason for ex in changed.granted])
 
     def _advance(self) -> dict[str, IdleState | None]:
         """Drain and tick every partition (as the runtime's `_advance_jobs`); returns the changed states."""
@@ -298,7 +351,12 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
         topic_disable_leader=True,
     )
     app.transport.Producer = IdempotentProducer  # type: ignore[misc]  # this app only, before its producer is built
-    agents = JobStageAgents(settings, app, n, state_topic)
+    appeals_policy = None
+    if settings.policy_path is not None:  # who may decide an appeal: without it, appeals are not read
+        from schemas.policy import load_policy
+
+        appeals_policy = load_policy(settings.policy_path)
+    agents = JobStageAgents(settings, app, n, state_topic, appeals_policy)
     app.job_stage = agents  # type: ignore[attr-defined]
 
     @app.agent(agents.source, concurrency=1, name="job-stage")

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from base.processor_settings import ProcessorSettings
+from base.processor_settings import Exemption, ProcessorSettings
 from processors.attribution import AllocationTable, event_nodes, job_key_of
 from processors.classify import activity_of
 from processors.coverage import CoverageTracker
@@ -311,6 +311,17 @@ class JobPartition:
         self.events_next_offset = 0
         self.max_ts: int | None = None
         self.horizon = Horizon(settings.max_future_ms, follow_events=not settings.realtime)
+        self.granted: dict[str, tuple[Exemption, ...]] = {}  # on appeal, by job: for a state yet to come
+
+    def grant(self, job_id: str, exemptions: tuple[Exemption, ...]) -> IdleState | None:
+        """The job's exemptions granted on appeal are now `exemptions`: its changed state (to write), if any."""
+        self.granted[job_id] = exemptions
+        st = self.states.get(job_id)
+        if st is None or st.granted == exemptions:
+            return None
+        st = replace(st, granted=exemptions)
+        self._set_state(job_id, st)
+        return st
 
     def restore_state(self, job_id: str, state: IdleState | None) -> None:
         if state is None:
@@ -341,6 +352,8 @@ class JobPartition:
         st = self.states.get(jid)
         if st is None:
             st = new_state(info, tuple(self.table.job_devices(jid)))
+            if jid in self.granted:
+                st = replace(st, granted=self.granted[jid])
         else:
             st = replace(st, job=info, devices=tuple(self.table.job_devices(jid)) or st.devices)
         if ev["event_type"] == "ENDED":
