@@ -140,9 +140,10 @@ def per_query(
     """Each query the team page and the job page make, alone (median, p95 ms)."""
     since = now_ms - 14 * 86_400_000
     cases: list[tuple[str, Callable[[], Any]]] = [
-        ("closed", lambda: wh.closed(period)),
+        ("closes (v_period_closes)", lambda: wh.closes()),
         ("statements (v_chargeback_month)", lambda: wh.statements(period)),
-        ("team_jobs (v_usage_priced)", lambda: wh.team_jobs(period, team)),
+        ("team_usage (v_usage_priced grouped, top idle jobs)", lambda: wh.team_usage(period, team)),
+        ("team_jobs (v_usage_priced, the project page's)", lambda: wh.team_jobs(period, team)),
         ("daily (v_usage_priced)", lambda: wh.daily(period, team)),
         ("dark_by_node (node_daily)", lambda: wh.dark_by_node(period, team)),
         ("project_sources (job_events IN usage_daily)", lambda: wh.project_sources(period, team)),

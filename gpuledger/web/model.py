@@ -103,6 +103,11 @@ class Sums:
     idle_charge_num: int = 0
     unpriced_s: int = 0
     jobs: set[tuple[str, str]] = field(default_factory=set)
+    counted_jobs: int | None = None  # the jobs, counted where the sums were made (SQL); else len(jobs)
+
+    @property
+    def job_count(self) -> int:
+        return len(self.jobs) if self.counted_jobs is None else self.counted_jobs
 
     def add(self, job: JobUsage) -> None:
         self.allocated_s += job.allocated_s
@@ -122,7 +127,7 @@ class Sums:
     def figures(self) -> dict[str, Any]:
         """The report's columns for this set (charge left to the caller: it depends on the grouping)."""
         return {
-            "jobs": len(self.jobs),
+            "jobs": self.job_count,
             "allocated_gpu_h": gpu_h(self.allocated_s),
             "consumed_gpu_h": gpu_h(self.consumed_s),
             "utilisation_pct": pct(self.consumed_s, self.allocated_s),
@@ -172,6 +177,11 @@ def lines_by(jobs: Sequence[JobUsage], key: str, charge_total: Decimal) -> list[
     groups: dict[str, Sums] = {}
     for job in jobs:
         groups.setdefault(str(getattr(job, key)), Sums()).add(job)
+    return grouped_lines(groups, key, charge_total)
+
+
+def grouped_lines(groups: Mapping[str, Sums], key: str, charge_total: Decimal) -> list[dict[str, Any]]:
+    """`lines_by` over sums already grouped by `key` (the warehouse groups a team's month: `TeamUsage`)."""
     charges = split_cents(charge_total, {line: s.charge_num for line, s in groups.items()}) if groups else {}
     team_alloc = sum(s.allocated_s for s in groups.values())
     lines = [
@@ -202,6 +212,17 @@ def most_idle_cost(jobs: Iterable[JobUsage], limit: int = 10) -> list[dict[str, 
     idle = [job for job in merge_segments(jobs) if job.idle_charge_num > 0]
     top = heapq.nsmallest(limit, idle, key=lambda j: (-j.idle_charge_num, j.cluster, j.job_id))
     return job_lines(top)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamUsage:
+    """A team's month grouped where it is stored (one query, not one row per job): the sums per project, user and
+    cluster, the on-prem seconds per generation (quota use), the total, and the jobs with the most idle cost."""
+
+    by: Mapping[str, Mapping[str, Sums]]  # "project" | "user" | "cluster" -> line -> sums
+    onprem_s: Mapping[str, int]  # generation -> on-prem allocated seconds
+    total: Sums
+    most_idle: list[JobUsage]  # one row per job (segments merged), the most idle cost first
 
 
 # -- the daily chart ------------------------------------------------------------------------------
@@ -344,7 +365,7 @@ def quality(sums: Sums, dark_by_node: Iterable[tuple[str, int]], sources: Iterab
         unpriced_gpu_h=gpu_h(unpriced_s),
         default_project_jobs=sum(1 for source, _ in listed if source == "DEFAULT"),
         claimed_project_jobs=sum(1 for _, claimed in listed if claimed),
-        jobs=len(sums.jobs),
+        jobs=sums.job_count,
         latest_data=_utc(latest_ms) if latest_ms is not None else "no data",
         age_text=age_text(latest_ms, now_ms),
     )

@@ -86,23 +86,26 @@ def statement_figures(statement: Statement | None) -> dict[str, Any]:
 
 def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapping[str, Mapping[str, int]] | None,
               credits: Callable[[Any], list[Any]] = lambda _client: []) -> Page:  # fmt: skip
-    closed = wh.closed(period)
+    closes = wh.closes()
+    closed = period.text in closes
     statement = wh.statements(period, closed=closed).get(team)
     figures = statement_figures(statement)
-    jobs = wh.team_jobs(period, team, closed=closed)
+    usage = wh.team_usage(period, team, closed=closed)
     page = Page(f"{team}: {period.text}")
-    status = statements.status(wh.client, period.text, team, figures["charge"], credits)
+    status = statements.status(wh.client, period.text, team, figures["charge"], credits, closes=closes)
     for table in status.tables:
         page.add(table)
     links = {"project": "_project_url", "job_id": "_job_url"}
     page.add(Table("projects", "Projects behind the line", PROJECT_COLUMNS,
-                   _with_links(m.lines_by(jobs, "project", figures["charge"]), period, team), links=links))  # fmt: skip
-    page.add(Table("users", "Users behind the line", USER_COLUMNS, m.lines_by(jobs, "user", figures["charge"])))
-    page.add(Table("clusters", "Clusters behind the line", CLUSTER_COLUMNS, _cluster_lines(jobs, figures),
+                   _with_links(m.grouped_lines(usage.by["project"], "project", figures["charge"]), period, team),
+                   links=links))  # fmt: skip
+    page.add(Table("users", "Users behind the line", USER_COLUMNS,
+                   m.grouped_lines(usage.by["user"], "user", figures["charge"])))  # fmt: skip
+    page.add(Table("clusters", "Clusters behind the line", CLUSTER_COLUMNS, _cluster_lines(usage, figures),
                    note="Each cluster's share of the statement (the charge split to the cent, as for projects), "
                         "then the statement line itself: the total across clusters."))  # fmt: skip
     page.add(Table("idle_jobs", "Jobs with the most idle cost", JOB_COLUMNS,
-                   _with_links(m.most_idle_cost(jobs), period, team), links=links,
+                   _with_links(m.most_idle_cost(usage.most_idle), period, team), links=links,
                    note="Idle: held, with telemetry, and neither active nor starved."))  # fmt: skip
     alerts = wh.team_alerts(team, now_ms - WARNINGS_LOOKBACK_MS)
     states = wh.job_states(sorted({(a.cluster, a.job_id) for a in alerts}))
@@ -111,13 +114,13 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
                    note="Warnings of the last 14 days whose job still holds its devices and was neither resolved "
                         "nor reclaimed."))  # fmt: skip
     days = m.daily_series(wh.daily(period, team), period.start, period.days)
-    sums = m.total(jobs)
+    sums = usage.total
     quality = m.quality(sums, wh.dark_by_node(period, team), wh.project_sources(period, team),
                         wh.latest_minute_ms(period.start - dt.timedelta(days=31)), now_ms, sums.unpriced_s)  # fmt: skip
     page.add(Table("dark_nodes", "Where telemetry was missing", (
         Column("node", "node"), Column("dark_gpu_h", "dark GPU-h", "gpu_h"), Column("share_pct", "share %", "pct"),
     ), quality.dark_nodes))  # fmt: skip
-    quota_rows = _quota(quota, team, period, jobs)
+    quota_rows = _quota(quota, team, period, usage.onprem_s)
     if quota_rows:
         page.add(Table("quota", "Quota and its use (owned hardware)", QUOTA_COLUMNS, quota_rows))
     page.context.update(
@@ -128,8 +131,8 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     return page
 
 
-def _cluster_lines(jobs: list[Any], figures: Mapping[str, Any]) -> list[dict[str, Any]]:
-    lines = m.lines_by(jobs, "cluster", figures["charge"])
+def _cluster_lines(usage: m.TeamUsage, figures: Mapping[str, Any]) -> list[dict[str, Any]]:
+    lines = m.grouped_lines(usage.by["cluster"], "cluster", figures["charge"])
     if not lines:
         return []
     share = Decimal(100) if figures["allocated_gpu_h"] else None
@@ -143,16 +146,13 @@ QUOTA_COLUMNS = (
 
 
 def _quota(quota: Mapping[str, Mapping[str, int]] | None, team: str, period: Period,
-           jobs: list[m.JobUsage]) -> list[dict[str, Any]]:  # fmt: skip
+           onprem_s: Mapping[str, int]) -> list[dict[str, Any]]:  # fmt: skip
+    """`onprem_s`: the team's on-prem allocated seconds per generation (what quota counts)."""
     if quota is None:
         return []
     from sinks.chargeback import quota_lines
-    from sinks.ratecard import ONPREM
 
-    allocated: dict[tuple[str, str], int] = {}
-    for job in jobs:
-        if job.pricing_tier == ONPREM:
-            allocated[(team, job.generation)] = allocated.get((team, job.generation), 0) + job.allocated_s
+    allocated = {(team, generation): seconds for generation, seconds in onprem_s.items()}
     lines = quota_lines({team: quota.get(team, {})}, period.text, allocated)
     return [{"generation": q.generation, "allocated_gpu_h": q.allocated_gpu_h, "quota_gpu_h": q.quota_gpu_h,
              "quota_used_pct": q.quota_used_pct} for q in lines]  # fmt: skip

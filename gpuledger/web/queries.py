@@ -11,9 +11,10 @@ from decimal import Decimal
 from typing import Any
 
 from gpuledger.web.fleet import FleetDay, FleetUsage, QueueWait
-from gpuledger.web.model import AlertRow, Day, JobUsage
+from gpuledger.web.model import AlertRow, Day, JobUsage, Sums, TeamUsage
 from gpuledger.web.params import Period
 from sinks.chargeback import LINE_COLUMNS
+from sinks.ratecard import ONPREM
 
 STATEMENT_COLUMNS = (*LINE_COLUMNS, "allocated_seconds", "dark_seconds")
 
@@ -35,6 +36,37 @@ _JOB_GROUP = " GROUP BY cluster, job_id, project, generation, pricing_tier, pree
 _BY_TEAM = "team = {team:String}"
 _BY_TEAM_PROJECT = "team = {team:String} AND project = {project:String}"
 _BY_JOB = "cluster = {cluster:String} AND job_id = {job:String}"
+
+
+# A team's month grouped in one read (team_usage): the lines per project, user and cluster, the seconds per
+# generation and tier (quota use) and the total; `grouping()` says which set a row is (a bit set for each column
+# not in it, the SQL standard's order: project, user, cluster, generation, pricing_tier).
+_GROUPED = (
+    "SELECT grouping(project, user, cluster, generation, pricing_tier), project, user, cluster, generation, "
+    "pricing_tier, uniqExact(cluster, job_id), sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), "
+    "sum(dark_s), sum(charge_num), sum({idle}), sum(unpriced_s) FROM {source} "
+    "GROUP BY GROUPING SETS ((project), (user), (cluster), (generation, pricing_tier), ())"
+)
+_GROUPING_SETS = {0b01111: "project", 0b10111: "user", 0b11011: "cluster", 0b11100: "generation", 0b11111: ""}
+# The jobs with the most idle cost, one row per job (its price segments summed).
+_MOST_IDLE = (
+    "SELECT cluster, job_id, any(user), any(team), any(project), any(original_project), any(correction_id), "
+    "any(generation), any(pricing_tier), any(preemptible), sum(allocated_s), sum(active_s), sum(starved_s), "
+    "sum(idle_s), sum(dark_s), sum(charge_num), sum({idle}) AS idle_num, sum(unpriced_s), {days} FROM {source} "
+    "GROUP BY cluster, job_id HAVING idle_num > 0 ORDER BY idle_num DESC, cluster, job_id LIMIT {{limit:UInt32}}"
+)
+# The team's rows of the month: the ledger now, or a closed month's frozen usage lines (idle at the frozen rate).
+_TEAM_OPEN = {"source": "v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} AND team = {team:String}",
+              "idle": "idle_charge_num", "days": "min(day), max(day)"}  # fmt: skip
+_TEAM_CLOSED = {
+    "source": "v_statement_lines WHERE period = {period:String} AND kind = 'usage' AND team = {team:String}",
+    "idle": "toInt128(idle_s) * rate_micro_per_gpu_hour", "days": "NULL, NULL",
+}  # fmt: skip
+
+
+def _sums(row: tuple[Any, ...]) -> Sums:
+    jobs, alloc, act, starv, idle, dark, num, idle_num, unpriced = (int(v) for v in row)
+    return Sums(alloc, act, starv, idle, dark, num, idle_num, unpriced, counted_jobs=jobs)
 
 
 def _job_usage(row: tuple[Any, ...]) -> JobUsage:
@@ -71,6 +103,13 @@ class Warehouse:
         rows = self._rows("SELECT count() FROM v_period_closes WHERE period = {period:String}", period=period.text)
         return bool(rows and rows[0][0])
 
+    def closes(self) -> dict[str, Any]:
+        """Every closed month's close (`sinks.statement_store.PeriodClose` by period): the pages that need both
+        whether the month is closed and the statement's status read `v_period_closes` once."""
+        from sinks.statement_store import StatementStore
+
+        return dict(StatementStore(self.client).closes())
+
     def statements(self, period: Period, *, closed: bool = False) -> dict[str, Statement]:
         """Every team's statement line for the month, as `report chargeback --by team` prints it: the ledger now
         (`v_chargeback_month`), or a closed month's frozen lines (`v_statement_month`)."""
@@ -97,6 +136,26 @@ class Warehouse:
         rows = self._rows(head + scope + _JOB_GROUP, start=period.start, end=period.end, team=team,
                           project=project or "", period=period.text)  # fmt: skip
         return [_job_usage(r) for r in rows]
+
+    def team_usage(self, period: Period, team: str, *, closed: bool = False, most_idle: int = 10) -> TeamUsage:
+        """The team's month grouped by the warehouse (what the team page shows of it), from the same rows as
+        `team_jobs`: two reads, whatever the number of jobs."""
+        parts = _TEAM_CLOSED if closed else _TEAM_OPEN
+        values = {"start": period.start, "end": period.end, "team": team, "period": period.text}
+        by: dict[str, dict[str, Sums]] = {"project": {}, "user": {}, "cluster": {}}
+        onprem: dict[str, int] = {}
+        total = Sums(counted_jobs=0)
+        for mask, project, user, cluster, generation, tier, *sums in self._rows(_GROUPED.format(**parts), **values):
+            kind = _GROUPING_SETS[int(mask)]
+            if kind == "generation":
+                if tier == ONPREM:
+                    onprem[str(generation)] = int(sums[1])
+            elif kind:
+                by[kind][str({"project": project, "user": user, "cluster": cluster}[kind])] = _sums(tuple(sums))
+            elif sums[0]:
+                total = _sums(tuple(sums))
+        top = self._rows(_MOST_IDLE.format(**parts), limit=most_idle, **values)
+        return TeamUsage(by, onprem, total, [_job_usage(r) for r in top])
 
     def job_usage(self, period: Period, cluster: str, job_id: str) -> list[JobUsage]:
         rows = self._rows(_JOB_USAGE + _BY_JOB + _JOB_GROUP, start=period.start, end=period.end, cluster=cluster,

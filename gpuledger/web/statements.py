@@ -12,7 +12,7 @@ close` reads (wired in gpuledger/web/cli.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -58,13 +58,15 @@ def _rows(lines: Iterable[Any], team: str) -> list[dict[str, Any]]:
 
 
 def status(client: Any, period: str, team: str, usage_charge: Decimal,
-           credits: Callable[[Any], list[Any]] = lambda _client: []) -> StatementStatus:  # fmt: skip
+           credits: Callable[[Any], list[Any]] = lambda _client: [], *,
+           closes: Mapping[str, Any] | None = None) -> StatementStatus:  # fmt: skip
     """The statement status of `team` in `period`, read through the analyst's `client`; `credits(client)` lists
-    the credits and reservation charges (`sinks.statements.Charge`) a close would route."""
+    the credits and reservation charges (`sinks.statements.Charge`) a close would route; `closes`, the months'
+    closes when the caller has read them already (`StatementStore.closes`)."""
     from sinks.statement_store import StatementStore, adjustments_since, prepare
 
     store = StatementStore(client)
-    closes = store.closes()
+    closes = store.closes() if closes is None else closes
     close = closes.get(period)
     if close is None:
         charges = credits(client)

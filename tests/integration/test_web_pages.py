@@ -107,6 +107,37 @@ def test_projects_and_users_add_up_to_the_statement(web_app: Any, web_ledger: An
             assert row["allocated_gpu_h"] == str(gpu_h(truth[row["project"]]["allocated_s"]))
 
 
+def test_the_team_month_grouped_in_sql_equals_the_lines_built_from_its_jobs(web_ledger: Any) -> None:
+    """The team page groups the month in ClickHouse (`team_usage`); its lines, total, quota seconds and
+    costliest idle jobs are what the same rows give one job at a time (`team_jobs`, the project page's read)."""
+    from gpuledger.web import model as m
+    from gpuledger.web import params
+    from gpuledger.web.queries import Warehouse
+    from sinks.db import connect
+
+    ch, _ = web_ledger
+    wh = Warehouse(connect(ch, analyst=True))
+    period = params.period(PERIOD, END_MS)
+    statements = wh.statements(period)
+    assert len(statements) > 1
+    for team, statement in statements.items():
+        jobs = wh.team_jobs(period, team)
+        usage = wh.team_usage(period, team)
+        charge = statement.figures["charge"]
+        for key in ("project", "user", "cluster"):
+            assert m.grouped_lines(usage.by[key], key, charge) == m.lines_by(jobs, key, charge), (team, key)
+        whole = m.total(jobs)
+        assert usage.total.figures() == whole.figures() and usage.total.unpriced_s == whole.unpriced_s, team
+        assert usage.total.job_count == len({j.key for j in jobs}) > 0, team
+        onprem: dict[str, int] = defaultdict(int)
+        for job in jobs:
+            if job.pricing_tier == "on-prem":
+                onprem[job.generation] += job.allocated_s
+        assert usage.onprem_s == onprem, team
+        assert m.most_idle_cost(usage.most_idle) == m.most_idle_cost(jobs), team
+        assert len(usage.most_idle) == min(10, sum(1 for j in m.merge_segments(jobs) if j.idle_charge_num > 0))
+
+
 def test_drill_down_project_to_job_to_device_minutes_matches_the_expected_ledger(web_app: Any) -> None:
     ledger = expected_ledger(SIM)
     job = max((j for j in ledger.values() if j.team == "vision"), key=lambda j: j.idle_s)
