@@ -223,6 +223,7 @@ class TeamUsage:
     onprem_s: Mapping[str, int]  # generation -> on-prem allocated seconds
     total: Sums
     most_idle: list[JobUsage]  # one row per job (segments merged), the most idle cost first
+    days: list[Day] | None = None  # the open ledger's days with usage (the chart); None: read them apart
 
 
 # -- the daily chart ------------------------------------------------------------------------------

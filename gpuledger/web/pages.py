@@ -113,7 +113,7 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
                    _with_links(m.open_warnings(alerts, states, now_ms), period, team), links=links,
                    note="Warnings of the last 14 days whose job still holds its devices and was neither resolved "
                         "nor reclaimed."))  # fmt: skip
-    days = m.daily_series(wh.daily(period, team), period.start, period.days)
+    days = m.daily_series(wh.daily(period, team) if usage.days is None else usage.days, period.start, period.days)
     sums = usage.total
     quality = m.quality(sums, wh.dark_by_node(period, team), wh.project_sources(period, team),
                         wh.latest_minute_ms(period.start - dt.timedelta(days=31)), now_ms, sums.unpriced_s)  # fmt: skip

@@ -39,15 +39,25 @@ _BY_JOB = "cluster = {cluster:String} AND job_id = {job:String}"
 
 
 # A team's month grouped in one read (team_usage): the lines per project, user and cluster, the seconds per
-# generation and tier (quota use) and the total; `grouping()` says which set a row is (a bit set for each column
-# not in it, the SQL standard's order: project, user, cluster, generation, pricing_tier).
+# generation and tier (quota use), per day of the open ledger (the chart), and the total; `grouping()` says which
+# set a row is (a bit set for each column not in it, the SQL standard's).
 _GROUPED = (
-    "SELECT grouping(project, user, cluster, generation, pricing_tier), project, user, cluster, generation, "
-    "pricing_tier, uniqExact(cluster, job_id), sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), "
-    "sum(dark_s), sum(charge_num), sum({idle}), sum(unpriced_s) FROM {source} "
-    "GROUP BY GROUPING SETS ((project), (user), (cluster), (generation, pricing_tier), ())"
+    "SELECT grouping(project, user, cluster, generation, pricing_tier, d), project, user, cluster, generation, "
+    "pricing_tier, d, uniqExact(cluster, job_id), sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), "
+    "sum(dark_s), sum(charge_num), sum({idle}), sum(unpriced_s) FROM (SELECT *, {day} AS d FROM {source}) "
+    "GROUP BY GROUPING SETS ((project), (user), (cluster), (generation, pricing_tier), (d), ())"
 )
-_GROUPING_SETS = {0b01111: "project", 0b10111: "user", 0b11011: "cluster", 0b11100: "generation", 0b11111: ""}
+_GROUPED_COLUMNS = ("project", "user", "cluster", "generation", "pricing_tier", "d")
+
+
+def _grouping(*in_set: str) -> int:
+    return sum(1 << (len(_GROUPED_COLUMNS) - 1 - i) for i, c in enumerate(_GROUPED_COLUMNS) if c not in in_set)
+
+
+_GROUPING_SETS = {
+    _grouping("project"): "project", _grouping("user"): "user", _grouping("cluster"): "cluster",
+    _grouping("generation", "pricing_tier"): "generation", _grouping("d"): "day", _grouping(): "",
+}  # fmt: skip
 # The jobs with the most idle cost, one row per job (its price segments summed).
 _MOST_IDLE = (
     "SELECT cluster, job_id, any(user), any(team), any(project), any(original_project), any(correction_id), "
@@ -57,10 +67,10 @@ _MOST_IDLE = (
 )
 # The team's rows of the month: the ledger now, or a closed month's frozen usage lines (idle at the frozen rate).
 _TEAM_OPEN = {"source": "v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} AND team = {team:String}",
-              "idle": "idle_charge_num", "days": "min(day), max(day)"}  # fmt: skip
+              "idle": "idle_charge_num", "days": "min(day), max(day)", "day": "day"}  # fmt: skip
 _TEAM_CLOSED = {
     "source": "v_statement_lines WHERE period = {period:String} AND kind = 'usage' AND team = {team:String}",
-    "idle": "toInt128(idle_s) * rate_micro_per_gpu_hour", "days": "NULL, NULL",
+    "idle": "toInt128(idle_s) * rate_micro_per_gpu_hour", "days": "NULL, NULL", "day": "toDate(0)",
 }  # fmt: skip
 
 
@@ -139,23 +149,31 @@ class Warehouse:
 
     def team_usage(self, period: Period, team: str, *, closed: bool = False, most_idle: int = 10) -> TeamUsage:
         """The team's month grouped by the warehouse (what the team page shows of it), from the same rows as
-        `team_jobs`: two reads, whatever the number of jobs."""
+        `team_jobs`: two reads, whatever the number of jobs. The days (`daily`'s rows) of the open ledger only: a
+        closed month's frozen lines have none (its one row of days is ignored), so its page reads them apart
+        (`days` is None)."""
         parts = _TEAM_CLOSED if closed else _TEAM_OPEN
         values = {"start": period.start, "end": period.end, "team": team, "period": period.text}
         by: dict[str, dict[str, Sums]] = {"project": {}, "user": {}, "cluster": {}}
         onprem: dict[str, int] = {}
+        days: list[Day] | None = None if closed else []
         total = Sums(counted_jobs=0)
-        for mask, project, user, cluster, generation, tier, *sums in self._rows(_GROUPED.format(**parts), **values):
+        rows = self._rows(_GROUPED.format(**parts), **values)
+        for mask, project, user, cluster, generation, tier, day, *sums in rows:
             kind = _GROUPING_SETS[int(mask)]
             if kind == "generation":
                 if tier == ONPREM:
                     onprem[str(generation)] = int(sums[1])
+            elif kind == "day":
+                if days is not None:
+                    days.append(Day(day, int(sums[2]), int(sums[3]), int(sums[4]), int(sums[5])))
             elif kind:
                 by[kind][str({"project": project, "user": user, "cluster": cluster}[kind])] = _sums(tuple(sums))
             elif sums[0]:
                 total = _sums(tuple(sums))
         top = self._rows(_MOST_IDLE.format(**parts), limit=most_idle, **values)
-        return TeamUsage(by, onprem, total, [_job_usage(r) for r in top])
+        return TeamUsage(by, onprem, total, [_job_usage(r) for r in top], sorted(days, key=lambda d: d.day)
+                         if days is not None else None)  # fmt: skip
 
     def job_usage(self, period: Period, cluster: str, job_id: str) -> list[JobUsage]:
         rows = self._rows(_JOB_USAGE + _BY_JOB + _JOB_GROUP, start=period.start, end=period.end, cluster=cluster,

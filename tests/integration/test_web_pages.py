@@ -136,6 +136,7 @@ def test_the_team_month_grouped_in_sql_equals_the_lines_built_from_its_jobs(web_
         assert usage.onprem_s == onprem, team
         assert m.most_idle_cost(usage.most_idle) == m.most_idle_cost(jobs), team
         assert len(usage.most_idle) == min(10, sum(1 for j in m.merge_segments(jobs) if j.idle_charge_num > 0))
+        assert usage.days == wh.daily(period, team) and usage.days, team
 
 
 def test_drill_down_project_to_job_to_device_minutes_matches_the_expected_ledger(web_app: Any) -> None:
