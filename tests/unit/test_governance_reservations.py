@@ -262,3 +262,35 @@ def test_the_service_takes_its_engines_from_the_command_line_else_the_settings(t
     assert not component.enabled(bare) and not component.enabled(configured)
     assert component.enabled(configured.model_copy(update={"policy_path": tmp_path / "policy.yaml"}))
     assert not component.enabled(bare.model_copy(update={"policy_path": tmp_path / "policy.yaml"}))
+
+
+def test_the_demo_policy_approves_a_reservation_within_quota_and_refuses_one_over() -> None:
+    """deploy/policy.sim.yaml (what `make up` runs with): each team reserves up to its quota of every generation
+    the simulated fleet has, approved at once up to 48 h, longer by ops00; one GPU more is a one-line refusal."""
+    from pathlib import Path
+
+    from producers.simulator.org import OPERATOR, sim_fleet_gpus
+    from schemas.policy import load_policy
+
+    demo = load_policy(Path(__file__).resolve().parents[2] / "deploy" / "policy.sim.yaml")
+    fleet = sim_fleet_gpus()
+    assert {g: s.fleet_gpus for g, s in demo.generations.items()} == fleet
+    for team in demo.teams:
+        assert set(team.quota) == set(fleet) and all(team.quota[g] >= 1 for g in fleet)
+        member = team.members[0]
+        for gen, quota in team.quota.items():
+            kw: dict[str, Any] = dict(cluster="sim-k8s", team=team.name, generation=gen, nodes=[], start_ms=T0,
+                                      reason="demo", requester=member, now_ms=T0)
+            requested, approved = request_events({}, demo, gpus=quota, end_ms=T0 + 4 * HOUR_MS, **kw)
+            assert approved["actor"] == SERVICE_ACTOR
+            held = fold([requested, approved], demo)[0][requested["reservation_id"]]
+            assert (held.state, held.gpus) == ("APPROVED", quota)
+            with pytest.raises(ConfigError) as info:
+                request_events({}, demo, gpus=quota + 1, end_ms=T0 + 4 * HOUR_MS, **kw)
+            assert str(info.value) == (f"{team.name} may reserve 1..{quota} {gen} GPUs (quota + borrowing, policy), "
+                                       f"not {quota + 1}")
+    # Within quota but longer than two days: it waits for the operator, who may approve it.
+    (long,) = request_events({}, demo, cluster="sim", team="nlp", generation="hopper", gpus=2, nodes=[], start_ms=T0,
+                             end_ms=T0 + 72 * HOUR_MS, reason="demo", requester="nlp01", now_ms=T0)
+    ok = approve_event(fold([long], demo)[0], demo, long["reservation_id"], OPERATOR, T0 + 1)
+    assert fold([long, ok], demo)[0][long["reservation_id"]].approved_by == OPERATOR

@@ -54,9 +54,14 @@ def undeclared(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
 
 
 OBJECTS = pk.render_objects(POLICY)
+# The demo's policy (producers/simulator/org.py writes it) renders too: a ClusterQueue per team with its quota.
+SIM_OBJECTS = pk.render_objects(load_policy(ROOT / "deploy" / "policy.sim.yaml"))
 
 
-@pytest.mark.parametrize("obj", OBJECTS, ids=lambda o: f"{o['kind']}-{o['metadata']['name']}")
+@pytest.mark.parametrize("obj", [
+    *(pytest.param(o, id=f"{o['kind']}-{o['metadata']['name']}") for o in OBJECTS),
+    *(pytest.param(o, id=f"sim-{o['kind']}-{o['metadata']['name']}") for o in SIM_OBJECTS),
+])  # fmt: skip
 def test_every_object_validates_against_its_crd(obj: dict[str, Any]) -> None:
     schema = served_schema(obj)
     jsonschema.Draft7Validator.check_schema(schema)

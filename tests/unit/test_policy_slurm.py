@@ -36,6 +36,19 @@ def test_desired_state_of_the_example() -> None:
     assert state.associations[("vision", "")].fairshare == 2
 
 
+def test_desired_state_of_the_demo_policy() -> None:
+    """deploy/policy.sim.yaml: an account per simulated team holding its quota of every generation (no borrowing)."""
+    demo = load_policy(ROOT / "deploy" / "policy.sim.yaml")
+    state = ps.desired_state(demo)
+    gres = {g: spec.slurm_gres for g, spec in demo.generations.items()}
+    for team in demo.teams:
+        assoc = state.associations[(team.name, "")]
+        assert dict(assoc.grp_tres) == {f"gres/gpu:{gres[g]}": n for g, n in team.quota.items()}
+        assert assoc.default_qos == "standard"
+    assert dict(state.associations[("vision", "")].grp_tres) == {
+        "gres/gpu:h100": 4, "gres/gpu:a100": 3, "gres/gpu:l40s": 3, "gres/gpu:v100": 4}
+
+
 def test_the_script_is_sacctmgr_commands_preempted_qos_first() -> None:
     script = ps.render_script(ps.desired_state(POLICY)).splitlines()
     assert script[0] == "#!/bin/sh"

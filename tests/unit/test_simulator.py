@@ -350,3 +350,23 @@ def test_a_flush_waits_out_a_broker_away_and_a_refusal_is_an_error() -> None:
     outcomes[:] = [ServiceError("1 records failed delivery, first: MSG_SIZE_TOO_LARGE")]
     with pytest.raises(ServiceError, match="failed delivery"):
         WithinGrace(Pub()).flush()
+
+
+def test_the_demo_policy_fleet_is_the_simulated_fleet() -> None:
+    """producers/simulator/org.py sizes deploy/policy.sim.yaml's quota from the whole GPUs the demo's plans hold
+    (MIG slices left out), for the config `gpuledger simulate run` runs by default."""
+    import dataclasses
+    import inspect
+    from collections import Counter
+
+    from producers.simulator.kube import cluster_plan, clusters
+    from producers.simulator.org import DEMO_CONFIG, sim_fleet_gpus
+    from producers.telemetry_cli import simulate_run
+
+    options = inspect.signature(simulate_run).parameters
+    assert (DEMO_CONFIG.seed, DEMO_CONFIG.nodes, DEMO_CONFIG.kube_nodes) == tuple(
+        options[name].default.default for name in ("seed", "nodes", "kube_nodes"))
+    whole: Counter[str] = Counter()
+    for c in clusters(dataclasses.replace(DEMO_CONFIG, duration_s=600)):
+        whole.update(d.generation for d in cluster_plan(c).devices.values() if d.mig_instance_id is None)
+    assert sim_fleet_gpus() == dict(whole) == {"hopper": 24, "ampere": 16, "ada": 16, "volta": 24}
