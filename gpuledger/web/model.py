@@ -217,7 +217,7 @@ def most_idle_cost(jobs: Iterable[JobUsage], limit: int = 10) -> list[dict[str, 
 @dataclass(frozen=True, slots=True)
 class TeamUsage:
     """A team's month grouped where it is stored (one query, not one row per job): the sums per project, user and
-    cluster, the on-prem seconds per generation (quota use), the total, and the jobs with the most idle cost."""
+    cluster, the on-prem seconds per generation (quota use), the total, the days, the jobs with the most idle cost."""
 
     by: Mapping[str, Mapping[str, Sums]]  # "project" | "user" | "cluster" -> line -> sums
     onprem_s: Mapping[str, int]  # generation -> on-prem allocated seconds

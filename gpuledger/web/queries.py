@@ -39,15 +39,20 @@ _BY_JOB = "cluster = {cluster:String} AND job_id = {job:String}"
 
 
 # A team's month grouped in one read (team_usage): the lines per project, user and cluster, the seconds per
-# generation and tier (quota use), per day of the open ledger (the chart), and the total; `grouping()` says which
-# set a row is (a bit set for each column not in it, the SQL standard's).
+# generation and tier (quota use), per day of the open ledger (the chart), per job (only the `limit` with the most
+# idle cost are kept, ranked on the server) and the total; `grouping()` says which set a row is (a bit set for each
+# column not in it, the SQL standard's). A job's other columns are any of its rows', as `merge_segments` keeps.
 _GROUPED = (
-    "SELECT grouping(project, user, cluster, generation, pricing_tier, d), project, user, cluster, generation, "
-    "pricing_tier, d, uniqExact(cluster, job_id), sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), "
-    "sum(dark_s), sum(charge_num), sum({idle}), sum(unpriced_s) FROM (SELECT *, {day} AS d FROM {source}) "
-    "GROUP BY GROUPING SETS ((project), (user), (cluster), (generation, pricing_tier), (d), ())"
+    "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY g ORDER BY idle_num DESC, cluster, job_id) AS rank "
+    "FROM (SELECT grouping(project, user, cluster, generation, pricing_tier, d, job_id) AS g, project, user, "
+    "cluster, generation, pricing_tier, d, job_id, uniqExact(cluster, job_id), sum(allocated_s), sum(active_s), "
+    "sum(starved_s), sum(idle_s), sum(dark_s), sum(charge_num), sum({idle}) AS idle_num, sum(unpriced_s), "
+    "any(user), any(team), any(project), any(original_project), any(correction_id), any(generation), "
+    "any(pricing_tier), any(preemptible), {days} FROM (SELECT *, {day} AS d FROM {source}) "
+    "GROUP BY GROUPING SETS ((project), (user), (cluster), (generation, pricing_tier), (d), (cluster, job_id), ()))) "
+    "WHERE g != {{jobs:UInt8}} OR (idle_num > 0 AND rank <= {{limit:UInt32}})"
 )
-_GROUPED_COLUMNS = ("project", "user", "cluster", "generation", "pricing_tier", "d")
+_GROUPED_COLUMNS = ("project", "user", "cluster", "generation", "pricing_tier", "d", "job_id")
 
 
 def _grouping(*in_set: str) -> int:
@@ -56,15 +61,10 @@ def _grouping(*in_set: str) -> int:
 
 _GROUPING_SETS = {
     _grouping("project"): "project", _grouping("user"): "user", _grouping("cluster"): "cluster",
-    _grouping("generation", "pricing_tier"): "generation", _grouping("d"): "day", _grouping(): "",
+    _grouping("generation", "pricing_tier"): "generation", _grouping("d"): "day",
+    _grouping("cluster", "job_id"): "job", _grouping(): "",
 }  # fmt: skip
-# The jobs with the most idle cost, one row per job (its price segments summed).
-_MOST_IDLE = (
-    "SELECT cluster, job_id, any(user), any(team), any(project), any(original_project), any(correction_id), "
-    "any(generation), any(pricing_tier), any(preemptible), sum(allocated_s), sum(active_s), sum(starved_s), "
-    "sum(idle_s), sum(dark_s), sum(charge_num), sum({idle}) AS idle_num, sum(unpriced_s), {days} FROM {source} "
-    "GROUP BY cluster, job_id HAVING idle_num > 0 ORDER BY idle_num DESC, cluster, job_id LIMIT {{limit:UInt32}}"
-)
+_JOB_SET = _grouping("cluster", "job_id")
 # The team's rows of the month: the ledger now, or a closed month's frozen usage lines (idle at the frozen rate).
 _TEAM_OPEN = {"source": "v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} AND team = {team:String}",
               "idle": "idle_charge_num", "days": "min(day), max(day)", "day": "day"}  # fmt: skip
@@ -149,7 +149,7 @@ class Warehouse:
 
     def team_usage(self, period: Period, team: str, *, closed: bool = False, most_idle: int = 10) -> TeamUsage:
         """The team's month grouped by the warehouse (what the team page shows of it), from the same rows as
-        `team_jobs`: two reads, whatever the number of jobs. The days (`daily`'s rows) of the open ledger only: a
+        `team_jobs`: one read, whatever the number of jobs. The days (`daily`'s rows) of the open ledger only: a
         closed month's frozen lines have none (its one row of days is ignored), so its page reads them apart
         (`days` is None)."""
         parts = _TEAM_CLOSED if closed else _TEAM_OPEN
@@ -158,8 +158,9 @@ class Warehouse:
         onprem: dict[str, int] = {}
         days: list[Day] | None = None if closed else []
         total = Sums(counted_jobs=0)
-        rows = self._rows(_GROUPED.format(**parts), **values)
-        for mask, project, user, cluster, generation, tier, day, *sums in rows:
+        rows = self._rows(_GROUPED.format(**parts), jobs=_JOB_SET, limit=most_idle, **values)
+        top: list[tuple[int, JobUsage]] = []
+        for mask, project, user, cluster, generation, tier, day, job_id, *sums in rows:
             kind = _GROUPING_SETS[int(mask)]
             if kind == "generation":
                 if tier == ONPREM:
@@ -167,13 +168,14 @@ class Warehouse:
             elif kind == "day":
                 if days is not None:
                     days.append(Day(day, int(sums[2]), int(sums[3]), int(sums[4]), int(sums[5])))
+            elif kind == "job":
+                top.append((int(sums[-1]), _job_usage((cluster, job_id, *sums[9:17], *sums[1:9], *sums[17:19]))))
             elif kind:
-                by[kind][str({"project": project, "user": user, "cluster": cluster}[kind])] = _sums(tuple(sums))
+                by[kind][str({"project": project, "user": user, "cluster": cluster}[kind])] = _sums(tuple(sums[:9]))
             elif sums[0]:
-                total = _sums(tuple(sums))
-        top = self._rows(_MOST_IDLE.format(**parts), limit=most_idle, **values)
-        return TeamUsage(by, onprem, total, [_job_usage(r) for r in top], sorted(days, key=lambda d: d.day)
-                         if days is not None else None)  # fmt: skip
+                total = _sums(tuple(sums[:9]))
+        return TeamUsage(by, onprem, total, [job for _, job in sorted(top, key=lambda t: t[0])],
+                         sorted(days, key=lambda d: d.day) if days is not None else None)  # fmt: skip
 
     def job_usage(self, period: Period, cluster: str, job_id: str) -> list[JobUsage]:
         rows = self._rows(_JOB_USAGE + _BY_JOB + _JOB_GROUP, start=period.start, end=period.end, cluster=cluster,
