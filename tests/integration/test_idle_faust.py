@@ -255,7 +255,17 @@ def test_faust_job_stage_matches_the_runtime_and_survives_kill_9(kafka_bootstrap
             rows = decode_all(read_all(kafka_bootstrap, fst + JOB_MINUTES.name), JOB_MINUTES.subject)
             return len({(r["job_id"], r["minute_start_ms"]) for _, r in rows}) >= n_jm
 
-        until(complete, "every job-minute", 300, log, step_s=1.0)
+        try:
+            until(complete, "every job-minute", 300, log, step_s=1.0)
+        except pytest.fail.Exception as exc:  # say which job-minutes never came, by job: the next lead
+            out = decode_all(read_all(kafka_bootstrap, fst + JOB_MINUTES.name), JOB_MINUTES.subject)
+            have = {(r["cluster"], r["job_id"], r["minute_start_ms"]) for _, r in out}
+            by_job: dict[str, list[int]] = {}
+            for cluster, job, minute in sorted(set(want[JOB_MINUTES.name]) - have):
+                by_job.setdefault(f"{cluster}/{job}", []).append(minute)
+            lines = [f"{job}: {len(ms)} minute(s) from {ms[0]}" for job, ms in sorted(by_job.items())]
+            pytest.fail(f"job-minutes never emitted, {len(lines)} job(s): {lines[:20]}; outputs at each kill "
+                        f"{at_kill}\n{exc}")
         time.sleep(3)  # anything still in flight (a duplicate must dedupe, not differ)
     finally:
         stop(proc)
