@@ -243,7 +243,8 @@ def test_pipeline_runs_through_sasl_ssl(secure_broker: SecureBroker, clickhouse_
         return {**env, **security.component_env(Settings(broker=BrokerSettings(security="sasl_ssl")), component)}
 
     for component, args in (("admin", ("topics", "apply")),
-                            ("producers", ("simulate", "run", "--fast", "--nodes", "1", "--duration", "600"))):
+                            ("producers", ("simulate", "run", "--fast", "--nodes", "1", "--duration", "600",
+                                           "--kube-nodes", "0"))):  # the Slurm-like cluster only
         proc = _cli(as_(component), *args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = _cli(as_("processors"), "processors", "run", "--instance", "sec", "--exit-when-idle", "3")
