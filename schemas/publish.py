@@ -4,14 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from base.errors import ContractError, NotDelivered, ServiceError
-from base.kafka import new_producer
+from base.kafka import is_fatal, new_producer
 from base.settings import KafkaSettings
 from schemas.codec import AvroCodec
 from schemas.records import ContractRecord
 from schemas.topics import Topic
+
+# Errors no wait cures (a login or a certificate refused, no right to the topic): records waiting behind one
+# are not "not delivered yet" but refused, so a caller that waits out a broker away stops.
+REFUSALS = frozenset(
+    {
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
 
 
 class RecordPublisher:
@@ -21,8 +33,13 @@ class RecordPublisher:
         self._kafka = kafka
         # Confluent framing when a Schema Registry is configured, single-object encoding otherwise.
         self.codec = codec or AvroCodec.from_settings(kafka)
-        self._producer = new_producer(kafka, **overrides)
+        self._producer = new_producer(kafka, error_cb=self._on_error, **overrides)
         self._errors: list[str] = []
+        self._refused: str | None = None  # why the cluster will not take records however long one waits
+
+    def _on_error(self, err: KafkaError) -> None:
+        if is_fatal(err) or err.code() in REFUSALS:
+            self._refused = str(err)
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -67,6 +84,8 @@ class RecordPublisher:
             remaining = self._producer.flush(timeout_s)
         except KafkaException as exc:
             raise ServiceError(f"Kafka flush failed: {exc}") from exc
+        if remaining and self._refused is not None:
+            raise ServiceError(f"{remaining} records not delivered: {self._refused}")
         if remaining:
             raise NotDelivered(f"{remaining} records not delivered within {timeout_s:.0f}s")
         if self._errors:
