@@ -55,8 +55,6 @@ from producers.simulator.model import (
 )
 from producers.simulator.org import sim_directory, sim_registry
 
-KUBE_SUFFIX = "-k8s"
-KUBE_NODE_PREFIX = "k8s-gpu-"
 KUBE_TIER = "on-prem"
 USER_LABEL = "gpuledger.io/user"
 PREEMPTIBLE_CLASS = "preemptible"
@@ -64,31 +62,6 @@ PREEMPTIBLE_CLASS = "preemptible"
 KUBE_GROUPS = [[0, 1, 2, 3], [4, 5], [6], [7]]
 _POD_NAME = {"training": "train", "batch": "batch", "starved": "etl", "notebook": "jupyter", "poker": "dev"}
 KUEUE_KINDS = frozenset({"training", "batch", "starved"})  # admitted by Kueue; the others are plain Pods
-
-
-def kube_config(cfg: SimConfig) -> SimConfig | None:
-    """The Kubernetes cluster run beside a Slurm-like config, or None when it has none."""
-    if cfg.scheduler != "slurm" or not cfg.kube_nodes:
-        return None
-    return replace(
-        cfg,
-        scheduler="kube",
-        cluster=cfg.cluster + KUBE_SUFFIX,
-        nodes=cfg.kube_nodes,
-        kube_nodes=0,
-        node_prefix=KUBE_NODE_PREFIX,
-        mig_nodes=1,
-        dead_exporter_nodes=0,
-        silent_devices=0,
-        training_gangs=1,
-        hpc_job_label=False,
-    )
-
-
-def clusters(cfg: SimConfig) -> tuple[SimConfig, ...]:
-    """Every cluster a config simulates: itself, then its Kubernetes cluster if it has one."""
-    kube = kube_config(cfg)
-    return (cfg,) if kube is None else (cfg, kube)
 
 
 def _as_pods(job: SimJob) -> list[SimJob]:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from base.outputs import csv_text
-from producers.simulator.kube import cluster_plan, clusters
-from producers.simulator.model import SimConfig, SimDevice, SimJob, SimPlan, plan
+from producers.simulator.kube import cluster_plan
+from producers.simulator.model import SimConfig, SimDevice, SimJob, SimPlan, clusters, plan
 from producers.simulator.telemetry import DeviceSchedule, device_schedules, truth
 
 CLASSIFIER_VERSION = "c1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cache
 
@@ -69,7 +69,7 @@ class SimConfig:
     # Kubernetes producer publishes for its pods and Kueue Workloads (producers/simulator/kube.py).
     scheduler: str = "slurm"
     # A Slurm-like config with kube_nodes > 0 also runs a Kubernetes cluster of that many nodes beside it,
-    # named `<cluster>-k8s` (kube.kube_config): one stream, one expected ledger over both clusters.
+    # named `<cluster>-k8s` (`kube_config` below): one stream, one expected ledger over both clusters.
     kube_nodes: int = 0
 
     def __post_init__(self) -> None:
@@ -434,3 +434,33 @@ def plan(cfg: SimConfig) -> SimPlan:
     if cfg.scheduler != "slurm":
         raise ConfigError("simulator: plan() plans the Slurm-like cluster; use kube.cluster_plan for any cluster")
     return build_plan(cfg)
+
+
+# The Kubernetes cluster beside a Slurm-like one (producers/simulator/kube.py simulates it).
+KUBE_SUFFIX = "-k8s"
+KUBE_NODE_PREFIX = "k8s-gpu-"
+
+
+def kube_config(cfg: SimConfig) -> SimConfig | None:
+    """The Kubernetes cluster run beside a Slurm-like config, or None when it has none."""
+    if cfg.scheduler != "slurm" or not cfg.kube_nodes:
+        return None
+    return replace(
+        cfg,
+        scheduler="kube",
+        cluster=cfg.cluster + KUBE_SUFFIX,
+        nodes=cfg.kube_nodes,
+        kube_nodes=0,
+        node_prefix=KUBE_NODE_PREFIX,
+        mig_nodes=1,
+        dead_exporter_nodes=0,
+        silent_devices=0,
+        training_gangs=1,
+        hpc_job_label=False,
+    )
+
+
+def clusters(cfg: SimConfig) -> tuple[SimConfig, ...]:
+    """Every cluster a config simulates: itself, then its Kubernetes cluster if it has one."""
+    kube = kube_config(cfg)
+    return (cfg,) if kube is None else (cfg, kube)

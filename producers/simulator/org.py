@@ -18,7 +18,7 @@ from collections import Counter
 
 from producers.identity import DirectoryEntry
 from producers.projects import Project, Registry
-from producers.simulator.model import TEAMS, SimConfig, _build_nodes, _build_people
+from producers.simulator.model import TEAMS, SimConfig, _build_nodes, _build_people, clusters
 
 OPERATOR_GROUP = "gpuledger-operators"
 FINANCE_GROUP = "gpuledger-finance"
@@ -63,7 +63,6 @@ _AUTO_APPROVE_HOURS = 48
 def sim_fleet_gpus(cfg: SimConfig = DEMO_CONFIG) -> dict[str, int]:
     """Whole GPUs per generation over every cluster `cfg` simulates (the nodes its plans build, seeded alike).
     A MIG node's GPUs are left out: its jobs hold slices, and a reservation holds whole GPUs."""
-    from producers.simulator.kube import clusters  # kube.py imports this module
 
     counts: Counter[str] = Counter()
     for c in clusters(cfg):

@@ -11,8 +11,8 @@ from typing import Any
 from producers.dcgm import Normalizer, RawSample, scrape_record
 from producers.mapping import load_mappings
 from producers.records import inventory_device, node_inventory_record
-from producers.simulator.kube import cluster_plan, clusters, kube_job_events
-from producers.simulator.model import MIG_MODEL, SimConfig, SimDevice, SimJob, SimPlan
+from producers.simulator.kube import cluster_plan, kube_job_events
+from producers.simulator.model import MIG_MODEL, SimConfig, SimDevice, SimJob, SimPlan, clusters
 from producers.simulator.telemetry import (
     ExporterProfile,
     device_labels,

@@ -359,7 +359,8 @@ def test_the_demo_policy_fleet_is_the_simulated_fleet() -> None:
     import inspect
     from collections import Counter
 
-    from producers.simulator.kube import cluster_plan, clusters
+    from producers.simulator.kube import cluster_plan
+    from producers.simulator.model import clusters
     from producers.simulator.org import DEMO_CONFIG, sim_fleet_gpus
     from producers.telemetry_cli import simulate_run
 

@@ -20,8 +20,8 @@ from producers.simulator import (
     expected_ledger,
     simulate,
 )
-from producers.simulator.kube import KUBE_TIER, cluster_plan, clusters, kube_config
-from producers.simulator.model import MIG_MODEL, MODELS, PRICING_TIERS
+from producers.simulator.kube import KUBE_TIER, cluster_plan
+from producers.simulator.model import MIG_MODEL, MODELS, PRICING_TIERS, clusters, kube_config
 from schemas.generations import generation_of
 from schemas.topics import JOB_EVENTS
 from sinks.ratecard import TIERS, load_card
