@@ -21,13 +21,15 @@ def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write
     writers = {topic: {c for c in PRINCIPALS if topic in _may(grants, c, "WRITE")} for topic in ledger | sources}
     corrections = {"attribution.corrections.v1": {"producers", "web"}}  # the team page publishes corrections
     assert writers == {**{t: {"processors"} for t in ledger}, **{t: {"producers"} for t in sources}, **corrections}
-    assert _may(grants, "web", "WRITE") == {"attribution.corrections.v1", "appeals.v1"}
-    assert _may(grants, "web", "READ") == {"appeals.v1"}  # read whole to check a new step, as the commands do
+    # the team page publishes corrections, appeals, and reservation requests and decisions
+    assert _may(grants, "web", "WRITE") == {"attribution.corrections.v1", "appeals.v1", "reservations.v1"}
+    # read whole to check a new step, as the commands do
+    assert _may(grants, "web", "READ") == {"appeals.v1", "reservations.v1"}
     governance = {"appeals.v1", "reservations.v1"}  # issue 19: people's steps, through the producers' login
     assert {t for t in governance if t in _may(grants, "producers", "WRITE") & _may(grants, "producers", "READ")} == (
         governance)
     assert not any(governance & _may(grants, c, "WRITE") for c in PRINCIPALS if c not in ("producers", "web"))
-    assert governance & _may(grants, "web", "WRITE") == {"appeals.v1"}  # the team page files and decides appeals
+    assert governance & _may(grants, "web", "WRITE") == governance  # appeals and reservations from the pages
     assert _may(grants, "sinks", "WRITE") == {f"{t}.dlq" for t in ledger | sources | governance}
     assert _may(grants, "chat", "READ") == {"alerts.v1"} and _may(grants, "reclaim", "READ") == {"actions.reclaim.v1"}
     assert _may(grants, "chat", "WRITE") == {"alerts.v1.dlq"}
