@@ -99,14 +99,94 @@ class Statement:
     dark_seconds: int
 
 
-class Warehouse:
-    """The analyst's queries; `client` is a clickhouse-connect client logged in as the analyst."""
+class _Reads:
+    """A clickhouse-connect client logged in as the analyst, and the one way the pages read through it."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
 
     def _rows(self, sql: str, **parameters: Any) -> list[tuple[Any, ...]]:
         return list(self.client.query(sql, parameters=parameters).result_rows)
+
+
+class _FleetReads(_Reads):
+    """The fleet page's reads (operators and finance)."""
+
+    def fleet_days(self, period: Period) -> list[FleetDay]:
+        """Per day of the period: the fleet's allocated seconds by class and its unallocated telemetry
+        (usage_daily), and the inventory's device-seconds with how many reported (coverage_daily)."""
+        usage = {d: (int(a), int(s), int(i), int(k), int(u)) for d, a, s, i, k, u in self._rows(
+            "SELECT day, sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), sum(unallocated_s) FROM usage_daily "
+            "WHERE day >= {start:Date} AND day < {end:Date} GROUP BY day",
+            start=period.start, end=period.end,
+        )}  # fmt: skip
+        inventory = {d: (int(e), int(r)) for d, e, r in self._rows(
+            "SELECT day, sum(expected_device_s), sum(reporting_device_s) FROM coverage_daily "
+            "WHERE day >= {start:Date} AND day < {end:Date} GROUP BY day",
+            start=period.start, end=period.end,
+        )}  # fmt: skip
+        return [FleetDay(d, *usage.get(d, (0, 0, 0, 0, 0)), *inventory.get(d, (0, 0)))
+                for d in sorted(set(usage) | set(inventory))]  # fmt: skip
+
+    def coverage_gaps(self, period: Period, limit: int = 100) -> list[tuple[str, str, int, int]]:
+        """Nodes whose inventory's devices did not all report in the period: (cluster, node, expected
+        device-seconds, reporting device-seconds), the largest gap first."""
+        return [(str(c), str(n), int(e), int(r)) for c, n, e, r in self._rows(
+            "SELECT cluster, node, sum(expected_device_s) AS e, sum(reporting_device_s) AS r FROM coverage_daily "
+            "WHERE day >= {start:Date} AND day < {end:Date} GROUP BY cluster, node HAVING r < e "
+            "ORDER BY e - r DESC, cluster, node LIMIT {limit:UInt32}",
+            start=period.start, end=period.end, limit=limit,
+        )]  # fmt: skip
+
+    def fleet_usage(self, period: Period) -> list[FleetUsage]:
+        """The fleet's priced usage per cluster, generation, tier and preemptibility (v_usage_priced)."""
+        rows = self._rows(
+            "SELECT cluster, generation, pricing_tier, preemptible, uniqExact(job_id), sum(allocated_s), "
+            "sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), sum(charge_num), sum(idle_charge_num), "
+            "sum(unpriced_s) FROM v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} "
+            "GROUP BY cluster, generation, pricing_tier, preemptible "
+            "ORDER BY cluster, generation, pricing_tier, preemptible",
+            start=period.start, end=period.end,
+        )  # fmt: skip
+        return [FleetUsage(str(c), str(g), str(t), bool(p), *(int(v) for v in rest)) for c, g, t, p, *rest in rows]
+
+    def idle_leaders(self, period: Period, limit: int = 20) -> list[JobUsage]:
+        """The fleet's jobs with the most idle cost in the period (one row per job and price)."""
+        rows = self._rows(_JOB_USAGE + "job_id != ''" + _JOB_GROUP +
+                          " ORDER BY sum(idle_charge_num) DESC, cluster, job_id LIMIT {limit:UInt32}",
+                          start=period.start, end=period.end, limit=limit)  # fmt: skip
+        return [_job_usage(r) for r in rows]
+
+    def queue_waits(self, period: Period) -> list[QueueWait]:
+        """Per generation and tier: the jobs that started in the period and how long each waited from
+        submission to start (job events with both times; generation and tier from the job's usage)."""
+        rows = self._rows(
+            "SELECT u.generation, u.pricing_tier, count(), quantileExact(0.5)(q.wait_ms), "
+            "quantileExact(0.9)(q.wait_ms), max(q.wait_ms), sum(q.wait_ms) FROM ("
+            "  SELECT cluster, job_id, greatest(0, min(start_ts_ms) - min(submit_ts_ms)) AS wait_ms FROM job_events "
+            "  WHERE submit_ts_ms IS NOT NULL AND start_ts_ms IS NOT NULL GROUP BY cluster, job_id "
+            "  HAVING min(start_ts_ms) >= {start_ms:Int64} AND min(start_ts_ms) < {end_ms:Int64}"
+            ") AS q INNER JOIN ("
+            "  SELECT cluster, job_id, any(generation) AS generation, any(pricing_tier) AS pricing_tier "
+            "  FROM usage_daily WHERE day >= {start:Date} AND day < {end:Date} AND job_id != '' "
+            "  GROUP BY cluster, job_id"
+            ") AS u ON q.cluster = u.cluster AND q.job_id = u.job_id "
+            "GROUP BY u.generation, u.pricing_tier ORDER BY u.generation, u.pricing_tier",
+            start=period.start, end=period.end, start_ms=period.start_ms(), end_ms=period.end_ms(),
+        )  # fmt: skip
+        return [QueueWait(str(g), str(t), int(n), int(p50), int(p90), int(top), int(total))
+                for g, t, n, p50, p90, top, total in rows]  # fmt: skip
+
+
+DEVICE_MINUTE_COLUMNS = (
+    "minute_start_ms", "node", "device_uuid", "mig_instance_id", "model", "generation", "allocated_s", "active_s",
+    "starved_s", "idle_s", "dark_s", "sample_count", "activity_mean_ratio", "activity_max_ratio", "fb_used_mib_max",
+    "power_w_mean", "sm_weighted_s", "mapping_version", "classifier_version",
+)  # fmt: skip
+
+
+class Warehouse(_FleetReads):
+    """The analyst's queries; `client` is a clickhouse-connect client logged in as the analyst."""
 
     def closed(self, period: Period) -> bool:
         """Whether the month is closed (issue 19): its statements are frozen, the pages show them."""
@@ -314,80 +394,6 @@ class Warehouse:
             "SELECT DISTINCT team FROM v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} "
             "AND project = {project:String}", start=period.start, end=period.end, project=project,
         )]  # fmt: skip
-
-    # -- the fleet page (operators and finance) ----------------------------------------------------
-
-    def fleet_days(self, period: Period) -> list[FleetDay]:
-        """Per day of the period: the fleet's allocated seconds by class and its unallocated telemetry
-        (usage_daily), and the inventory's device-seconds with how many reported (coverage_daily)."""
-        usage = {d: (int(a), int(s), int(i), int(k), int(u)) for d, a, s, i, k, u in self._rows(
-            "SELECT day, sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), sum(unallocated_s) FROM usage_daily "
-            "WHERE day >= {start:Date} AND day < {end:Date} GROUP BY day",
-            start=period.start, end=period.end,
-        )}  # fmt: skip
-        inventory = {d: (int(e), int(r)) for d, e, r in self._rows(
-            "SELECT day, sum(expected_device_s), sum(reporting_device_s) FROM coverage_daily "
-            "WHERE day >= {start:Date} AND day < {end:Date} GROUP BY day",
-            start=period.start, end=period.end,
-        )}  # fmt: skip
-        return [FleetDay(d, *usage.get(d, (0, 0, 0, 0, 0)), *inventory.get(d, (0, 0)))
-                for d in sorted(set(usage) | set(inventory))]  # fmt: skip
-
-    def coverage_gaps(self, period: Period, limit: int = 100) -> list[tuple[str, str, int, int]]:
-        """Nodes whose inventory's devices did not all report in the period: (cluster, node, expected
-        device-seconds, reporting device-seconds), the largest gap first."""
-        return [(str(c), str(n), int(e), int(r)) for c, n, e, r in self._rows(
-            "SELECT cluster, node, sum(expected_device_s) AS e, sum(reporting_device_s) AS r FROM coverage_daily "
-            "WHERE day >= {start:Date} AND day < {end:Date} GROUP BY cluster, node HAVING r < e "
-            "ORDER BY e - r DESC, cluster, node LIMIT {limit:UInt32}",
-            start=period.start, end=period.end, limit=limit,
-        )]  # fmt: skip
-
-    def fleet_usage(self, period: Period) -> list[FleetUsage]:
-        """The fleet's priced usage per cluster, generation, tier and preemptibility (v_usage_priced)."""
-        rows = self._rows(
-            "SELECT cluster, generation, pricing_tier, preemptible, uniqExact(job_id), sum(allocated_s), "
-            "sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), sum(charge_num), sum(idle_charge_num), "
-            "sum(unpriced_s) FROM v_usage_priced WHERE day >= {start:Date} AND day < {end:Date} "
-            "GROUP BY cluster, generation, pricing_tier, preemptible "
-            "ORDER BY cluster, generation, pricing_tier, preemptible",
-            start=period.start, end=period.end,
-        )  # fmt: skip
-        return [FleetUsage(str(c), str(g), str(t), bool(p), *(int(v) for v in rest)) for c, g, t, p, *rest in rows]
-
-    def idle_leaders(self, period: Period, limit: int = 20) -> list[JobUsage]:
-        """The fleet's jobs with the most idle cost in the period (one row per job and price)."""
-        rows = self._rows(_JOB_USAGE + "job_id != ''" + _JOB_GROUP +
-                          " ORDER BY sum(idle_charge_num) DESC, cluster, job_id LIMIT {limit:UInt32}",
-                          start=period.start, end=period.end, limit=limit)  # fmt: skip
-        return [_job_usage(r) for r in rows]
-
-    def queue_waits(self, period: Period) -> list[QueueWait]:
-        """Per generation and tier: the jobs that started in the period and how long each waited from
-        submission to start (job events with both times; generation and tier from the job's usage)."""
-        rows = self._rows(
-            "SELECT u.generation, u.pricing_tier, count(), quantileExact(0.5)(q.wait_ms), "
-            "quantileExact(0.9)(q.wait_ms), max(q.wait_ms), sum(q.wait_ms) FROM ("
-            "  SELECT cluster, job_id, greatest(0, min(start_ts_ms) - min(submit_ts_ms)) AS wait_ms FROM job_events "
-            "  WHERE submit_ts_ms IS NOT NULL AND start_ts_ms IS NOT NULL GROUP BY cluster, job_id "
-            "  HAVING min(start_ts_ms) >= {start_ms:Int64} AND min(start_ts_ms) < {end_ms:Int64}"
-            ") AS q INNER JOIN ("
-            "  SELECT cluster, job_id, any(generation) AS generation, any(pricing_tier) AS pricing_tier "
-            "  FROM usage_daily WHERE day >= {start:Date} AND day < {end:Date} AND job_id != '' "
-            "  GROUP BY cluster, job_id"
-            ") AS u ON q.cluster = u.cluster AND q.job_id = u.job_id "
-            "GROUP BY u.generation, u.pricing_tier ORDER BY u.generation, u.pricing_tier",
-            start=period.start, end=period.end, start_ms=period.start_ms(), end_ms=period.end_ms(),
-        )  # fmt: skip
-        return [QueueWait(str(g), str(t), int(n), int(p50), int(p90), int(top), int(total))
-                for g, t, n, p50, p90, top, total in rows]  # fmt: skip
-
-
-DEVICE_MINUTE_COLUMNS = (
-    "minute_start_ms", "node", "device_uuid", "mig_instance_id", "model", "generation", "allocated_s", "active_s",
-    "starved_s", "idle_s", "dark_s", "sample_count", "activity_mean_ratio", "activity_max_ratio", "fb_used_mib_max",
-    "power_w_mean", "sm_weighted_s", "mapping_version", "classifier_version",
-)  # fmt: skip
 
 
 def decimal_or_none(value: Any) -> Decimal | None:
