@@ -191,6 +191,14 @@ def _uuid(rng: random.Random) -> str:
     return f"GPU-{uuidlib.UUID(int=rng.getrandbits(128), version=4)}"
 
 
+def _cluster_uuid(cfg: SimConfig, uuid: str) -> str:
+    """A second cluster draws its nodes like the first (same seed, same models), but its GPUs are its own: the
+    same UUID in two clusters would be one device claimed twice."""
+    if cfg.scheduler == "slurm":
+        return uuid
+    return f"GPU-{uuidlib.uuid5(uuidlib.UUID(uuid.removeprefix('GPU-')), cfg.cluster)}"
+
+
 def _build_nodes(cfg: SimConfig, rng: random.Random) -> tuple[SimNode, ...]:
     nodes = []
     weights = [m[3] for m in MODELS]
@@ -201,10 +209,11 @@ def _build_nodes(cfg: SimConfig, rng: random.Random) -> tuple[SimNode, ...]:
         tier = rng.choices(PRICING_TIERS, weights=(6, 1, 1))[0]
         devices = tuple(
             SimDevice(
-                name, g, _uuid(rng), model, generation_of(model), mem, power, f"00000000:{0x18 + 0x11 * g:02X}:00.0"
+                name, g, _cluster_uuid(cfg, _uuid(rng)), model, generation_of(model), mem, power,
+                f"00000000:{0x18 + 0x11 * g:02X}:00.0",
             )
             for g in range(cfg.gpus_per_node)
-        )
+        )  # fmt: skip
         if i >= cfg.nodes - cfg.mig_nodes:
             model, devices = _mig_devices(cfg, name, devices)
         nodes.append(SimNode(name, i, model, generation_of(model), tier, devices))

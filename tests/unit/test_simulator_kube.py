@@ -128,3 +128,13 @@ def test_every_generation_and_tier_the_simulator_uses_is_priced() -> None:
             for key in job.devices:
                 gen = p.devices[key].generation
                 assert card.rate_for(gen, job.pricing_tier, job.preemptible, days[0]) is not None, (gen, job)
+
+
+def test_the_two_clusters_have_gpus_of_their_own() -> None:
+    """Drawn with one seed, the Kubernetes cluster's nodes are the Slurm-like one's models, never its GPUs: one
+    UUID in two clusters is one device claimed twice (the demo's report showed every such second as an overlap)."""
+    cfg = SimConfig(seed=1, nodes=8, kube_nodes=3)
+    slurm, kube = (cluster_plan(c) for c in clusters(cfg))
+    uuids = [{d.uuid for n in p.nodes for d in n.devices} for p in (slurm, kube)]
+    assert uuids[0] and uuids[1] and not uuids[0] & uuids[1]
+    assert [n.model for n in kube.nodes][:2] == [n.model for n in slurm.nodes][:2]  # the same draw otherwise
