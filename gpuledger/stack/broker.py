@@ -39,7 +39,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
@@ -514,6 +514,16 @@ def stop_process(proc_pid: int, *, timeout: float = 30.0, group: bool = True) ->
         time.sleep(0.05)
 
 
+def at_once(stops: Iterable[Callable[[], None]]) -> None:
+    """Run each stop in a thread of its own, all started before any is waited for (the nodes of one KRaft
+    quorum: stopped in turn, the last waits out its timeout for a quorum that already left)."""
+    threads = [threading.Thread(target=stop) for stop in stops]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group `pgid`."""
     proc = Path("/proc")
@@ -740,11 +750,7 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop every node at once: stopped one by one, the last node waits out its stop timeout for a
         controller quorum that left before it (30 s), and is then killed."""
-        stoppers = [threading.Thread(target=node.stop, name=f"stop-kafka-{k}") for k, node in self.nodes.items()]
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join()
+        at_once([node.stop for node in self.nodes.values()])
 
     def __enter__(self) -> Self:
         return self.start()

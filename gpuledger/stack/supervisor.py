@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -284,7 +284,10 @@ class Supervisor:
                     if pid is not None:
                         self.progress(f"stopping {name} (pid {pid})")
                         running[name] = pid
-                _stop_at_once([(pid, timeouts.get(name, 20.0)) for name, pid in running.items()])
+                broker.at_once(
+                    functools.partial(broker.stop_process, pid, timeout=timeouts.get(name, 20.0))
+                    for name, pid in running.items()
+                )
                 stopped.extend(running)
                 for name in group:
                     self.pid_file(name).unlink(missing_ok=True)
@@ -496,15 +499,3 @@ def stop_groups(order: list[str], components: list[Component]) -> list[list[str]
         else:
             runs.append([name])
     return runs
-
-
-def _stop_at_once(processes: list[tuple[int, float]]) -> None:
-    """SIGTERM each (pid, timeout) at the same time, each then waited for and killed after its timeout."""
-    stoppers = [
-        threading.Thread(target=broker.stop_process, args=(pid,), kwargs={"timeout": timeout})
-        for pid, timeout in processes
-    ]
-    for stopper in stoppers:
-        stopper.start()
-    for stopper in stoppers:
-        stopper.join()
