@@ -88,6 +88,7 @@ class RecordPublisher:
             raise ServiceError(f"{remaining} records not delivered: {self._refused}")
         if remaining:
             raise NotDelivered(f"{remaining} records not delivered within {timeout_s:.0f}s")
+        self._refused = None  # all delivered: a refusal seen before (a login not created yet) is over
         if self._errors:
             errors, self._errors = self._errors, []
             raise ServiceError(f"{len(errors)} records failed delivery, first: {errors[0]}")

@@ -1,0 +1,26 @@
+"""What a flush says about records still waiting: a broker away (wait and flush again) or a refusal (stop)."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from base.errors import NotDelivered, ServiceError
+from base.settings import KafkaSettings
+from gpuledger.stack.broker import free_ports
+from schemas.publish import RecordPublisher
+
+
+def test_records_behind_a_broker_away_are_not_delivered_yet_and_behind_a_refusal_are_an_error() -> None:
+    (port,) = free_ports(1)  # nothing listens: librdkafka keeps the record and retries
+    pub = RecordPublisher(KafkaSettings(bootstrap_servers=f"127.0.0.1:{port}"))
+    pub.publish_raw("t", b"k", b"v")
+    with pytest.raises(NotDelivered, match="1 records not delivered within 1s"):
+        pub.flush(1.0)
+    pub._on_error(KafkaError(KafkaError._TRANSPORT))  # a broker away says nothing permanent
+    with pytest.raises(NotDelivered):
+        pub.flush(0.5)
+    pub._on_error(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: invalid credentials"))
+    with pytest.raises(ServiceError, match=r"records not delivered: .*invalid credentials") as refused:
+        pub.flush(0.5)
+    assert not isinstance(refused.value, NotDelivered)  # a caller that waits out NotDelivered stops here
