@@ -21,6 +21,7 @@ from typing import Any
 import typer
 
 from base.errors import ConfigError, ServiceError
+from base.kube import load_credentials
 from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
 from producers import policy_kueue, policy_slurm
 from schemas.policy import Policy, PolicyError, load_policy
@@ -102,12 +103,9 @@ def kube_api(kubeconfig: Path | None) -> Any:
     try:
         if kubeconfig is not None:
             return client.CustomObjectsApi(config.new_client_from_config(str(kubeconfig)))
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
     except (config.ConfigException, OSError) as exc:
         raise ConfigError(f"no Kubernetes credentials: {exc}") from exc
+    load_credentials()
     return client.CustomObjectsApi()
 
 

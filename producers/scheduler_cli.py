@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from base.errors import ConfigError, ContractError, GpuledgerError, ParseError
+from base.kube import load_credentials
 from base.producer_settings import SchedulerSettings
 from gpuledger.cli_common import STATE_DIR_OPTION, StopFlag, settings_for
 from producers.corrections import correction_record
@@ -297,7 +298,7 @@ def kube_watch(
     import threading
 
     import httpx
-    from kubernetes import client, config
+    from kubernetes import client
 
     from producers.kube import DcgmPodLabels, KubeTracker, KubeWatcher
 
@@ -305,16 +306,7 @@ def kube_watch(
     sched = settings.scheduler
     ctx = _context(settings, sched, with_inventory=not dry_run)
     path = kubeconfig or sched.kubeconfig
-    try:
-        if path is not None:
-            config.load_kube_config(str(path))
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-    except (config.ConfigException, OSError) as exc:
-        raise ConfigError(f"no Kubernetes credentials: {exc}") from exc
+    load_credentials(path)
     labels = DcgmPodLabels()
 
     def scrape_labels() -> None:

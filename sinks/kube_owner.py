@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from base.kube import load_credentials
+
 OWNER_DEPTH = 3  # pod -> Job -> JobSet / MPIJob / PyTorchJob, and one more for safety
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -197,12 +199,9 @@ def kubernetes_owner(namespace: str, name: str) -> Owner | None:
     """`owning_workload` through the kubernetes client (in-cluster credentials, else the kubeconfig), the
     executor's resolver in `gpuledger reclaim run|exec`."""
     if not _READER:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        load_credentials()
         _READER.append(KubeOwnerReader(client.ApiClient()))
     return owning_workload(_READER[0], namespace, name)
 

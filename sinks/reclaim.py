@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter as PromCounter
 
 from base.errors import ConfigError
+from base.kube import load_credentials
 from sinks.kube_owner import Owner, kubernetes_owner_patch
 
 log = logging.getLogger(__name__)
@@ -227,12 +228,9 @@ OwnerPatch = Callable[[Owner, dict[str, Any]], None]  # patch a non-Workload own
 
 
 def _custom_objects() -> Any:
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    load_credentials()
     return client.CustomObjectsApi()
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from base.errors import ServiceError
+from base.kube import load_credentials
 from schemas.governance_reservations import (
     MINUTE_MS,
     Reservation,
@@ -177,15 +178,9 @@ class KueueQuota:
 
     def _custom(self) -> Any:
         if self._api is None:
-            from kubernetes import client, config
+            from kubernetes import client
 
-            if self._kubeconfig:
-                config.load_kube_config(config_file=self._kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
+            load_credentials(self._kubeconfig)
             self._api = client.CustomObjectsApi()
         return self._api
 
