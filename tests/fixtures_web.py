@@ -14,6 +14,7 @@ Fixtures (import them into a test module: `from fixtures_web import web_ledger, 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,49 +59,43 @@ def seed_simulated_ledger(client: Any, cfg: SimConfig = SIM) -> dict[str, int]:
     return dict(written.inserted)
 
 
-@pytest.fixture(scope="session")
-def web_ledger(clickhouse_server: Any) -> Iterator[tuple[ClickHouseSettings, SimConfig]]:
+@contextlib.contextmanager
+def simulated_database(
+    clickhouse_server: Any, prefix: str, cfg: SimConfig = SIM
+) -> Iterator[tuple[ClickHouseSettings, Any]]:
+    """A fresh database migrated, with the rate card and `cfg`'s simulated ledger in it, dropped afterwards;
+    yields its settings and a writer's client (open while the block runs) for more rows."""
     from sinks.db import connect, migrate
     from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
 
-    database = "web_" + uuid.uuid4().hex[:12]
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=database, password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
+    database = prefix + uuid.uuid4().hex[:12]
     admin = clickhouse_server.client()
     admin.command(f"CREATE DATABASE {database}")
-    admin.close()
+    ch = ClickHouseSettings(url=clickhouse_server.url, database=database, password=clickhouse_server.password,
+                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
     client = connect(ch)
-    migrate(client, ch)
-    client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
-    seed_simulated_ledger(client)
     try:
-        yield ch, SIM
+        migrate(client, ch)
+        client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
+        seed_simulated_ledger(client, cfg)
+        yield ch, client
     finally:
-        client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
         client.close()
+        admin.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        admin.close()
+
+
+@pytest.fixture(scope="session")
+def web_ledger(clickhouse_server: Any) -> Iterator[tuple[ClickHouseSettings, SimConfig]]:
+    with simulated_database(clickhouse_server, "web_") as (ch, _):
+        yield ch, SIM
 
 
 @pytest.fixture
 def small_ledger(clickhouse_server: Any) -> Iterator[ClickHouseSettings]:
     """A fresh database with the SMALL simulated ledger, dropped after the test."""
-    from sinks.db import connect, migrate
-    from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
-
-    database = "webc_" + uuid.uuid4().hex[:12]
-    admin = clickhouse_server.client()
-    admin.command(f"CREATE DATABASE {database}")
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=database, password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
-    client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
-    seed_simulated_ledger(client, SMALL)
-    client.close()
-    try:
+    with simulated_database(clickhouse_server, "webc_", SMALL) as (ch, _):
         yield ch
-    finally:
-        admin.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-        admin.close()
 
 
 @pytest.fixture

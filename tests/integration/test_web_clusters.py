@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import csv
 import io
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_web import PERIOD, make_client, run_cli, seed_simulated_ledger
+from fixtures_web import PERIOD, make_client, run_cli, simulated_database
 
 from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
 from producers.simulator import SimConfig
@@ -28,24 +27,8 @@ OPS = "ops00"
 
 @pytest.fixture(scope="module")
 def two_clusters(clickhouse_server: Any) -> Iterator[ClickHouseSettings]:
-    from sinks.db import connect, migrate
-    from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
-
-    database = "webk_" + uuid.uuid4().hex[:12]
-    admin = clickhouse_server.client()
-    admin.command(f"CREATE DATABASE {database}")
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=database, password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
-    client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
-    seed_simulated_ledger(client, TWO)
-    client.close()
-    try:
+    with simulated_database(clickhouse_server, "webk_", TWO) as (ch, _):
         yield ch
-    finally:
-        admin.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-        admin.close()
 
 
 def table(client: Any, url: str, user: str) -> list[dict[str, str]]:

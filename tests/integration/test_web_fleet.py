@@ -10,14 +10,13 @@ from __future__ import annotations
 import csv
 import io
 import re
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import pytest
-from fixtures_web import END_MS, PERIOD, POLICY, SIM, make_client, run_cli, seed_simulated_ledger
+from fixtures_web import END_MS, PERIOD, POLICY, SIM, make_client, run_cli, simulated_database
 
 from base.processor_settings import ProcessorSettings
 from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
@@ -47,33 +46,17 @@ def write_coverage(client: Any) -> int:
 
 @pytest.fixture(scope="module")
 def fleet_ledger(clickhouse_server: Any) -> Iterator[ClickHouseSettings]:
-    from sinks.db import connect, migrate
-    from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
-
-    database = "fleet_" + uuid.uuid4().hex[:12]
-    admin = clickhouse_server.client()
-    admin.command(f"CREATE DATABASE {database}")
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=database, password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
-    client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
-    seed_simulated_ledger(client)
-    assert write_coverage(client) > 0
-    # Two hours of one GPU on a generation the rate card has no rate for: unpriced hours of team vision.
-    client.command(
-        "INSERT INTO device_minutes (cluster, node, device_uuid, minute_start_ms, model, generation, job_id, user, "
-        "project, team, pricing_tier, allocated_s, active_s, mapping_version, classifier_version) "
-        "SELECT 'sim', 'old-node', 'GPU-old', {start:Int64} + number * 60000, 'Tesla K80', 'kepler', {job:String}, "
-        "'vis01', 'vision-detect', 'vision', 'on-prem', 60, 60, 'm', 'c1' FROM numbers(120)",
-        parameters={"start": SIM.start_ms - SIM.start_ms % 60_000, "job": UNPRICED_JOB[1]},
-    )
-    client.close()
-    try:
+    with simulated_database(clickhouse_server, "fleet_") as (ch, client):
+        assert write_coverage(client) > 0
+        # Two hours of one GPU on a generation the rate card has no rate for: unpriced hours of team vision.
+        client.command(
+            "INSERT INTO device_minutes (cluster, node, device_uuid, minute_start_ms, model, generation, job_id, user, "
+            "project, team, pricing_tier, allocated_s, active_s, mapping_version, classifier_version) "
+            "SELECT 'sim', 'old-node', 'GPU-old', {start:Int64} + number * 60000, 'Tesla K80', 'kepler', {job:String}, "
+            "'vis01', 'vision-detect', 'vision', 'on-prem', 60, 60, 'm', 'c1' FROM numbers(120)",
+            parameters={"start": SIM.start_ms - SIM.start_ms % 60_000, "job": UNPRICED_JOB[1]},
+        )
         yield ch
-    finally:
-        admin.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-        admin.close()
 
 
 @pytest.fixture(scope="module")
