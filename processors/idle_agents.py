@@ -18,8 +18,9 @@ Exactness, the runtime's commit protocol mapped onto faust's at-least-once commi
 2. events are acked only below the stage's commit offsets (`rows_commit_offset`, `events_commit_offset`:
    a device-minute still waiting for the rest of its job-minute, or a live allocation, stays unacked, so
    a restart replays it), after the Table writes;
-3. the changelog writes are flushed too before the acks: faust's commit does not flush its producer (it
-   only publishes what was attached to the committed events, and nothing is attached here).
+3. the changelog writes are delivered too before the acks: faust's commit does not flush its producer (it
+   only publishes what was attached to the committed events, and nothing is attached here), and faust's own
+   `flush` is no proof of delivery (`schemas.agents.IdempotentProducer.delivered` is).
 A crash therefore replays exactly the input not reflected in delivered output and state, and a replayed
 device-minute at or before a job's `last_minute_ms` is skipped, as in the runtime.
 
@@ -63,6 +64,7 @@ from schemas.agents import (
     FaustDeadLetters,
     IdempotentProducer,
     broker_options,
+    delivered,
     drained,
     raw_topic,
     run_loop,
@@ -221,7 +223,7 @@ class JobStageAgents:
         # writes) to it and publish them only when *that* event's offset commits, while the inputs that
         # made them are acked on other partitions: a stop could commit inputs whose outputs and states
         # were never sent (the likely cause of a job's job-minutes short by 180 s once in the fault
-        # suite's dup-late run). Unattached, they go to the producer at once and `_checkpoint` flushes them.
+        # suite's dup-late run). Unattached, they go to the producer at once and `_checkpoint` waits for their delivery.
         _current_event.set(None)
         async with self.lock:
             now_ms = int(time.time() * 1000)
@@ -298,12 +300,12 @@ class JobStageAgents:
     async def _checkpoint(self, stream: Any, dirty: Mapping[str, IdleState | None]) -> None:
         """Outputs delivered, then the states they imply written, then the inputs no longer needed acked
         (none without a stream: the wall-clock tick reads no input)."""
-        await self.app.producer.flush()
+        await delivered(self.app)
         for jkey, st in dirty.items():
             value = FORGOTTEN if st is None else json.dumps(st.to_json(), sort_keys=True).encode()
             self.states[jkey.encode()] = value
         if dirty:
-            await self.app.producer.flush()  # the states delivered before the inputs are acked
+            await delivered(self.app)  # the states delivered before the inputs are acked
         self.stats.state_writes += len(dirty)
         if stream is None:
             return

@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import faust
 from faust.streams import _current_event
 from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
+from faust.types.tuples import FutureMessage
 from mode import CrashingSupervisor
 from mode.threads import WorkerThread
 
@@ -46,6 +47,7 @@ log = logging.getLogger("gpuledger.schemas.agents")
 S = TypeVar("S")
 QUIET_CHECK_S = 0.1  # how often `serve_app` looks at the stop request, the idle test and the app's health
 LEFTOVER_WAIT_S = 2.0  # the longest the tasks an app left behind get to end once it stopped
+DELIVERY_TIMEOUT_S = 120.0  # the longest `IdempotentProducer.delivered` waits for the broker
 
 
 def raw_topic(app: faust.App, *names: str, **options: Any) -> faust.TopicT:
@@ -60,6 +62,39 @@ class IdempotentProducer(AiokafkaProducer):
 
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.in_flight: set[FutureMessage] = set()  # handed to `send_soon`, not yet delivered or failed
+
+    def send_soon(self, fut: FutureMessage) -> None:
+        self.in_flight.add(fut)
+        fut.add_done_callback(self.in_flight.discard)
+        super().send_soon(fut)
+
+    async def delivered(self, timeout_s: float = DELIVERY_TIMEOUT_S) -> None:
+        """Every message handed to `send_soon` so far (outputs, dead letters, a Table's changelog writes) is
+        on the broker, or this raises. faust's `flush` is not that: it returns once no message left its
+        buffer for 0.1 s (a send waiting for metadata after a restart), and one the buffer task already took
+        is in neither queue; inputs acked after it could commit ahead of what they produced."""
+        in_flight = self.in_flight
+        await self.flush()  # hands the buffer to aiokafka now rather than waiting for the buffer task
+        deadline = time.monotonic() + timeout_s
+        while in_flight:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ServiceError(f"{len(in_flight)} sent records not delivered within {timeout_s:.0f} s")
+            done, _ = await asyncio.wait(list(in_flight), timeout=left)
+            for fut in done:
+                fut.result()  # a delivery that failed raises here: the agent crashes, a restart replays
+
+
+async def delivered(app: faust.App) -> None:
+    """`IdempotentProducer.delivered` of the app's producer (every project app uses one)."""
+    producer = app.producer
+    if not isinstance(producer, IdempotentProducer):
+        raise TypeError(f"{app.conf.id}: the producer is {type(producer).__name__}, not IdempotentProducer")
+    await producer.delivered()
 
 
 def broker_options(kafka: KafkaSettings) -> dict[str, Any]:
@@ -322,7 +357,7 @@ class RecordAgent:
             await loop.run_in_executor(self.pool, self.handle, record)
             handled += 1
             self.stats.handled += 1
-        await self.app.producer.flush()  # the dead letters delivered before the batch is acked
+        await delivered(self.app)  # the dead letters delivered before the batch is acked
         for event in events:
             await stream.ack(event)
         self.stats.batches += 1
