@@ -60,7 +60,7 @@ async def _one_sent(tmp_path: Path, release: asyncio.Event) -> tuple[IdempotentP
     async def send_waiting(fut: Any) -> None:
         await release.wait()
 
-    producer.buffer._send_pending = send_waiting  # type: ignore[method-assign]
+    producer.buffer._send_pending = send_waiting  # type: ignore[attr-defined]
     await producer.buffer.start()
     fut = raw_topic(app, "gpuledger.test.v1").as_future_message(key=b"k", value=b"v")
     producer.send_soon(fut)
