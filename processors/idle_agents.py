@@ -231,6 +231,7 @@ class JobStageAgents:
                 part.horizon.observe_clock(now_ms)
             for event in events:
                 self._feed(event)
+            self._log_skipped()
             dirty: dict[str, IdleState | None] = {**self.granted_states}
             self.granted_states.clear()
             dirty.update(self._advance())
@@ -254,6 +255,14 @@ class JobStageAgents:
             ev = self.decoder.decode(msg, JOB_EVENTS.subject)
             if ev is not None and not part.on_job_event(ev, off):
                 self.decoder.refuse(msg, JOB_EVENTS.subject, FutureTimestamp(part.horizon.reason(ev["ts_ms"])))
+
+    def _log_skipped(self) -> None:
+        """Device-minutes passed over (a replay of what is out, a forgotten job's), one line a batch: what
+        explains a job-minute short of its device-minutes."""
+        for p, part in self.parts.items():
+            if part.skipped:
+                log.info("partition %d: device-minutes passed over (the last 64 at most): %s", p, list(part.skipped))
+                part.skipped.clear()
 
     def _feed_appeal(self, msg: Any) -> None:
         """Fold the job's appeal steps; its exemptions granted so far go into its state at once."""

@@ -21,6 +21,7 @@ no further, so a crash replays exactly what is not yet reflected in emitted outp
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -312,6 +313,8 @@ class JobPartition:
         self.max_ts: int | None = None
         self.horizon = Horizon(settings.max_future_ms, follow_events=not settings.realtime)
         self.granted: dict[str, tuple[Exemption, ...]] = {}  # on appeal, by job: for a state yet to come
+        # (why, job, minute) of the last device-minutes passed over, for a log line (bounded: a replay is long)
+        self.skipped: deque[tuple[str, str, int]] = deque(maxlen=64)
 
     def grant(self, job_id: str, exemptions: tuple[Exemption, ...]) -> IdleState | None:
         """The job's exemptions granted on appeal are now `exemptions`: its changed state (to write), if any."""
@@ -371,9 +374,11 @@ class JobPartition:
             return False
         jid = qualified_job(row["cluster"], row["job_id"])
         if self.table.forgotten(jid):
+            self.skipped.append(("job forgotten", jid, m))
             return True
         st = self.states.get(jid)
         if st is not None and st.last_minute_ms is not None and m <= st.last_minute_ms:
+            self.skipped.append(("job-minute out", jid, m))
             return True  # replayed: that job-minute is already out
         per_minute = self.pending.setdefault(jid, {})
         rows = per_minute.setdefault(m, {})

@@ -300,11 +300,32 @@ def _diff(led: Ledger, reading: str) -> dict[str, tuple[Any, Any]]:
     return {j: (led.jobs.get(j), other.get(j)) for j in jobs if led.jobs.get(j) != other.get(j)}
 
 
+def _minutes_diff(led: Ledger, jobs: Iterable[str], limit: int = 30) -> list[tuple[Any, ...]]:
+    """Where a job's job-minutes and its device-minutes part: (job, minute, job-minute devices and allocated
+    seconds or None, device-minutes' count, allocated seconds and nodes); what tells a job-minute missing
+    from one emitted short."""
+    wanted = set(jobs)
+    dm: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for r in led.device_minutes:
+        if str(r[5]) in wanted and r[6]:
+            dm.setdefault((str(r[5]), int(r[4])), []).append((str(r[1]), int(r[6])))
+    jm = {(str(r[1]), int(r[2])): (int(r[3]), int(r[4])) for r in led.job_minutes if str(r[1]) in wanted}
+    out = []
+    for key in sorted(set(dm) | set(jm)):
+        rows = dm.get(key, [])
+        got = jm.get(key)
+        if got is None or got[1] != sum(s for _, s in rows):
+            out.append((*key, got, len(rows), sum(s for _, s in rows), sorted({n for n, _ in rows})))
+    return out[:limit]
+
+
 def check_consistent(led: Ledger) -> None:
     """The three readings of one run agree, and no row is stored twice (the rollups saw each once)."""
     assert led.jobs, "no job-minutes in ClickHouse"
     dm, views = "from_device_minutes", "from_views"
-    assert led.from_device_minutes == led.jobs, f"device_minutes and job_minutes disagree: {_diff(led, dm)}"
+    if led.from_device_minutes != led.jobs:
+        diff = _diff(led, dm)
+        raise AssertionError(f"device_minutes and job_minutes disagree: {diff}; minutes: {_minutes_diff(led, diff)}")
     assert led.from_views == led.jobs, f"the analyst view (usage_daily) and job_minutes disagree: {_diff(led, views)}"
     assert led.extra["usage_daily"] == led.extra["device_minutes_final"], "daily rollup counted a row twice"
     for t in ("device_minutes", "coverage_minutes"):  # rollup feeders: inserted once per key
