@@ -8,6 +8,7 @@ Values are bound parameters; the only identifiers come from fixed tables in this
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -141,14 +142,19 @@ def unidentified(client: Any, period: str) -> Unidentified:
 
 
 EXPLAIN_COLUMNS = (
-    "cluster", "job_id", "user", "team", "project", "original_project", "correction_id", "cost_centre",
+    "cluster", "job_id", "job_start", "user", "team", "project", "original_project", "correction_id", "cost_centre",
     "generation", "pricing_tier", "preemptible", "gpu_share_slices", "gpu_share_of", "first_day", "last_day",
     "allocated_s", "active_s", "starved_s", "idle_s", "dark_s", "charge", "claimed_project",
 )  # fmt: skip
+# `job_start`: the job's first start, UTC (ISO 8601; empty when its job events never arrived). Job ids are reused
+# (a reinstalled scheduler counts from 1 again), so a job is (cluster, job_id, job_start): two jobs that shared an
+# id are two lines (v_job_lives, migration 022).
 # `claimed_project`: the project the job named but its user is not a member of (v_job_claims); the
 # job is charged to `project`, never to the claim. Empty for every other job.
 # `gpu_share_slices` of `gpu_share_of`: the share of its GPU the segment's device held (1 of 1 a whole GPU, 1 of 7
 # a 1g MIG slice, 0 of 1 a slice of unknown profile, unpriced); a job on slices of two sizes has two segments.
+
+_EXPLAIN_READ = {"job_start": "j.job_start_ms"}  # a column read from another (fixed text)
 
 
 def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
@@ -156,16 +162,26 @@ def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
     period = check_period(period)
     if not project:
         raise ConfigError("--project must not be empty")
-    selected = ", ".join(f"j.{c}" for c in EXPLAIN_COLUMNS if c != "claimed_project")
+    selected = ", ".join(_EXPLAIN_READ.get(c, f"j.{c}") for c in EXPLAIN_COLUMNS if c != "claimed_project")
     result = client.query(
         f"SELECT {selected}, c.claimed_project FROM v_chargeback_jobs AS j "
         "LEFT JOIN v_job_claims AS c ON j.cluster = c.cluster AND j.job_id = c.job_id "
         "WHERE j.period = {period:String} AND j.project = {project:String} "
-        "ORDER BY j.cluster, j.job_id, j.generation, j.pricing_tier, j.preemptible, j.gpu_share_of, "
+        "ORDER BY j.cluster, j.job_id, j.job_start_ms, j.generation, j.pricing_tier, j.preemptible, j.gpu_share_of, "
         "j.gpu_share_slices",
         parameters={"period": period, "project": project},
     )
-    return [dict(zip(EXPLAIN_COLUMNS, row, strict=True)) for row in result.result_rows]
+    rows = [dict(zip(EXPLAIN_COLUMNS, row, strict=True)) for row in result.result_rows]
+    for row in rows:
+        row["job_start"] = utc_text(int(row["job_start"]))
+    return rows
+
+
+def utc_text(epoch_ms: int) -> str:
+    """An epoch-millisecond time as ISO 8601 UTC to the second; 0 (unknown) as empty."""
+    if epoch_ms == 0:
+        return ""
+    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 ALERT_LIST_COLUMNS = ("ts_ms", "kind", "cluster", "job_id", "user", "team", "project", "idle_minutes", "message")
