@@ -172,6 +172,7 @@ class JobStageAgents:
         )
         self.parts: dict[int, JobPartition] = {}
         self.unacked: dict[tuple[str, int], list[Any]] = {}
+        self.fed: dict[tuple[str, int], int] = {}  # the last offset fed, by input partition
         self.stats = AgentStats()
         self.lock = asyncio.Lock()
         self.last_input = time.monotonic()  # when a batch last arrived (`--exit-when-idle`)
@@ -194,6 +195,8 @@ class JobStageAgents:
             self.parts.pop(p, None)
             self.unacked.pop((self.t_dm, p), None)
             self.unacked.pop((self.t_jobs, p), None)
+            self.fed.pop((self.t_dm, p), None)
+            self.fed.pop((self.t_jobs, p), None)
 
     def _part(self, p: int) -> JobPartition:
         part = self.parts.get(p)
@@ -244,6 +247,10 @@ class JobStageAgents:
             self._feed_appeal(msg)  # never acked: replayed from the topic's start after a restart
             return
         self.unacked.setdefault((topic, p), []).append(event)
+        last = self.fed.get((topic, p))
+        if last is not None and off != last + 1:
+            log.warning("%s[%d]: offset %d fed after %d", topic, p, off, last)
+        self.fed[(topic, p)] = off
         part = self._part(p)
         self.stats.events += 1
         if topic == self.t_dm:
