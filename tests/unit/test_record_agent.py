@@ -26,7 +26,7 @@ def _event(topic: str, offset: int, value: bytes) -> Any:
     return SimpleNamespace(message=msg)
 
 
-def test_a_batch_is_handled_dead_lettered_flushed_then_acked(tmp_path) -> None:
+def test_a_batch_is_handled_dead_lettered_delivered_then_acked(tmp_path) -> None:
     kafka = KafkaSettings(topic_prefix="t.")
     topic = kafka.topic(ALERTS.name)
     trail: list[Any] = []
@@ -35,8 +35,8 @@ def test_a_batch_is_handled_dead_lettered_flushed_then_acked(tmp_path) -> None:
     )
 
     class Producer:
-        async def flush(self) -> None:
-            trail.append("flushed")
+        async def delivered(self) -> None:
+            trail.append("delivered")
 
     class Stream:
         async def ack(self, event: Any) -> None:
@@ -55,7 +55,7 @@ def test_a_batch_is_handled_dead_lettered_flushed_then_acked(tmp_path) -> None:
     finally:
         agent.pool.shutdown()
     assert trail == [
-        ("handled", "a1"), ("dlq", "t.alerts.v1.dlq", b"1"), ("handled", "a1"), "flushed",
+        ("handled", "a1"), ("dlq", "t.alerts.v1.dlq", b"1"), ("handled", "a1"), "delivered",
         ("acked", 0), ("acked", 1), ("acked", 2),
     ]  # fmt: skip
     assert (agent.stats.handled, agent.stats.dead_lettered, agent.stats.batches) == (2, 1, 1)
@@ -71,8 +71,8 @@ def test_the_agent_is_busy_while_a_batch_is_in_hand(tmp_path) -> None:
     )
 
     class Producer:
-        async def flush(self) -> None:
-            busy_when.append(("flushed", agent.busy))
+        async def delivered(self) -> None:
+            busy_when.append(("delivered", agent.busy))
 
     class Stream:
         async def ack(self, event: Any) -> None:
@@ -84,5 +84,5 @@ def test_the_agent_is_busy_while_a_batch_is_in_hand(tmp_path) -> None:
         asyncio.run(agent.process(Stream(), [_event(topic, 0, value)]))
     finally:
         agent.pool.shutdown()
-    assert busy_when == [("handled", True), ("flushed", True), ("acked", True)]
+    assert busy_when == [("handled", True), ("delivered", True), ("acked", True)]
     assert not agent.busy and agent.batches == 1
