@@ -62,7 +62,7 @@ from processors.windows import MINUTE_MS
 from schemas.agents import (
     AppFailed,
     FaustDeadLetters,
-    IdempotentProducer,
+    InOrder,
     broker_options,
     delivered,
     drained,
@@ -70,6 +70,7 @@ from schemas.agents import (
     run_loop,
     run_replacing,
     serve_app,
+    use_project_clients,
 )
 from schemas.codec import AvroCodec
 from schemas.governance_appeals import fold
@@ -172,7 +173,7 @@ class JobStageAgents:
         )
         self.parts: dict[int, JobPartition] = {}
         self.unacked: dict[tuple[str, int], list[Any]] = {}
-        self.fed: dict[tuple[str, int], int] = {}  # the last offset fed, by input partition
+        self.order = InOrder(app)
         self.stats = AgentStats()
         self.lock = asyncio.Lock()
         self.last_input = time.monotonic()  # when a batch last arrived (`--exit-when-idle`)
@@ -195,8 +196,7 @@ class JobStageAgents:
             self.parts.pop(p, None)
             self.unacked.pop((self.t_dm, p), None)
             self.unacked.pop((self.t_jobs, p), None)
-            self.fed.pop((self.t_dm, p), None)
-            self.fed.pop((self.t_jobs, p), None)
+            self.order.forget((self.t_dm, p), (self.t_jobs, p))
 
     def _part(self, p: int) -> JobPartition:
         part = self.parts.get(p)
@@ -229,6 +229,8 @@ class JobStageAgents:
         # suite's dup-late run). Unattached, they go to the producer at once and `_checkpoint` waits for their delivery.
         _current_event.set(None)
         async with self.lock:
+            events = await self.order.admit(events, unordered=self.t_appeals)
+            self.stats.extra["seeks_back"] = self.order.seeks_back
             now_ms = int(time.time() * 1000)
             for part in self.parts.values():
                 part.horizon.observe_clock(now_ms)
@@ -247,10 +249,6 @@ class JobStageAgents:
             self._feed_appeal(msg)  # never acked: replayed from the topic's start after a restart
             return
         self.unacked.setdefault((topic, p), []).append(event)
-        last = self.fed.get((topic, p))
-        if last is not None and off != last + 1:
-            log.warning("%s[%d]: offset %d fed after %d", topic, p, off, last)
-        self.fed[(topic, p)] = off
         part = self._part(p)
         self.stats.events += 1
         if topic == self.t_dm:
@@ -368,7 +366,7 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
         # the worker that runs `@app.timer(on_leader=True)`, and this app has no such timer.
         topic_disable_leader=True,
     )
-    app.transport.Producer = IdempotentProducer  # type: ignore[misc]  # this app only, before its producer is built
+    use_project_clients(app)
     appeals_policy = None
     if settings.policy_path is not None:  # who may decide an appeal: without it, appeals are not read
         from schemas.policy import load_policy
