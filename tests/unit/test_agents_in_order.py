@@ -1,0 +1,95 @@
+"""The job stage reads each input partition in offset order, whatever faust delivers (schemas.agents.InOrder),
+and faust never counts an offset gap as acked (schemas.agents.GaplessConsumer).
+
+The delivery below is the one the fault suite caught after an assignment: a partition's offsets 52 to 89, then
+495 onwards, then 52 again once the consumer sought back. The consumer is a stand-in (what is tested is which
+records are admitted and where the partition is sought); the gap test runs on faust's own consumer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from faust.types import TP
+
+from base.settings import BrokerSettings, Settings
+from processors.idle_agents import build_app
+from schemas.agents import GaplessConsumer, InOrder
+
+DM = TP("t.usage.device-minutes.v1", 0)
+JOBS = TP("t.sched.job-events.v1", 0)
+
+
+class Consumer:
+    def __init__(self, committed: dict[TP, int]) -> None:
+        self._committed_offset = committed
+        self.seeks: list[dict[TP, int]] = []
+
+    async def seek_wait(self, partitions: dict[TP, int]) -> None:
+        self.seeks.append(dict(partitions))
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        return {tp: 3 for tp in tps}
+
+
+def _events(tp: TP, offsets: range | list[int]) -> list[Any]:
+    return [SimpleNamespace(message=SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=o, tp=tp))
+            for o in offsets]  # fmt: skip
+
+
+def _offsets(events: list[Any]) -> list[int]:
+    return [e.message.offset for e in events]
+
+
+def test_a_skip_is_dropped_and_sought_back_and_a_redelivery_is_dropped() -> None:
+    consumer = Consumer({DM: 52})
+    order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        assert _offsets(await order.admit(_events(DM, range(52, 90)))) == list(range(52, 90))
+        assert await order.admit(_events(DM, range(495, 500))) == []  # the skip: nothing admitted
+        assert consumer.seeks == [{DM: 90}]
+        assert await order.admit(_events(DM, range(500, 505))) == []  # fetched before the seek: no second seek
+        assert consumer.seeks == [{DM: 90}]
+        redelivered = await order.admit(_events(DM, range(52, 95)))  # after the seek, from the committed offset
+        assert _offsets(redelivered) == list(range(90, 95)) and order.seeks_back == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_partition_starts_at_its_committed_offset_else_the_earliest_and_appeals_pass_unordered() -> None:
+    consumer = Consumer({})
+    order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
+    appeals = TP("t.appeals.v1", 0)
+
+    async def scenario() -> None:
+        assert _offsets(await order.admit(_events(JOBS, [3, 4]))) == [3, 4]  # no commit yet: the earliest, 3
+        mixed = _events(appeals, [0, 7]) + _events(JOBS, [6])
+        assert _offsets(await order.admit(mixed, unordered=appeals.topic)) == [0, 7]
+        assert consumer.seeks == [{JOBS: 5}]
+        order.forget((JOBS.topic, 0))  # revoked; assigned again after a commit at 9
+        consumer._committed_offset[JOBS] = 9
+        assert _offsets(await order.admit(_events(JOBS, [9, 10]))) == [9, 10]
+
+    asyncio.run(scenario())
+
+
+def test_faust_counts_a_gap_as_acked_and_the_gapless_consumer_does_not(tmp_path: Path) -> None:
+    """faust's `_new_offset` (what it commits) after offset 90 is acked and 97 arrived right after 90: stock faust
+    commits 98, past 91-97 that nobody processed; the job stage's consumer commits 91."""
+
+    async def committed_after_gap(stock: bool) -> int | None:
+        app = build_app(Settings(state_dir=tmp_path, broker=BrokerSettings(enabled=False)), partitions=4)
+        consumer = app.consumer
+        assert isinstance(consumer, GaplessConsumer)
+        add_gap = super(GaplessConsumer, consumer)._add_gap if stock else consumer._add_gap
+        consumer._committed_offset[DM] = 90
+        await add_gap(DM, 91, 97)
+        consumer._acked[DM] = [90, 97]
+        consumer._acked_index[DM] = {90, 97}
+        return consumer._new_offset(DM)
+
+    assert asyncio.run(committed_after_gap(stock=True)) == 98
+    assert asyncio.run(committed_after_gap(stock=False)) == 91
