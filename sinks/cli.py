@@ -219,7 +219,6 @@ def report_chargeback(
     it, and the month's data-quality figure (with --quota: use beside each team's guaranteed quota per
     generation)."""
     from sinks import chargeback as cb
-    from sinks.data_quality import data_quality
 
     cb.check_period(period)
     cb.check_by(by, cb.REPORT_BY)
@@ -230,7 +229,7 @@ def report_chargeback(
     if by == "cluster":
         _cluster_report(settings, period, fmt, output)
         return
-    from sinks.statement_store import StatementStore, adjustments_since
+    from sinks.statement_store import StatementStore, adjustments_since, month_quality
 
     client = _client(settings, analyst=True)
     with _warehouse_errors():
@@ -238,7 +237,7 @@ def report_chargeback(
         closed = store.closes().get(period)
         report = cb.chargeback(client, period, by, closed=closed is not None)
         since = adjustments_since(store, period) if closed is not None and fmt == "table" else []
-        quality = data_quality(client, period)
+        quality = month_quality(store, period, closed is not None)
     columns = ("line", *[c for c in cb.LINE_COLUMNS if c != "line"])
     title = f"chargeback {period} by {by}"
     if closed is not None:
@@ -246,12 +245,13 @@ def report_chargeback(
     _emit(_with_quality(cb.report_rows(report), quality, fmt), fmt, output, title, columns)
     if fmt == "table":
         typer.echo(quality.text())
+        # The findings behind the figure are read from the ledger now: a frozen figure keeps its own numbers.
         with _warehouse_errors():
             unknown = cb.unidentified(client, period)
-        if unknown.jobs:
+        if unknown.jobs and not quality.frozen:
             typer.echo(f"data quality: {unknown.gpu_h} GPU-h of {unknown.jobs} job(s) on devices no source identified "
                        f"(device_uuid {cb.UNIDENTIFIED_PREFIX}*: charged per device, counted dark)")
-        _echo_overlaps(client, period)
+        _echo_overlaps(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")
     if closed is not None and fmt == "table":
         rows = [{"posted_in": where, "team": a.team, "job_id": a.job_id, "project": a.project, "charge": a.charge,
                  "cause_kind": a.cause_kind, "cause_ref": a.cause_ref} for where, a in since]  # fmt: skip
@@ -263,31 +263,31 @@ def _cluster_report(settings: Settings, period: str, fmt: str, output: Path | No
     """`--by cluster`: a line per (team, cluster), each team's total across clusters (cluster ALL), and the
     device-seconds two clusters both claimed (charged once, sinks/reconcile.py)."""
     from sinks import reconcile
-    from sinks.data_quality import data_quality
-    from sinks.statement_store import StatementStore
+    from sinks.statement_store import StatementStore, month_quality
 
     client = _client(settings, analyst=True)
     with _warehouse_errors():
-        closed = StatementStore(client).closes().get(period)
+        store = StatementStore(client)
+        closed = store.closes().get(period)
         report = reconcile.chargeback_by_cluster(client, period, closed=closed is not None)
-        quality = data_quality(client, period)
+        quality = month_quality(store, period, closed is not None)
     title = f"chargeback {period} by cluster"
     if closed is not None:
         title += f" (closed {closed.close_id[:12]} by {closed.closed_by}: the frozen statements)"
     _emit(_with_quality(reconcile.report_rows(report), quality, fmt), fmt, output, title, reconcile.CLUSTER_COLUMNS)
     if fmt == "table":
         typer.echo(quality.text())
-        _echo_overlaps(client, period)
+        _echo_overlaps(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")
 
 
-def _echo_overlaps(client: Any, period: str) -> None:
+def _echo_overlaps(client: Any, period: str, label: str = "data quality") -> None:
     """The data-quality finding under a table: devices two clusters' jobs both claimed, naming both."""
     from sinks import reconcile
 
     with _warehouse_errors():
         found = reconcile.overlaps(client, period)
     for overlap in found:
-        typer.echo(f"data quality: {overlap.text()}")
+        typer.echo(f"{label}: {overlap.text()}")
 
 
 def _quota_report(settings: Settings, period: str, policy_path: Path | None, fmt: str, output: Path | None) -> None:
@@ -347,10 +347,9 @@ def report_journal(
     frozen statements of a closed month, else provisional (the statements as they would close now). Every
     line carries the month's data-quality figure (dq_* columns)."""
     from sinks import chargeback as cb
-    from sinks.data_quality import data_quality
     from sinks.governance_charges import configured_charges
     from sinks.journal import JOURNAL_COLUMNS
-    from sinks.statement_store import StatementStore, journal
+    from sinks.statement_store import StatementStore, journal, month_quality
 
     cb.check_period(period)
     if fmt not in ("csv", "parquet"):
@@ -359,9 +358,10 @@ def report_journal(
     contra = contra_cost_centre or settings.cluster_cost_centre or f"CLUSTER-{settings.cluster}"
     client = _client(settings, analyst=True)
     with _warehouse_errors():
-        lines = journal(StatementStore(client), period, lambda: configured_charges(settings, client, _now_ms()),
+        store = StatementStore(client)
+        lines = journal(store, period, lambda: configured_charges(settings, client, _now_ms()),
                         account=account, contra_cost_centre=contra, contra_account=contra_account)  # fmt: skip
-        quality = data_quality(client, period)
+        quality = month_quality(store, period, bool(lines) and lines[0].status == "closed")
     _emit(_with_quality([dataclasses.asdict(line) for line in lines], quality, fmt), fmt, output, "",
           JOURNAL_COLUMNS)  # fmt: skip
 

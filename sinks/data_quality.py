@@ -15,6 +15,10 @@ How far a month's charges can be trusted, over the jobs behind them (the whole m
   first and charged to the other (migration 016; `report chargeback` names each pair, sinks/reconcile.py).
 
 `figure` is pure over per-job facts; `data_quality` reads them (bound parameters, fixed identifiers).
+
+A closed month keeps the figure it closed with: each team's statement freezes its jobs' `Tally` (the figure's
+additive sums, integers, in the statement's content hash; sinks/statements.py), and the month's figure is the
+figure of their sum (`Tally.figure`), so data arriving later changes the live figure, never the closed one.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class JobFacts:
 
 @dataclass(frozen=True, slots=True)
 class DataQuality:
-    scope: str  # what the figure covers: "2026-11" or "2026-11 project p-x"
+    scope: str  # what the figure covers: "2026-11", "2026-11 project p-x", "2026-11 as closed"
     jobs: int
     coverage_pct: float
     unidentified_gpu_h: Decimal
@@ -56,6 +60,7 @@ class DataQuality:
     unknown_mig_gpu_h: Decimal
     overlap_gpu_h: Decimal = Decimal("0.000")
     overlap_jobs: int = 0
+    frozen: bool = False  # the figure a closed month's statements froze, not the ledger's now
 
     def columns(self) -> dict[str, Any]:
         """The figure as `dq_*` columns, for rows of CSV, JSON and Parquet outputs."""
@@ -86,33 +91,102 @@ def _gpu_h(seconds: int) -> Decimal:
     return (Decimal(seconds) / 3600).quantize(Decimal("0.001"))
 
 
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """The figure's additive sums over a set of jobs: what a closed statement freezes. Integers only, so a
+    statement's hash covers them exactly, and the sum of the teams' tallies is the month's."""
+
+    jobs: int = 0
+    allocated_s: int = 0
+    dark_s: int = 0
+    unidentified_s: int = 0
+    unidentified_jobs: int = 0
+    default_project_s: int = 0
+    claimed_project_s: int = 0
+    unpriced_s: int = 0
+    unknown_mig_s: int = 0
+    ceded_s: int = 0
+    overlap_jobs: int = 0
+
+    @classmethod
+    def of(cls, jobs: Iterable[JobFacts]) -> Tally:
+        listed = list(jobs)
+        return cls(
+            jobs=len(listed),
+            allocated_s=sum(j.allocated_s for j in listed),
+            dark_s=sum(j.dark_s for j in listed),
+            unidentified_s=sum(j.unidentified_s for j in listed),
+            unidentified_jobs=sum(1 for j in listed if j.unidentified_s > 0),
+            default_project_s=sum(j.allocated_s for j in listed if j.project_source == "DEFAULT"),
+            claimed_project_s=sum(j.allocated_s for j in listed if j.claimed),
+            unpriced_s=sum(j.unpriced_s for j in listed),
+            unknown_mig_s=sum(j.unknown_mig_s for j in listed),
+            ceded_s=sum(j.ceded_s for j in listed),
+            overlap_jobs=sum(1 for j in listed if j.ceded_s > 0),
+        )
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(*(getattr(self, name) + getattr(other, name) for name in TALLY_FIELDS))
+
+    def figure(self, scope: str, *, frozen: bool = False) -> DataQuality:
+        """Percentages of allocated GPU-seconds, one decimal; hours to 3 places."""
+        alloc = self.allocated_s
+        return DataQuality(
+            scope=scope,
+            jobs=self.jobs,
+            coverage_pct=_pct(alloc - self.dark_s, alloc),
+            unidentified_gpu_h=_gpu_h(self.unidentified_s),
+            unidentified_jobs=self.unidentified_jobs,
+            default_project_pct=_pct(self.default_project_s, alloc),
+            claimed_project_pct=_pct(self.claimed_project_s, alloc),
+            unpriced_gpu_h=_gpu_h(self.unpriced_s),
+            unknown_mig_gpu_h=_gpu_h(self.unknown_mig_s),
+            overlap_gpu_h=_gpu_h(self.ceded_s),
+            overlap_jobs=self.overlap_jobs,
+            frozen=frozen,
+        )
+
+
+TALLY_FIELDS = tuple(Tally.__dataclass_fields__)
+
+
 def figure(scope: str, jobs: Iterable[JobFacts]) -> DataQuality:
-    """The figure over `jobs` (pure): percentages of allocated GPU-seconds, one decimal; hours to 3 places."""
-    listed = list(jobs)
-    alloc = sum(j.allocated_s for j in listed)
-    return DataQuality(
-        scope=scope,
-        jobs=len(listed),
-        coverage_pct=_pct(alloc - sum(j.dark_s for j in listed), alloc),
-        unidentified_gpu_h=_gpu_h(sum(j.unidentified_s for j in listed)),
-        unidentified_jobs=sum(1 for j in listed if j.unidentified_s > 0),
-        default_project_pct=_pct(sum(j.allocated_s for j in listed if j.project_source == "DEFAULT"), alloc),
-        claimed_project_pct=_pct(sum(j.allocated_s for j in listed if j.claimed), alloc),
-        unpriced_gpu_h=_gpu_h(sum(j.unpriced_s for j in listed)),
-        unknown_mig_gpu_h=_gpu_h(sum(j.unknown_mig_s for j in listed)),
-        overlap_gpu_h=_gpu_h(sum(j.ceded_s for j in listed)),
-        overlap_jobs=sum(1 for j in listed if j.ceded_s > 0),
-    )
+    """The figure over `jobs` (pure)."""
+    return Tally.of(jobs).figure(scope)
+
+
+def frozen_figure(period: str, tallies: Iterable[Tally | None]) -> DataQuality | None:
+    """A closed month's figure from its statements' frozen tallies; None when there are none, or when a statement
+    froze none (closed before the figure was frozen with it)."""
+    listed = list(tallies)
+    if not listed or any(t is None for t in listed):
+        return None
+    return sum((t for t in listed if t is not None), Tally()).figure(f"{period} as closed", frozen=True)
 
 
 def data_quality(client: Any, period: str, project: str | None = None) -> DataQuality:
     """The month's figure from the ledger as it is now, over every job or over one project's (as charged:
     corrections applied)."""
+    facts = [f for _, f in job_facts(client, period, project)]
+    return figure(period if project is None else f"{period} project {project}", facts)
+
+
+def team_tallies(client: Any, period: str) -> dict[str, Tally]:
+    """Each team's tally of the month from the ledger as it is now: what `period close` freezes per statement."""
+    by_team: dict[str, list[JobFacts]] = {}
+    for team, facts in job_facts(client, period):
+        by_team.setdefault(team, []).append(facts)
+    return {team: Tally.of(facts) for team, facts in by_team.items()}
+
+
+def job_facts(client: Any, period: str, project: str | None = None) -> list[tuple[str, JobFacts]]:
+    """(team, facts) of each job with usage in the month (one project's, when given). A job's team is the one its
+    usage is charged to (the smallest, in the odd case of two)."""
     period = check_period(period)
     params = {"p": period, "project": project or "", "prefix": UNIDENTIFIED_PREFIX}
     usage = client.query(
         "SELECT cluster, job_id, sum(allocated_s), sum(dark_s), sum(unpriced_s), "
-        f"sumIf(allocated_s, gpu_share_slices = 0) FROM v_usage_priced WHERE {_MONTH} "
+        f"sumIf(allocated_s, gpu_share_slices = 0), min(team) FROM v_usage_priced WHERE {_MONTH} "
         "AND ({project:String} = '' OR project = {project:String}) GROUP BY cluster, job_id",
         parameters=params,
     ).result_rows
@@ -136,8 +210,8 @@ def data_quality(client: Any, period: str, project: str | None = None) -> DataQu
     unknown = {(c, j): int(s) for c, j, s in unidentified}
     given = {(c, j): int(s) for c, j, s in ceded}
     facts = []
-    for c, j, a, d, u, m in usage:
+    for c, j, a, d, u, m, team in usage:
         project_source, claimed = source.get((c, j), ("MISSING", False))
-        facts.append(JobFacts(int(a), int(d), int(u), int(m), unknown.get((c, j), 0), project_source, claimed,
-                              given.get((c, j), 0)))  # fmt: skip
-    return figure(period if project is None else f"{period} project {project}", facts)
+        facts.append((str(team), JobFacts(int(a), int(d), int(u), int(m), unknown.get((c, j), 0), project_source,
+                                          claimed, given.get((c, j), 0))))  # fmt: skip
+    return facts

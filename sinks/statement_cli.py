@@ -50,13 +50,24 @@ def _charges(settings: Settings, client: Any) -> list[Any]:
     return configured_charges(settings, client, _now_ms())
 
 
+def _team_quality(statement: Any, state: str) -> Any:
+    """The data-quality figure a statement froze (or, open, would freeze): its team's jobs; None if it has none."""
+    if statement.quality is None:
+        return None
+    scope = f"{statement.period} {statement.team or '(no team)'}" + (" as closed" if state == "closed" else "")
+    return statement.quality.figure(scope, frozen=state == "closed")
+
+
 def line_rows(statements: Iterable[Any], state: str) -> list[dict[str, Any]]:
+    """A row per line; each carries its statement's data-quality figure as dq_* columns when it has one."""
     from decimal import Decimal
 
     from sinks.ratecard import gpu_hours
 
     rows = []
     for s in statements:
+        quality = _team_quality(s, state)
+        dq = {} if quality is None else quality.columns()
         for line in s.lines:
             rows.append({
                 "period": s.period, "team": s.team, "statement": state, "kind": line.kind,
@@ -65,7 +76,7 @@ def line_rows(statements: Iterable[Any], state: str) -> list[dict[str, Any]]:
                 "generation": line.generation, "pricing_tier": line.pricing_tier, "preemptible": line.preemptible,
                 "rate_per_gpu_hour": (Decimal(line.rate_micro) / 1_000_000).quantize(Decimal("0.000001")),
                 "allocated_gpu_h": gpu_hours(line.allocated_s), "charge": line.charge, "cause_kind": line.cause_kind,
-                "cause_ref": line.cause_ref, "note": line.note,
+                "cause_ref": line.cause_ref, "note": line.note, **dq,
             })  # fmt: skip
     rows.sort(key=lambda r: (r["team"], ("usage", "adjustment", "reservation", "credit").index(r["kind"]),
                              r["job_id"], r["project"], r["generation"], r["rate_per_gpu_hour"]))  # fmt: skip
@@ -83,6 +94,7 @@ def period_close(
     corrections, credits, late data and rate changes become adjustment lines of the next open month."""
     from sinks import statement_store as store_mod
     from sinks.chargeback import check_period
+    from sinks.data_quality import frozen_figure
     from sinks.statements import check_closable
 
     check_period(period)
@@ -103,6 +115,9 @@ def period_close(
                    f"coverage {s.coverage_pct}%)  sha256 {s.content_hash}")
     verb = "would close" if dry_run else "closed"
     typer.echo(f"{period} {verb}: {len(statements)} statements, close {cid}")
+    quality = frozen_figure(period, (s.quality for s in statements))
+    if quality is not None:
+        typer.echo(f"frozen with it: {quality.text()}")
 
 
 @period_app.command("list")
@@ -156,6 +171,9 @@ def statement_show(
             total = getattr(s, "total_charge", None) or s.total()
             typer.echo(f"{s.period} {s.team or '(no team)'} [{state}] total {total}  statement "
                        f"{s.statement_id}")  # fmt: skip
+            quality = _team_quality(s, state)
+            if quality is not None:
+                typer.echo(f"  {quality.text()}")
     _emit(rows, fmt, output, f"statements {period} ({state})", TABLE_COLUMNS if fmt == "table" else
           STATEMENT_LINE_COLUMNS)  # fmt: skip
 

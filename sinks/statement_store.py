@@ -1,8 +1,9 @@
 """Statements in ClickHouse: the reads and writes around the pure `sinks.statements` (issue 19).
 
 `StatementStore` reads the ledger's current figures of a month (`v_usage_priced`), the closed months
-(`v_period_closes`) and their frozen lines (`v_statement_lines`), and writes a close (lines, then statements,
-then the `period_closes` row that makes it count; table definitions in sinks/migrations/012_statements.sql).
+(`v_period_closes`), their frozen lines (`v_statement_lines`) and data-quality tallies
+(`v_statement_data_quality`), and writes a close (lines and tallies, then statements, then the `period_closes`
+row that makes it count; tables in sinks/migrations/012_statements.sql and 024_statement_data_quality.sql).
 `prepare` and `close_period` put the pure functions together: which adjustments and charges a month gets,
 and the checks before a close. Values are bound parameters; table names are fixed here.
 """
@@ -10,12 +11,13 @@ and the checks before a close. Values are bound parameters; table names are fixe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
 from decimal import Decimal
 from typing import Any
 
 from base.errors import ConfigError
 from sinks.chargeback import check_period
+from sinks.data_quality import TALLY_FIELDS, DataQuality, Tally, frozen_figure, team_tallies
 from sinks.journal import JournalLine, StatementLike, build_journal
 from sinks.statements import (
     Charge,
@@ -44,6 +46,7 @@ STATEMENT_COLUMNS = (
     "allocated_s", "dark_s", "unpriced_s", "coverage_pct",
 )  # fmt: skip
 CLOSE_COLUMNS = ("period", "close_id", "closed_ms", "closed_by", "statements", "total_charge")
+QUALITY_COLUMNS = ("statement_id", "period", "team", *TALLY_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +72,10 @@ class StoredStatement:
     card_version: str
     total_charge: Decimal
     lines: tuple[StatementLine, ...]
+    quality: Tally | None = None  # the data-quality tally frozen with it (None: closed before migration 024)
 
     def recomputed(self) -> Statement:
-        return Statement(self.period, self.team, self.card_version, self.lines)
+        return Statement(self.period, self.team, self.card_version, self.lines, self.quality)
 
 
 def _line_row(statement: Statement, line: StatementLine) -> list[Any]:
@@ -103,6 +107,10 @@ class StatementStore:
     def __init__(self, client: Any) -> None:
         self._c = client
 
+    @property
+    def client(self) -> Any:
+        return self._c
+
     def _rows(self, sql: str, **params: Any) -> list[tuple[Any, ...]]:
         return list(self._c.query(sql, parameters=params).result_rows)
 
@@ -121,6 +129,10 @@ class StatementStore:
     def card_version(self) -> str:
         rows = self._rows("SELECT any(card_version) FROM v_rate_card")
         return str(rows[0][0]) if rows and rows[0][0] is not None else ""
+
+    def quality(self, period: str) -> dict[str, Tally]:
+        """Each team's data-quality tally of `period` from the ledger as it is now (what a close freezes)."""
+        return team_tallies(self._c, check_period(period))
 
     def segments(self, period: str) -> list[Segment]:
         """The ledger's figures of `period` as they are now, per job and rate (corrections applied)."""
@@ -184,11 +196,19 @@ class StatementStore:
                               p=period):  # fmt: skip
             values = dict(zip(LINE_COLUMNS, row, strict=True))
             lines.setdefault(str(values["statement_id"]), []).append(_line_from_row(values))
+        quality = {str(r[0]): Tally(*(int(v) for v in r[1:]))
+                   for r in self._rows(f"SELECT statement_id, {', '.join(TALLY_FIELDS)} FROM v_statement_data_quality "
+                                       "WHERE period = {p:String}", p=period)}  # fmt: skip
         return [
             StoredStatement(str(sid), str(per), str(team), int(ms), str(by), str(h), str(card), Decimal(total),
-                            tuple(sorted(lines.get(str(sid), []), key=lambda x: x.line_id)))
+                            tuple(sorted(lines.get(str(sid), []), key=lambda x: x.line_id)), quality.get(str(sid)))
             for sid, per, team, ms, by, h, card, total in rows
         ]  # fmt: skip
+
+    def frozen_quality(self, period: str) -> DataQuality | None:
+        """The data-quality figure closed month `period` froze (the sum of its statements' tallies); None when it
+        is not closed or was closed before the figure was frozen with its statements."""
+        return frozen_figure(period, (s.quality for s in self.statements(check_period(period))))
 
     # -- the write --
 
@@ -197,6 +217,10 @@ class StatementStore:
         line_rows = [_line_row(s, line) for s in statements for line in s.lines]
         if line_rows:
             self._c.insert("statement_lines", line_rows, column_names=list(LINE_COLUMNS))
+        quality_rows = [[s.statement_id, s.period, s.team, *astuple(s.quality)] for s in statements
+                        if s.quality is not None]  # fmt: skip
+        if quality_rows:
+            self._c.insert("statement_data_quality", quality_rows, column_names=list(QUALITY_COLUMNS))
         heads = [[
             s.statement_id, cid, s.period, s.team, closed_ms, closed_by, s.content_hash, s.card_version, len(s.lines),
             s.jobs, s.total("usage"), s.total("adjustment"), s.total("credit"), s.total("reservation"), s.total(),
@@ -234,7 +258,7 @@ def prepare(store: StatementStore, period: str, charges: Iterable[Charge] = ()) 
         if (c.kind, c.ref) not in done
         and (c.source_period == period or (c.source_period < period and c.source_period in closes and not open_before))
     ]  # fmt: skip
-    return build_statements(period, store.segments(period), adjustments, routed, card)
+    return build_statements(period, store.segments(period), adjustments, routed, card, store.quality(period))
 
 
 def close_period(
@@ -271,6 +295,21 @@ def journal(store: StatementStore, period: str, charges: ChargeSource, *, accoun
                if line.job_id and not line.cost_centre}  # fmt: skip
     return build_journal(period, statements, closed=closed, account=account, contra_cost_centre=contra_cost_centre,
                          contra_account=contra_account, job_cost_centres=store.job_cost_centres(unnamed))  # fmt: skip
+
+
+def month_quality(store: StatementStore, period: str, closed: bool) -> DataQuality:
+    """The data-quality figure a month's reports carry: a closed month's as frozen at its close, whatever arrived
+    since; an open month's from the ledger now. A month closed before the figure was frozen with its statements
+    has only the ledger's now, and its scope says so."""
+    from dataclasses import replace
+
+    from sinks.data_quality import data_quality
+
+    frozen = store.frozen_quality(period) if closed else None
+    if frozen is not None:
+        return frozen
+    live = data_quality(store.client, period)
+    return replace(live, scope=f"{period} now: closed before its figure was frozen") if closed else live
 
 
 @dataclass(frozen=True, slots=True)

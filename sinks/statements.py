@@ -22,6 +22,11 @@ Months close in order, so the earliest open month after a closed one is the one 
 
 Cents: usage lines as above; every other line is its exact numerator rounded half away from zero on its
 own. The content hash (`content_hash`) covers every line and figure, not who closed it or when.
+
+Data quality: a statement also freezes the data-quality tally of its team's jobs (`sinks.data_quality.Tally`:
+coverage, unidentified devices, default and claimed project shares, unpriced and unknown-MIG hours, overlaps),
+in its hash, so the figure a closed month shows is the one it closed with. A statement closed before this
+was frozen has none (`quality` None) and keeps the hash it closed with.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
 from base.errors import ConfigError
+from sinks.data_quality import Tally
 from sinks.ratecard import CENT, CENT_UNITS, allocate_cents
 
 KINDS = ("usage", "adjustment", "credit", "reservation")
@@ -163,6 +169,7 @@ class Statement:
     team: str
     card_version: str
     lines: tuple[StatementLine, ...]
+    quality: Tally | None = None  # the team's data-quality tally, frozen with the lines
 
     def total_cents(self, kind: str | None = None) -> int:
         return sum(line.cents for line in self.lines if kind is None or line.kind == kind)
@@ -184,7 +191,11 @@ class Statement:
 
     def canonical(self) -> dict[str, Any]:
         lines = sorted((line.canonical() for line in self.lines), key=lambda c: c["line_id"])
-        return {"period": self.period, "team": self.team, "card_version": self.card_version, "lines": lines}
+        out: dict[str, Any] = {"period": self.period, "team": self.team, "card_version": self.card_version,
+                               "lines": lines}  # fmt: skip
+        if self.quality is not None:  # absent, not null, on a statement that froze none: its hash stays
+            out["data_quality"] = asdict(self.quality)
+        return out
 
     @property
     def content_hash(self) -> str:
@@ -325,20 +336,26 @@ def build_statements(
     adjustments: Iterable[StatementLine],
     charges: Iterable[Charge],
     card_version: str,
+    quality: Mapping[str, Tally] | None = None,
 ) -> tuple[Statement, ...]:
     """Every team's statement of `period`: its usage, plus the adjustments and charges routed to it (the
-    caller passes only those). A team with only adjustments or charges gets a statement too."""
+    caller passes only those). A team with only adjustments or charges gets a statement too. With `quality`
+    (each team's data-quality tally), every statement carries its team's (zero for a team with no jobs)."""
     lines = usage_lines(period, segments)
     for adj in adjustments:
         lines.setdefault(adj.team, []).append(adj)
     for charge in charges:
         lines.setdefault(charge.team, []).append(charge.line())
+    for team in quality or {}:
+        lines.setdefault(team, [])  # the figure of every job is frozen somewhere
     out = []
     for team in sorted(lines):
         ids = [line.line_id for line in lines[team]]
         if len(set(ids)) != len(ids):
             raise ValueError(f"statement {period} {team}: two lines with the same identity")
-        out.append(Statement(period, team, card_version, tuple(sorted(lines[team], key=lambda x: x.line_id))))
+        tally = None if quality is None else quality.get(team, Tally())
+        out.append(Statement(period, team, card_version, tuple(sorted(lines[team], key=lambda x: x.line_id)),
+                             tally))  # fmt: skip
     return tuple(out)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 
-from sinks.data_quality import DQ_COLUMNS, DataQuality, JobFacts, figure
+from sinks.data_quality import DQ_COLUMNS, DataQuality, JobFacts, Tally, figure, frozen_figure
 
 # allocated, dark, unpriced, unknown MIG, unidentified seconds; project source; claimed
 JOBS = [
@@ -40,3 +41,20 @@ def test_columns_and_text() -> None:
         "profile)"
     )
     assert "MIG" not in figure("2026-11", JOBS[:2]).text()
+
+
+def test_tallies_add_up_to_the_months_figure() -> None:
+    # Each team's tally frozen on its statement; the month's figure is the figure of their sum, the same as the
+    # figure over every job (percentages are not additive, the seconds are).
+    vision, nlp = Tally.of(JOBS[:2]), Tally.of(JOBS[2:])
+    assert (vision.jobs, vision.dark_s, vision.unidentified_s, vision.default_project_s) == (2, 4320, 3600, 3600)
+    month = frozen_figure("2026-11", [vision, nlp])
+    assert month == dataclasses.replace(figure("2026-11 as closed", JOBS), frozen=True)
+    assert month is not None and month.frozen and month.columns()["dq_frozen"] is True
+    assert "(2026-11 as closed, 4 jobs)" in month.text()
+
+
+def test_no_frozen_figure_without_every_statements_tally() -> None:
+    assert frozen_figure("2026-11", []) is None
+    assert frozen_figure("2026-11", [Tally.of(JOBS), None]) is None  # closed before figures were frozen
+    assert frozen_figure("2026-11", [Tally()]) == dataclasses.replace(figure("2026-11 as closed", []), frozen=True)

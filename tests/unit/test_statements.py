@@ -115,6 +115,29 @@ def test_the_hash_covers_every_line_and_figure_but_not_the_order() -> None:
     assert dataclasses.replace(st, card_version="card-2").content_hash != st.content_hash
 
 
+def test_the_hash_covers_the_data_quality_tally_frozen_with_it() -> None:
+    import hashlib
+    import json
+
+    from sinks.data_quality import Tally
+
+    tally = Tally(jobs=2, allocated_s=2 * H, dark_s=600, default_project_s=H)
+    (st,) = build_statements("2026-09", [seg("a1"), seg("a2")], [], [], "card-1", {"vision": tally})
+    assert st.quality == tally and st.canonical()["data_quality"]["dark_s"] == 600
+    for change in ({"dark_s": 0}, {"jobs": 3}, {"unidentified_s": 1}, {"ceded_s": 60}):
+        assert dataclasses.replace(st, quality=dataclasses.replace(tally, **change)).content_hash != st.content_hash
+    # Without a tally (a statement closed before figures were frozen) the hash is the lines' alone, as it was.
+    (plain,) = build_statements("2026-09", [seg("a1"), seg("a2")], [], [], "card-1")
+    assert plain.quality is None and "data_quality" not in plain.canonical()
+    text = json.dumps({"period": "2026-09", "team": "vision", "card_version": "card-1",
+                       "lines": sorted((line.canonical() for line in plain.lines), key=lambda c: c["line_id"])},
+                      sort_keys=True, separators=(",", ":"))  # fmt: skip
+    assert plain.content_hash == hashlib.sha256(text.encode()).hexdigest()
+    # A team with no usage still gets its tally frozen; a team with lines and no jobs gets a zero tally.
+    both = build_statements("2026-09", [seg("a1")], [], [], "card-1", {"nlp": Tally(jobs=1, allocated_s=60)})
+    assert [(s.team, s.quality) for s in both] == [("nlp", Tally(jobs=1, allocated_s=60)), ("vision", Tally())]
+
+
 def test_closing_checks_each_give_one_line() -> None:
     now = period_end_ms("2026-11") + 1
     check_closable("2026-11", now, closed={"2026-10"}, with_usage={"2026-10", "2026-11"})
