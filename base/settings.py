@@ -189,10 +189,17 @@ class ClickHouseSettings(BaseModel):
 
 class ChatRoute(BaseModel):
     """Where alerts for a user, a team or everyone else go: an apprise URL (secret: it carries the
-    webhook token) and the channel or direct-message name shown in the message."""
+    webhook token) and the channel or direct-message name shown in the message.
+
+    `format = "slack"`: `url` is an http(s) endpoint taking Slack's message JSON (Slack's chat.postMessage with
+    `token`, a Slack incoming webhook, or a compatible one), posted by gpuledger itself so that the `ts` the
+    endpoint answers with is kept, and an appeal's decision goes as a reply (`thread_ts`) in its warning's thread
+    (sinks/chat.py `slack_post`). apprise cannot thread: it gives no message id back."""
 
     url: SecretStr
     channel: str = ""
+    format: Literal["apprise", "slack"] = "apprise"
+    token: SecretStr | None = None  # format slack: sent as `Authorization: Bearer` (Slack's Web API)
 
 
 class ChatSettings(BaseModel):

@@ -376,7 +376,8 @@ LAG_REFRESH_S = 2.0
 
 
 class RecordAgent:
-    """One agent over one contract topic: decode or dead-letter, handle in order, flush, ack.
+    """One agent over one contract topic (or a few, each with its handler): decode or dead-letter, handle in
+    order, flush, ack.
 
     At least once, as `ConsumerLoop`: a batch is acked only once every record of it was handled and its
     dead letters were delivered (the producer flushed), and faust commits only acked offsets, so a crash
@@ -395,6 +396,7 @@ class RecordAgent:
         meter: Any = None,
         out_label: str = "handled",
         codec: AvroCodec | None = None,
+        more: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
     ) -> None:
         self.app = app
         self.topic_name = topic_name
@@ -402,9 +404,12 @@ class RecordAgent:
         self.codec = codec or AvroCodec.from_settings(kafka)
         self.dead_letters: Any = FaustDeadLetters(app)
         self.handle = handle
+        # `more`: other topics (broker-side names) read by the same agent, each into its own handler (the chat
+        # worker reads alerts and appeals); one batch may mix them, handled in the order they came.
+        self.handlers = {topic_name: handle, **(more or {})}
         self.meter = meter
         self.out_label = out_label
-        self.source = raw_topic(app, topic_name)
+        self.source = raw_topic(app, *self.handlers)
         self.stats = RecordStats()
         self.last_input = time.monotonic()
         self.busy = False  # a batch in hand (`drained`)
@@ -435,7 +440,7 @@ class RecordAgent:
                 log.warning("dead-lettered %s[%d]@%d: it does not decode or validate",
                             source.topic, source.partition, source.offset)  # fmt: skip
                 continue
-            await loop.run_in_executor(self.pool, self.handle, record)
+            await loop.run_in_executor(self.pool, self.handlers.get(source.topic, self.handle), record)
             handled += 1
             self.stats.handled += 1
         await delivered(self.app)  # the dead letters delivered before the batch is acked
@@ -443,12 +448,15 @@ class RecordAgent:
             await stream.ack(event)
         self.stats.batches += 1
         if self.meter is not None:
-            self.meter.records_in(self.topic_name, len(events))
+            for name in self.handlers:
+                arrived = sum(1 for event in events if event.message.topic == name)
+                if arrived:
+                    self.meter.records_in(name, arrived)
             self.meter.records_out(self.out_label, handled)
 
     async def idle_for(self, seconds: float, ready: bool) -> bool:
         """Nothing read for `seconds` once ready, no batch in hand, the topic read to its end (`drained`)."""
-        return await drained(self.app, self, [self.topic_name], seconds, ready)
+        return await drained(self.app, self, list(self.handlers), seconds, ready)
 
     async def refresh_lag(self) -> None:
         """Lag per topic (high watermark less position over the assigned partitions), every `LAG_REFRESH_S`."""
@@ -456,16 +464,19 @@ class RecordAgent:
         if self.meter is None or now < self._next_lag:
             return
         self._next_lag = now + LAG_REFRESH_S
+        lags: dict[str, int] = {}
         try:
-            tps = [tp for tp in self.app.consumer.assignment() if tp.topic == self.topic_name]
-            ends = await self.app.consumer.highwaters(*tps) if tps else {}
-            lag = 0
-            for tp in tps:
-                pos = await self.app.consumer.position(tp)
-                lag += max(0, ends.get(tp, 0) - (pos or 0))
+            for name in self.handlers:
+                tps = [tp for tp in self.app.consumer.assignment() if tp.topic == name]
+                ends = await self.app.consumer.highwaters(*tps) if tps else {}
+                lags[name] = 0
+                for tp in tps:
+                    pos = await self.app.consumer.position(tp)
+                    lags[name] += max(0, ends.get(tp, 0) - (pos or 0))
         except Exception:  # not started, or between rebalances: at the next refresh
             return
-        self.meter.set_lag(str(self.app.conf.id), self.topic_name, lag)
+        for name, lag in lags.items():
+            self.meter.set_lag(str(self.app.conf.id), name, lag)
 
 
 def build_record_app(
@@ -479,8 +490,10 @@ def build_record_app(
     meter: Any = None,
     out_label: str = "handled",
     dead_letters: Callable[[Any], Any] | None = None,
+    more: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
 ) -> tuple[faust.App, RecordAgent]:
-    """A faust app (id and consumer group `group_id`) with one agent reading `topic_name` into `handle`.
+    """A faust app (id and consumer group `group_id`) with one agent reading `topic_name` into `handle` (and
+    each topic of `more` into its handler).
     It declares no topic (`topic_allow_declare=False`), has no table (no changelog topic) and no
     leader-assignor topic (`topic_disable_leader`): it needs READ on the topic and on its group, WRITE on
     `<topic>.dlq`, nothing more. `dead_letters` may wrap the dead-letter sink (metrics)."""
@@ -504,7 +517,7 @@ def build_record_app(
         topic_allow_declare=False,
     )
     use_project_clients(app)
-    agent = RecordAgent(kafka, app, topic_name, handle, meter=meter, out_label=out_label)
+    agent = RecordAgent(kafka, app, topic_name, handle, meter=meter, out_label=out_label, more=more)
     if dead_letters is not None:
         dead_letters(agent.dead_letters)
 
@@ -529,14 +542,16 @@ def run_record_agent(
     out_label: str = "handled",
     dead_letters: Callable[[Any], Any] | None = None,
     policy: RecoveryPolicy | None = None,
+    more: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
 ) -> RecordStats:
-    """Handle every record of `topic_name` (broker-side name) until `stop()` or, when given, `max_idle_s`
-    without a record once the topic is read to its end; a crashed app is replaced in-process."""
+    """Handle every record of `topic_name` (broker-side name; and of each topic of `more`, with its handler)
+    until `stop()` or, when given, `max_idle_s` without a record once the topics are read to their end; a
+    crashed app is replaced in-process."""
 
     async def serve(datadir: str) -> RecordStats:
         app, agent = build_record_app(
             kafka, group_id, topic_name, handle, datadir=datadir, commit_interval_s=commit_interval_s,
-            meter=meter, out_label=out_label, dead_letters=dead_letters,
+            meter=meter, out_label=out_label, dead_letters=dead_letters, more=more,
         )  # fmt: skip
         idle = None if max_idle_s is None else (lambda ready: agent.idle_for(max_idle_s, ready))
         try:

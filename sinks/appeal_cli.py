@@ -12,8 +12,9 @@
 The topic is the record: each command reads it whole, folds it under the policy (`schemas/governance_appeals.py`)
 and publishes the new step only if the rules allow it; anything refused is one line on stderr, exit 2, and no
 event. What the appeal is about is looked up in ClickHouse (`sinks/governance.py`). Who acts is `--by` (default:
-the login name), as for `attribution correct`. A decision and an escalation are posted to chat (the job's route,
-and the default route for escalations) when a route is configured; a failed post is logged, never fatal.
+the login name), as for `attribution correct`. The commands post nothing to chat: the chat worker (`chat run`,
+sinks/chat_appeals.py) reads appeals.v1 and posts each decision as a reply in its warning's thread and each
+escalation to the operators' channel, once.
 """
 
 from __future__ import annotations
@@ -83,27 +84,6 @@ def publish_step(settings: Settings, event: dict[str, Any]) -> None:
     pub = RecordPublisher(settings.kafka)
     pub.publish(APPEALS, job_key(event["cluster"], event["job_id"]), event)
     pub.flush()
-
-
-def _notify(settings: Settings, event: dict[str, Any], *, operators: bool) -> None:
-    """Best effort: post the step to the job's chat route (the operators' default route for an escalation)."""
-    from sinks.chat import apprise_send, resolve
-
-    chat = settings.sinks.chat
-    if operators:
-        route = chat.default
-    else:
-        dest = resolve({"user": event["user"], "team": event["team"]}, chat)
-        route = None if dest is None else dest.route
-    if route is None or chat.dry_run:
-        return
-    title = f"appeal {event['appeal_id']} {event['event_type'].lower()}"
-    body = f"job {event['job_id']} ({event['team'] or 'no team'}): {event.get('decision') or ''} {event['text']}"
-    try:
-        if not apprise_send(route.url.get_secret_value(), title, body.strip()):
-            log.warning("chat did not take %s", title)
-    except Exception as exc:  # a chat outage never undoes a published decision
-        log.warning("chat post of %s failed: %s", title, exc)
 
 
 @appeal_app.command("file")
@@ -176,7 +156,6 @@ def appeal_decide(
     event = decide_event(_appeals(settings, policy), policy, appeal_id, by or getpass.getuser(), decision, note,
                          _now_ms(), credit_cents=cents, exemption_hours=hours)  # fmt: skip
     publish_step(settings, event)
-    _notify(settings, event, operators=False)
     what = f"credit {cents / 100:.2f}" if cents else decision.lower()
     typer.echo(f"appeal {appeal_id} decided: {what}")
 
@@ -210,14 +189,14 @@ def escalate_once(settings: Settings, policy: Any, now_ms: int) -> list[dict[str
 
     out = escalations(_appeals(settings, policy), now_ms)
     for event in out:
-        publish_step(settings, event)
-        _notify(settings, event, operators=True)
+        publish_step(settings, event)  # the chat worker posts it to the operators' channel
     return out
 
 
 @appeal_app.command("escalate")
 def appeal_escalate(policy_path: Path | None = POLICY_OPTION, state_dir: Path | None = STATE_DIR_OPTION) -> None:
-    """Escalate, once, every appeal undecided past its deadline (an ESCALATED step and a post to the operators)."""
+    """Escalate, once, every appeal undecided past its deadline (an ESCALATED step; the chat worker posts it to
+    the operators' channel)."""
     settings = settings_for(state_dir)
     for event in escalate_once(settings, _policy(settings, policy_path), _now_ms()):
         typer.echo(f"appeal {event['appeal_id']} escalated: {event['text']}")

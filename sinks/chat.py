@@ -2,7 +2,10 @@
 
 Pure parts (routing, templates, dedupe, rate limit, URL masking) take plain data and an injected
 clock; `ChatNotifier` sends through apprise (Slack, Mattermost, Teams, email, generic JSON webhook:
-any apprise URL). `WebhookReceiver` is a loopback webhook endpoint for tests and demos.
+any apprise URL), or, for a route of format "slack", posts Slack's message JSON itself (`slack_post`) and keeps
+the `ts` the endpoint answers with: the thread an appeal's decision is posted into (sinks/chat_appeals.py).
+`WebhookReceiver` is a loopback webhook endpoint for tests and demos; it answers a Slack-format post as
+chat.postMessage does, with a `ts`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ class Destination:
     @property
     def masked(self) -> str:
         return mask_url(self.route.url.get_secret_value())
+
+
+def routes(chat: ChatSettings) -> list[Destination]:
+    """Every configured route as the destination `resolve` would make of it."""
+    out = [Destination("user", user, route.channel or f"@{user}", route) for user, route in chat.users.items()]
+    out += [Destination("team", team, route.channel or f"#{team}", route) for team, route in chat.teams.items()]
+    if chat.default is not None:
+        out.append(Destination("default", "default", chat.default.channel or "#gpu-alerts", chat.default))
+    return out
+
+
+def by_masked(chat: ChatSettings, masked: str, channel: str) -> Destination | None:
+    """The configured route a delivery went to, from what was journalled of it (the masked URL and the
+    channel): the same webhook and channel, whichever user or team it is configured under."""
+    found = [d for d in routes(chat) if d.masked == masked and d.channel == channel]
+    return found[0] if found else None
 
 
 def resolve(alert: dict[str, Any], chat: ChatSettings) -> Destination | None:
@@ -135,13 +154,17 @@ class RateLimiter:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    alert_id: str
-    status: str  # sent, dry-run, duplicate, rate-limited, no-route, skipped-kind, failed
+    alert_id: str  # an alert's id, or an appeal step's event_id
+    status: str  # sent, dry-run, duplicate, rate-limited, no-route, skipped-kind, failed (appeals: + no-policy)
     destination: str = ""  # masked
     channel: str = ""
+    thread_ts: str = ""  # the id the chat gave the post (format slack), its thread's for the replies to it
+    reply_to: str = ""  # a reply's: the alert whose thread it went to
 
 
 Sender = Callable[[str, str, str], bool]  # (url, title, body) -> delivered
+# (route, title, body, thread_ts to reply in or "") -> (delivered, the post's ts or "")
+SlackSender = Callable[[ChatRoute, str, str, str], tuple[bool, str]]
 
 
 def apprise_send(url: str, title: str, body: str) -> bool:
@@ -154,6 +177,55 @@ def apprise_send(url: str, title: str, body: str) -> bool:
     return bool(app.notify(body=body, title=title))
 
 
+def slack_message(route: ChatRoute, title: str, body: str, thread_ts: str = "") -> dict[str, Any]:
+    """Slack's message JSON: the title in bold over the body; the channel when the route names one (the Web
+    API needs it; an incoming webhook posts to its own); `thread_ts` to reply in a thread."""
+    message: dict[str, Any] = {"text": f"*{title}*\n{body}", "unfurl_links": False}
+    if route.channel:
+        message["channel"] = route.channel
+    if thread_ts:
+        message["thread_ts"] = thread_ts
+    return message
+
+
+def slack_post(route: ChatRoute, title: str, body: str, thread_ts: str = "") -> tuple[bool, str]:
+    """POST `slack_message` to the route's endpoint (`Authorization: Bearer` with its token). Delivered when it
+    answers 2xx and not Slack's `{"ok": false}`; the post's `ts` when the answer carries one (chat.postMessage
+    does; an incoming webhook answers `ok` and gives none, so nothing can reply in its thread)."""
+    import httpx
+
+    url = route.url.get_secret_value()
+    headers = {"Content-Type": "application/json; charset=utf-8"}
+    if route.token is not None:
+        headers["Authorization"] = f"Bearer {route.token.get_secret_value()}"
+    try:
+        resp = httpx.post(url, json=slack_message(route, title, body, thread_ts), headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        log.error("chat post to %s failed: %s", mask_url(url), type(exc).__name__)
+        return False, ""
+    if resp.status_code // 100 != 2:
+        log.error("chat post to %s: HTTP %d", mask_url(url), resp.status_code)
+        return False, ""
+    try:
+        answer = resp.json()
+    except ValueError:
+        return True, ""  # an incoming webhook's plain "ok"
+    if not isinstance(answer, dict):
+        return True, ""
+    if answer.get("ok") is False:
+        log.error("chat post to %s refused: %s", mask_url(url), str(answer.get("error", "?"))[:80])
+        return False, ""
+    return True, str(answer.get("ts") or "")
+
+
+def post(dest: Destination, title: str, body: str, thread_ts: str, sender: Sender,
+         slack_sender: SlackSender) -> tuple[bool, str]:  # fmt: skip
+    """Send to `dest` the way its route's format wants: (delivered, the post's ts or "")."""
+    if dest.route.format == "slack":
+        return slack_sender(dest.route, title, body, thread_ts)
+    return sender(dest.route.url.get_secret_value(), title, body), ""
+
+
 class ChatNotifier:
     def __init__(
         self,
@@ -162,10 +234,12 @@ class ChatNotifier:
         clock_ms: Callable[[], int],
         sender: Sender = apprise_send,
         already_sent: Iterable[str] = (),
+        slack_sender: SlackSender = slack_post,
     ) -> None:
         self._chat = chat
         self._clock_ms = clock_ms
         self._send = sender
+        self._slack_send = slack_sender
         self._dedupe = Deduper(chat.dedupe_window)
         for alert_id in already_sent:  # remembered across restarts (chat_deliveries)
             self._dedupe.first_time(alert_id)
@@ -188,16 +262,16 @@ class ChatNotifier:
         if self._chat.dry_run:
             log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
             return Delivery(alert_id, "dry-run", dest.masked, dest.channel)
-        ok = self._send(dest.route.url.get_secret_value(), title, body)
+        ok, ts = post(dest, title, body, "", self._send, self._slack_send)
         log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
-        return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel)
+        return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel, ts)
 
 
 # -- the delivery journal (ClickHouse `chat_deliveries`) ---------------------------------------------
 
 # Outcomes worth a row: a send attempt or a routing problem; duplicates and skipped kinds are not.
-RECORDED_STATUSES = frozenset({"sent", "dry-run", "failed", "rate-limited", "no-route"})
-DELIVERY_COLUMNS = ["alert_id", "ts_ms", "status", "channel", "destination"]
+RECORDED_STATUSES = frozenset({"sent", "dry-run", "failed", "rate-limited", "no-route", "no-policy"})
+DELIVERY_COLUMNS = ["alert_id", "ts_ms", "status", "channel", "destination", "thread_ts", "reply_to"]
 
 
 def recently_delivered(client: Any, window: int) -> list[str]:
@@ -215,9 +289,20 @@ def record_delivery(client: Any, delivery: Delivery, ts_ms: int) -> bool:
     """Journal one delivery outcome in `chat_deliveries` when it is worth a row; True when written."""
     if delivery.status not in RECORDED_STATUSES:
         return False
-    row = [delivery.alert_id, ts_ms, delivery.status, delivery.channel, delivery.destination]
+    row = [delivery.alert_id, ts_ms, delivery.status, delivery.channel, delivery.destination, delivery.thread_ts,
+           delivery.reply_to]  # fmt: skip
     client.insert("chat_deliveries", [row], column_names=DELIVERY_COLUMNS)
     return True
+
+
+def delivered_post(client: Any, alert_id: str) -> tuple[str, str, str] | None:
+    """(masked destination, channel, thread_ts) of the alert's post, when one was sent (or dry-run)."""
+    rows = client.query(
+        "SELECT destination, channel, thread_ts FROM chat_deliveries FINAL "
+        "WHERE alert_id = {a:String} AND status IN ('sent', 'dry-run')",
+        parameters={"a": alert_id},
+    ).result_rows
+    return (str(rows[0][0]), str(rows[0][1]), str(rows[0][2])) if rows else None
 
 
 def local_receiver_routes(chat: ChatSettings, port: int) -> ChatSettings:
@@ -245,6 +330,7 @@ class WebhookReceiver:
         self.received: list[dict[str, Any]] = []
         self._out = out
         self._lock = threading.Lock()
+        self._posts = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -255,10 +341,18 @@ class WebhookReceiver:
                     body: Any = json.loads(raw)
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
-                receiver._store({"path": self.path, "content_type": self.headers.get("Content-Type"), "body": body})
+                item = {"path": self.path, "content_type": self.headers.get("Content-Type"), "body": body}
+                answer = b""
+                if isinstance(body, dict) and "text" in body:  # Slack's message JSON: answer as chat.postMessage
+                    item["ts"] = receiver._next_ts()
+                    answer = json.dumps({"ok": True, "channel": body.get("channel", ""), "ts": item["ts"]}).encode()
+                receiver._store(item)
                 self.send_response(200)
-                self.send_header("Content-Length", "0")
+                if answer:
+                    self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
+                self.wfile.write(answer)
 
             def do_GET(self) -> None:
                 with receiver._lock:
@@ -278,6 +372,14 @@ class WebhookReceiver:
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
+
+    def _next_ts(self) -> str:
+        """A Slack-like message id: seconds since the epoch, then a sequence number (unique per receiver)."""
+        import time
+
+        with self._lock:
+            self._posts += 1
+            return f"{int(time.time())}.{self._posts:06d}"
 
     def _store(self, item: dict[str, Any]) -> None:
         with self._lock:

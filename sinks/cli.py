@@ -411,9 +411,12 @@ def chat_run(
     ),
     state_dir: Path | None = STATE_DIR,
 ) -> None:
-    """Consume the alerts topic and post each alert to its routed channel."""
-    from schemas.topics import ALERTS
+    """Consume the alerts topic and post each alert to its routed channel; and the appeals topic: each decision
+    as a reply in its warning's thread, each escalation to the operators' channel (with the policy's rules)."""
+    from schemas.policy import load_policy
+    from schemas.topics import ALERTS, APPEALS
     from sinks.chat import ChatNotifier, local_receiver_routes, recently_delivered, record_delivery
+    from sinks.chat_appeals import appeal_notifier
     from sinks.streams import consume_records
 
     settings = start_service(state_dir)
@@ -423,9 +426,10 @@ def chat_run(
         chat = local_receiver_routes(chat, local_receiver)
     recent = recently_delivered(client, chat.dedupe_window)
     notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=recent)
+    policy = None if settings.policy_path is None else load_policy(settings.policy_path)
+    appeals = appeal_notifier(chat, client, settings.kafka, policy, recent)
 
-    def handle(record: dict[str, Any]) -> None:
-        delivery = notifier.handle(record)
+    def journal(delivery: Any) -> None:
         logging.getLogger("gpuledger.chat").info("%s %s %s", delivery.alert_id, delivery.status, delivery.channel)
         record_delivery(client, delivery, _now_ms())
 
@@ -433,11 +437,12 @@ def chat_run(
         settings,
         ALERTS,
         f"{settings.sinks.group_id}-chat",
-        handle,
+        lambda record: journal(notifier.handle(record)),
         stop_signal("chat"),
         max_idle_s,
         metrics_component="chat",
         out_label="chat",
+        also={APPEALS: lambda record: journal(appeals.handle(record))},
     )
 
 

@@ -8,7 +8,7 @@ what was acked) only after each of its records was handled and its dead letters 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from base.settings import Settings
@@ -26,9 +26,11 @@ def consume_records(
     *,
     metrics_component: str | None = None,
     out_label: str = "handled",
+    also: Mapping[Topic, Callable[[dict[str, Any]], Any]] | None = None,
 ) -> int:
     """Handle every record of `topic` until `should_stop()` (or `max_idle_s` without a record, once the
-    topic is read to its end); returns how many were handled. The faust app's id is `group_id` (its
+    topic is read to its end); returns how many were handled. `also`: more topics read by the same agent (one
+    consumer group), each record of one handed to its own handler. The faust app's id is `group_id` (its
     consumer group). With `metrics_component`, count records in (per topic), handled
     (`records_out{topic=out_label}`) per batch, dead letters and lag, and serve /metrics.
 
@@ -56,5 +58,6 @@ def consume_records(
         meter=meter,
         out_label=out_label,
         dead_letters=count_dead_letters,
+        more={settings.kafka.topic(t.name): h for t, h in (also or {}).items()},
     )
     return stats.handled

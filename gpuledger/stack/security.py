@@ -492,9 +492,9 @@ def component_acls(
     topics(PRINCIPALS["web"], "WRITE", t.CORRECTIONS, t.APPEALS, t.RESERVATIONS)
     topics(PRINCIPALS["web"], "READ", t.APPEALS, t.RESERVATIONS)
     grants.append(Grant(PRINCIPALS["web"], "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
-    for user, topic, group in ((chat, t.ALERTS, "chat"), (reclaim, t.RECLAIM_ACTIONS, "reclaim")):
-        topics(user, "READ", topic)
-        topics(user, "WRITE", topic.dlq)
+    for user, read, group in ((chat, (t.ALERTS, t.APPEALS), "chat"), (reclaim, (t.RECLAIM_ACTIONS,), "reclaim")):
+        topics(user, "READ", *read)  # chat: appeals too (decisions into the warning's thread, escalations)
+        topics(user, "WRITE", *(topic.dlq for topic in read))
         grants.append(Grant(user, "group", f"{sinks_group}-{group}", "READ"))
     return list(dict.fromkeys(grants))  # DESCRIBE follows each READ and WRITE: once per topic
 

@@ -128,8 +128,8 @@ def test_record_delivery_journals_attempts_and_routing_problems_only() -> None:
     assert client.inserts == [
         (
             "chat_deliveries",
-            [["a1", 5, "sent", "#x", "json://***"]],
-            ["alert_id", "ts_ms", "status", "channel", "destination"],
+            [["a1", 5, "sent", "#x", "json://***", "", ""]],
+            ["alert_id", "ts_ms", "status", "channel", "destination", "thread_ts", "reply_to"],
         )
     ]
 

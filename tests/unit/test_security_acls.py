@@ -31,8 +31,9 @@ def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write
     assert not any(governance & _may(grants, c, "WRITE") for c in PRINCIPALS if c not in ("producers", "web"))
     assert governance & _may(grants, "web", "WRITE") == governance  # appeals and reservations from the pages
     assert _may(grants, "sinks", "WRITE") == {f"{t}.dlq" for t in ledger | sources | governance}
-    assert _may(grants, "chat", "READ") == {"alerts.v1"} and _may(grants, "reclaim", "READ") == {"actions.reclaim.v1"}
-    assert _may(grants, "chat", "WRITE") == {"alerts.v1.dlq"}
+    assert _may(grants, "chat", "READ") == {"alerts.v1", "appeals.v1"}  # decisions into the warning's thread
+    assert _may(grants, "reclaim", "READ") == {"actions.reclaim.v1"}
+    assert _may(grants, "chat", "WRITE") == {"alerts.v1.dlq", "appeals.v1.dlq"}
     groups = {(g.user, g.name, g.prefixed) for g in grants if g.resource == "group" and g.operation == "READ"}
     assert groups == {("gpuledger-processors", "gpuledger-processors", True),
                       ("gpuledger-sinks", "gpuledger-sinks", False), ("gpuledger-chat", "gpuledger-sinks-chat", False),
@@ -80,20 +81,22 @@ def test_the_job_agents_log_in_as_the_processors_and_need_no_grant_of_their_own(
 def test_the_chat_and_reclaim_agents_need_only_their_topic_their_group_and_its_dead_letters(tmp_path) -> None:
     """`chat run` and `reclaim run` (one faust app each, `schemas.agents.build_record_app`): the app id is
     the consumer group their principal may read as, and the app declares nothing (no topic creation, no
-    Table, no leader-assignor topic), so READ on the topic and the group and WRITE on `<topic>.dlq` suffice."""
+    Table, no leader-assignor topic), so READ on the topics and the group and WRITE on `<topic>.dlq` suffice.
+    The chat worker's agent reads alerts and appeals (its appeal steps: read whole too, with no group)."""
     from base.settings import KafkaSettings
     from schemas.agents import build_record_app
 
     grants = component_acls("staging.", sinks_group="s")
-    for component, topic, group in (("chat", "alerts.v1", "s-chat"), ("reclaim", "actions.reclaim.v1", "s-reclaim")):
+    for component, topics, group in (("chat", ("alerts.v1", "appeals.v1"), "s-chat"),
+                                     ("reclaim", ("actions.reclaim.v1",), "s-reclaim")):  # fmt: skip
         user = PRINCIPALS[component]
         assert {(g.name, g.prefixed) for g in grants if g.user == user and g.resource == "group"} == {(group, False)}
-        assert _may(grants, component, "READ") == {f"staging.{topic}"}
-        assert _may(grants, component, "WRITE") == {f"staging.{topic}.dlq"}
+        assert _may(grants, component, "READ") == {f"staging.{t}" for t in topics}
+        assert _may(grants, component, "WRITE") == {f"staging.{t}.dlq" for t in topics}
         assert not {g for g in grants if g.user == user and g.resource == "cluster"}
-        app, agent = build_record_app(
-            KafkaSettings(topic_prefix="staging."), group, f"staging.{topic}", lambda r: None, datadir=str(tmp_path)
-        )
+        more = {f"staging.{t}": lambda r: None for t in topics[1:]}
+        app, agent = build_record_app(KafkaSettings(topic_prefix="staging."), group, f"staging.{topics[0]}",
+                                      lambda r: None, datadir=str(tmp_path), more=more)  # fmt: skip
         assert app.conf.id == group and app.conf.topic_disable_leader and not app.conf.topic_allow_declare
-        assert not app.tables and agent.source.topics == (f"staging.{topic}",)
+        assert not app.tables and agent.source.topics == tuple(f"staging.{t}" for t in topics)
         agent.pool.shutdown()
