@@ -377,6 +377,9 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
 
     @app.agent(agents.source, concurrency=1, name="job-stage")
     async def job_stage(stream: Any) -> None:
+        # noack_take turns the stream's acks back on when it ends (a stop): the records still passing through
+        # its buffer would then be acked, and committed by the stop, without ever being processed.
+        stream.enable_acks = False
         async for events in stream.noack_take(ps.batch_size, within=TAKE_WITHIN_S):
             await agents.process(stream, list(events))
 

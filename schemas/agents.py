@@ -523,6 +523,7 @@ def build_record_app(
 
     @app.agent(agent.source, concurrency=1, name="records")
     async def records(stream: Any) -> None:
+        stream.enable_acks = False  # as the job stage's: no ack of records a stop finds in noack_take's buffer
         async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
             await agent.process(stream, list(events))
 
