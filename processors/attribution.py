@@ -345,8 +345,11 @@ class AllocationTable:
                     ends.append(iv.end_ms)
         return max(ends, default=job.ended_ms)
 
-    def forgotten(self, job_id: str) -> bool:
-        return job_id in self._ended and job_id not in self._jobs
+    def forgotten(self, job_id: str, ts_ms: int) -> bool:
+        """`ts_ms` belongs to a forgotten job: at or before its end (a replay), or at any time when a restart
+        restored its tombstone without the end (0). Later is another job under the same id (`apply`'s rule)."""
+        tomb = self._ended.get(job_id)
+        return tomb is not None and job_id not in self._jobs and (tomb == 0 or ts_ms <= tomb)
 
     def mark_forgotten(self, job_id: str, ended_ms: int) -> None:
         """A job whose every minute is already out (restored after a restart): ignore its replays."""

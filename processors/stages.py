@@ -346,7 +346,7 @@ class JobPartition:
         if not self.horizon.admits(ev["ts_ms"]):
             return False
         jid = job_key_of(ev)
-        if self.table.forgotten(jid):
+        if self.table.forgotten(jid, ev["ts_ms"]):
             return True
         self.table.apply_all(_with_node_keys(ev), offset)
         info = self.table.job(jid)
@@ -373,7 +373,7 @@ class JobPartition:
         if not self.horizon.admits(m):
             return False
         jid = qualified_job(row["cluster"], row["job_id"])
-        if self.table.forgotten(jid):
+        if self.table.forgotten(jid, m):
             self.skipped.append(("job forgotten", jid, m))
             return True
         st = self.states.get(jid)

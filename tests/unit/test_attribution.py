@@ -57,7 +57,7 @@ def test_duplicate_and_stale_events_are_ignored() -> None:
     assert not t.apply("n1", start)  # re-published by the re-keying stage after a crash
     t.apply("n1", job_event("ENDED", "J1", T0 + 60 * S))
     t.prune(T0 + 120 * S)
-    assert len(t) == 0 and t.forgotten("c1/J1")
+    assert len(t) == 0 and t.forgotten("c1/J1", T0) and not t.forgotten("c1/J1", T0 + 61 * S)
     assert not t.apply("n1", start)  # a late duplicate of a finished job does not reopen it
     assert len(t) == 0
 
@@ -74,7 +74,7 @@ def test_a_start_replayed_after_its_end_does_not_reopen_the_job() -> None:
     assert len(owners_by_second(t.intervals("n1"), T0)["c1/J1"]) == 30
     assert t.owner_at("n1", "GPU-A", 0, None, T0 + 30 * S) is None
     t.prune(T0 + 60 * S)
-    assert len(t) == 0 and t.forgotten("c1/J1")
+    assert len(t) == 0 and t.forgotten("c1/J1", T0 + 30 * S) and not t.forgotten("c1/J1", T0 + 31 * S)
 
 
 def test_intervals_do_not_depend_on_the_order_events_arrive_in() -> None:

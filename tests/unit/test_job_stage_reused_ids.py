@@ -2,17 +2,13 @@
 10 minutes and ends; once the job stage has forgotten it, the reinstalled scheduler's job 7 (another user,
 another submit time) runs 10 minutes on the same GPU. The node stage charges each job its own device-minutes
 (processors/attribution.py `_new_life`). The job stage must give the second job its job-minutes (the idle
-state machine and its warnings read them) as it does the first. It does not yet: `JobPartition.on_job_event`
-and `on_device_minute` pass over every event and device-minute of a job id once it is forgotten
-(`AllocationTable.forgotten`, a tombstone that a restart restores with end 0, so it cannot tell a new job from
-a replay), so the second job has no job-minutes and no idle warnings. Marked xfail (strict: it fails the suite
-once fixed, to drop the mark)."""
+state machine and its warnings read them) as it does the first: a forgotten job's tombstone passes over only
+what is at or before its end (`AllocationTable.forgotten`). A tombstone a restart restores has no end (0) and
+still passes over everything: that case is not covered here."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import pytest
 
 from base.processor_settings import ProcessorSettings
 from processors.pipeline import PipelineResult, run_in_memory
@@ -55,7 +51,6 @@ def test_each_job_of_a_reused_id_has_its_own_device_minutes() -> None:
     assert {r["project"] for r in rows if r["minute_start_ms"] >= SECOND_START} == {"p-bob"}
 
 
-@pytest.mark.xfail(strict=True, reason="the job stage drops a forgotten job id's new job (see the docstring)")
 def test_the_second_job_of_a_reused_id_has_its_job_minutes() -> None:
     minutes = [r for r in result().job_minutes if r["job_id"] == "7"]
     first = [r for r in minutes if r["minute_start_ms"] < SECOND_START]
