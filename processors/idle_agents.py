@@ -60,6 +60,7 @@ from processors.runtime import IDLE_STATE_TOPIC
 from processors.stages import JobOutputs, JobPartition
 from processors.windows import MINUTE_MS
 from schemas.agents import (
+    RESEEK_AFTER_S,
     AppFailed,
     FaustDeadLetters,
     InOrder,
@@ -186,8 +187,9 @@ class JobStageAgents:
 
     @property
     def busy(self) -> bool:
-        """A batch (or the wall-clock tick) is being processed: what was fetched is not done yet."""
-        return self.lock.locked()
+        """A batch (or the wall-clock tick) is being processed, or a partition sought back after a skip has not
+        had its next record yet: input is still to come."""
+        return self.lock.locked() or bool(self.order.behind)
 
     # ------------------------------------------------------------------ assignment
     def forget(self, partitions: Iterable[int]) -> None:
@@ -387,6 +389,12 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
     async def on_revoked(sender: Any, /, *args: Any, signal: BaseSignalT[Any], **kwargs: Any) -> None:
         revoked = args[0] if args else kwargs.get("revoked", ())
         agents.forget({tp.partition for tp in revoked})
+
+    @app.timer(RESEEK_AFTER_S)
+    async def reseek() -> None:
+        if agents.order.behind:  # a seek back that came to nothing (`InOrder`): no record will say so
+            async with agents.lock:
+                await agents.order.reseek_stalled()
 
     if ps.realtime:
 

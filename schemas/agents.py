@@ -32,8 +32,10 @@ import faust
 from faust.streams import _current_event
 from faust.transport.drivers.aiokafka import Consumer as AiokafkaConsumer
 from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
+from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from faust.types import TP
 from faust.types.tuples import FutureMessage
+from faust.utils.functional import consecutive_numbers
 from mode import CrashingSupervisor
 from mode.threads import WorkerThread
 
@@ -102,18 +104,53 @@ class GaplessConsumer(AiokafkaConsumer):
     async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
         return None
 
+    def _new_offset(self, tp: TP) -> int | None:
+        """What to commit for `tp`: the acked run that starts at the committed offset, else nothing. faust's
+        own commits the first run of acked offsets wherever it starts when it has no committed offset on
+        record (none yet, or 0), and lets one missing record at the head pass when it has (its test is
+        `min(acked) - committed > 1`, while the committed offset is the next one to read): either way an
+        offset never acked, as a record faust's fetcher dropped after a seek, would be committed past."""
+        acked = self._acked[tp]
+        if not acked:
+            return None
+        acked.sort()
+        committed = self._committed_offset[tp]
+        if committed is not None and acked[0] != committed:
+            return None  # the record at the committed offset is not acked yet
+        run = next(consecutive_numbers(acked))
+        acked[: len(run)] = []
+        self._acked_index[tp].difference_update(run)
+        return int(run[-1]) + 1
+
+    async def committed_offset(self, tp: TP) -> int | None:
+        """The group's committed offset of `tp`, asked of the broker. faust's own record of it
+        (`_committed_offset`) is filled by its seek after an assignment, and records can arrive before that
+        seek ends: read then, a restarted worker took its partitions for never committed and read them again
+        from the earliest offset."""
+        thread: Any = self._thread
+        client = thread._ensure_consumer()
+        offset = await thread.call_thread(client.committed, ensure_aiokafka_TP(tp))
+        return None if offset is None else int(offset)
+
 
 class InOrder:
     """Admits a batch's records only where they continue their partition exactly. faust can deliver a partition
     from two positions around a seek (after an assignment: offsets 52 to 89, then 495): state built on a skip
     would count records as read that never were. A record already admitted is dropped; a skip is dropped and its
     partition sought back to its next offset, so the skipped records come again. An agent that holds records
-    unacked across batches needs this; one that acks each batch whole does not (a skip there stalls the commit)."""
+    unacked across batches needs this; one that acks each batch whole does not (a skip there stalls the commit).
+
+    A partition sought back is `behind` until its next record is admitted, and `reseek_stalled` seeks it again
+    when that takes `RESEEK_AFTER_S`: records fetched before the seek can still arrive after it and move faust's
+    read offset past the ones sought (its fetcher drops a record below that offset), so the seek can come to
+    nothing, and with no later record to show the skip again the partition would wait forever. An agent's idle
+    test counts a partition behind as input still to come."""
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
         self.next_offset: dict[tuple[str, int], int] = {}  # by (topic, partition)
         self.sought: dict[tuple[str, int], tuple[int, float]] = {}  # the last seek back: offset, when
+        self.behind: dict[tuple[str, int], TP] = {}  # sought back, the next record not admitted yet
         self.seeks_back = 0
 
     def forget(self, *keys: tuple[str, int]) -> None:
@@ -121,6 +158,7 @@ class InOrder:
         for key in keys:
             self.next_offset.pop(key, None)
             self.sought.pop(key, None)
+            self.behind.pop(key, None)
 
     async def admit(self, events: Sequence[Any], unordered: str | None = None) -> list[Any]:
         """`events` less the ones out of order (records of the topic `unordered` all pass)."""
@@ -137,26 +175,36 @@ class InOrder:
                 nxt = self.next_offset[key] = await self._start_offset(msg.tp)
             if msg.offset == nxt:
                 self.next_offset[key] = nxt + 1
+                self.behind.pop(key, None)
                 out.append(event)
             elif msg.offset > nxt:
                 skipped[key] = msg.tp
-        now = time.monotonic()
         for key, tp in skipped.items():
-            nxt = self.next_offset[key]
-            last = self.sought.get(key)
-            if last is not None and last[0] == nxt and now - last[1] < RESEEK_AFTER_S:
-                continue  # records fetched before that seek are still arriving
-            self.sought[key] = (nxt, now)
-            self.seeks_back += 1
-            log.warning("%s[%d]: records from %d were skipped by the consumer: reading again from there", *key, nxt)
-            await self.app.consumer.seek_wait({tp: nxt})
+            await self._seek_back(key, tp)
         return out
 
+    async def reseek_stalled(self) -> None:
+        """Seek again each partition still behind `RESEEK_AFTER_S` after its last seek back."""
+        for key, tp in list(self.behind.items()):
+            await self._seek_back(key, tp)
+
+    async def _seek_back(self, key: tuple[str, int], tp: TP) -> None:
+        nxt = self.next_offset[key]
+        now = time.monotonic()
+        last = self.sought.get(key)
+        self.behind[key] = tp
+        if last is not None and last[0] == nxt and now - last[1] < RESEEK_AFTER_S:
+            return  # records fetched before that seek are still arriving
+        self.sought[key] = (nxt, now)
+        self.seeks_back += 1
+        log.warning("%s[%d]: records from %d were skipped by the consumer: reading again from there", *key, nxt)
+        await self.app.consumer.seek_wait({tp: nxt})
+
     async def _start_offset(self, tp: TP) -> int:
-        """Where a newly assigned partition starts: its committed offset (faust read it at the assignment's
-        seek), else the earliest one the broker holds."""
+        """Where a newly assigned partition starts: the group's committed offset, else the earliest one the
+        broker holds (the consumer's `auto_offset_reset`)."""
         consumer: Any = self.app.consumer
-        committed = consumer._committed_offset.get(tp)
+        committed = await consumer.committed_offset(tp)
         if committed is not None:
             return int(committed)
         earliest = await consumer.earliest_offsets(tp)

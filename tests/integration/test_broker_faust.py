@@ -1,8 +1,15 @@
-"""A minimal faust app (kafka:// transport, aiokafka) on the real broker.
+"""A minimal faust app (kafka:// transport, aiokafka) on the real broker, on the project's clients.
 
 One worker run consumes a topic, counts per key in a table (changelog: a compacted topic) and
 writes results out; it stops cleanly (offsets committed). A second run resumes from the committed
 offset, recovers the table from its changelog, and processes only what came after.
+
+The app reads as the project's agents do (`schemas/agents.py`): the project's producer and
+consumer (`use_project_clients`), in-order admission (`InOrder`), and acks only for what was
+admitted. On bare faust this test lost a record in a clean-clone CI run (the second run wrote "e"
+but never "d"). The second run also proves where `InOrder` starts a partition: at the group's
+committed offset as the broker holds it; faust's own record of it came too late there, and the
+second run read "a" and "b" again.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ pytestmark = pytest.mark.integration
 APP = '''
 import faust
 
+from schemas.agents import InOrder, use_project_clients
+
 app = faust.App(
     {app_id!r},
     broker="kafka://{bootstrap}",
@@ -37,15 +46,20 @@ app = faust.App(
     topic_replication_factor=1,
     consumer_auto_offset_reset="earliest",
 )
+use_project_clients(app)
 source = app.topic({source!r}, key_type=str, value_type=str)
 sink = app.topic({sink!r}, key_type=str)
 counts = app.Table("counts", default=int)
+order = InOrder(app)
 
 @app.agent(source)
 async def count(stream):
-    async for key, value in stream.items():
-        counts[key] += 1
-        await sink.send(key=key, value={{"value": value, "count": counts[key]}})
+    manual = stream.noack()  # only what was admitted is acked: a skipped record is read again
+    async for event in manual.events():
+        for admitted in await order.admit([event]):
+            counts[admitted.key] += 1
+            await sink.send(key=admitted.key, value={{"value": admitted.value, "count": counts[admitted.key]}})
+            await manual.ack(admitted)
 
 if __name__ == "__main__":
     app.main()

@@ -24,8 +24,11 @@ JOBS = TP("t.sched.job-events.v1", 0)
 
 class Consumer:
     def __init__(self, committed: dict[TP, int]) -> None:
-        self._committed_offset = committed
+        self.committed = committed  # the broker's
         self.seeks: list[dict[TP, int]] = []
+
+    async def committed_offset(self, tp: TP) -> int | None:
+        return self.committed.get(tp)
 
     async def seek_wait(self, partitions: dict[TP, int]) -> None:
         self.seeks.append(dict(partitions))
@@ -59,6 +62,30 @@ def test_a_skip_is_dropped_and_sought_back_and_a_redelivery_is_dropped() -> None
     asyncio.run(scenario())
 
 
+def test_a_seek_back_that_comes_to_nothing_is_made_again_and_the_partition_is_behind_till_then(monkeypatch) -> None:
+    """The seek back to 90 is followed by records fetched before it (500 to 504) and then nothing: faust's read
+    offset went past 90 and its fetcher drops the records sought. Only the stall check seeks again."""
+    consumer = Consumer({DM: 52})
+    order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        await order.admit(_events(DM, range(52, 90)))
+        assert not order.behind
+        await order.admit(_events(DM, range(495, 505)))
+        assert consumer.seeks == [{DM: 90}] and set(order.behind) == {(DM.topic, 0)}
+        await order.reseek_stalled()  # at once: the seek may still be under way
+        assert consumer.seeks == [{DM: 90}]
+        monkeypatch.setattr("schemas.agents.RESEEK_AFTER_S", 0.0)
+        await order.reseek_stalled()
+        assert consumer.seeks == [{DM: 90}, {DM: 90}] and order.seeks_back == 2
+        assert _offsets(await order.admit(_events(DM, range(90, 93)))) == [90, 91, 92]
+        assert not order.behind
+        await order.reseek_stalled()
+        assert len(consumer.seeks) == 2
+
+    asyncio.run(scenario())
+
+
 def test_a_partition_starts_at_its_committed_offset_else_the_earliest_and_appeals_pass_unordered() -> None:
     consumer = Consumer({})
     order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
@@ -70,7 +97,7 @@ def test_a_partition_starts_at_its_committed_offset_else_the_earliest_and_appeal
         assert _offsets(await order.admit(mixed, unordered=appeals.topic)) == [0, 7]
         assert consumer.seeks == [{JOBS: 5}]
         order.forget((JOBS.topic, 0))  # revoked; assigned again after a commit at 9
-        consumer._committed_offset[JOBS] = 9
+        consumer.committed[JOBS] = 9
         assert _offsets(await order.admit(_events(JOBS, [9, 10]))) == [9, 10]
 
     asyncio.run(scenario())
@@ -89,7 +116,29 @@ def test_faust_counts_a_gap_as_acked_and_the_gapless_consumer_does_not(tmp_path:
         await add_gap(DM, 91, 97)
         consumer._acked[DM] = [90, 97]
         consumer._acked_index[DM] = {90, 97}
-        return consumer._new_offset(DM)
+        return (super(GaplessConsumer, consumer)._new_offset if stock else consumer._new_offset)(DM)
 
     assert asyncio.run(committed_after_gap(stock=True)) == 98
     assert asyncio.run(committed_after_gap(stock=False)) == 91
+
+
+def test_the_gapless_consumer_commits_only_a_run_that_starts_at_the_committed_offset(tmp_path: Path) -> None:
+    """Committed 252 (the next offset to read), 252 never acked (dropped by faust's fetcher after a seek), 253 and
+    254 acked: stock faust commits 255, past 252; the project's consumer commits nothing until 252 is acked."""
+    app = build_app(Settings(state_dir=tmp_path, broker=BrokerSettings(enabled=False)), partitions=4)
+    consumer = app.consumer
+    assert isinstance(consumer, GaplessConsumer)
+
+    def new_offset(stock: bool, acked: list[int], committed: int | None) -> int | None:
+        consumer._committed_offset[DM] = committed
+        consumer._acked[DM] = list(acked)
+        consumer._acked_index[DM] = set(acked)
+        new = super(GaplessConsumer, consumer)._new_offset if stock else consumer._new_offset
+        return new(DM)
+
+    assert new_offset(True, [253, 254], 252) == 255
+    assert new_offset(False, [253, 254], 252) is None
+    assert consumer._acked[DM] == [253, 254]  # kept for when 252 is acked
+    assert new_offset(False, [254, 252, 253, 257], 252) == 255
+    assert consumer._acked[DM] == [257] and consumer._acked_index[DM] == {257}
+    assert new_offset(False, [], 252) is None
