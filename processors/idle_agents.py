@@ -187,8 +187,8 @@ class JobStageAgents:
 
     @property
     def busy(self) -> bool:
-        """A batch (or the wall-clock tick) is being processed, or a partition sought back after a skip has not
-        had its next record yet: input is still to come."""
+        """A batch (or the wall-clock tick) is being processed, or a partition was fetched past what was
+        admitted (`InOrder.behind`): input is still to come."""
         return self.lock.locked() or bool(self.order.behind)
 
     # ------------------------------------------------------------------ assignment
@@ -391,10 +391,13 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
         agents.forget({tp.partition for tp in revoked})
 
     @app.timer(RESEEK_AFTER_S)
-    async def reseek() -> None:
-        if agents.order.behind:  # a seek back that came to nothing (`InOrder`): no record will say so
-            async with agents.lock:
-                await agents.order.reseek_stalled()
+    async def check_order() -> None:
+        # Records faust fetched and dropped at a partition's end: no later record will show the skip (`InOrder`).
+        if app.rebalancing:
+            return
+        async with agents.lock:
+            ordered = (agents.t_dm, agents.t_jobs)
+            await agents.order.check([tp for tp in app.consumer.assignment() if tp.topic in ordered])
 
     if ps.realtime:
 

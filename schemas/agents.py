@@ -23,7 +23,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -135,22 +135,25 @@ class GaplessConsumer(AiokafkaConsumer):
 
 class InOrder:
     """Admits a batch's records only where they continue their partition exactly. faust can deliver a partition
-    from two positions around a seek (after an assignment: offsets 52 to 89, then 495): state built on a skip
-    would count records as read that never were. A record already admitted is dropped; a skip is dropped and its
-    partition sought back to its next offset, so the skipped records come again. An agent that holds records
-    unacked across batches needs this; one that acks each batch whole does not (a skip there stalls the commit).
+    from two positions around a seek (after an assignment: offsets 52 to 89, then 495), and it drops records it
+    fetched without a word: those of a partition paused for recovery, the rest of a fetch when a rebalance
+    starts, those below a partition's read offset after a seek. State built on a skip would count records as
+    read that never were. A record already admitted is dropped; a skip is dropped and its partition sought back
+    to its next offset, so the skipped records come again. An agent that holds records unacked across batches
+    needs this; one that acks each batch whole does not (a skip there stalls the commit).
 
-    A partition sought back is `behind` until its next record is admitted, and `reseek_stalled` seeks it again
-    when that takes `RESEEK_AFTER_S`: records fetched before the seek can still arrive after it and move faust's
-    read offset past the ones sought (its fetcher drops a record below that offset), so the seek can come to
-    nothing, and with no later record to show the skip again the partition would wait forever. An agent's idle
-    test counts a partition behind as input still to come."""
+    A dropped run at a partition's end has no later record to show it, and a seek back can come to nothing
+    (records fetched before it move faust's read offset past the ones sought). So `check` compares, every
+    `RESEEK_AFTER_S`, each partition's next offset with the consumer's fetch position: a partition fetched past
+    what was admitted is `behind` (input still to come, for an agent's idle test), and sought back once it
+    made no progress for `RESEEK_AFTER_S`."""
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
         self.next_offset: dict[tuple[str, int], int] = {}  # by (topic, partition)
         self.sought: dict[tuple[str, int], tuple[int, float]] = {}  # the last seek back: offset, when
-        self.behind: dict[tuple[str, int], TP] = {}  # sought back, the next record not admitted yet
+        self.behind: dict[tuple[str, int], TP] = {}  # fetched or seen past the next offset, not admitted yet
+        self.waiting: dict[tuple[str, int], tuple[int, float]] = {}  # behind since: next offset, when
         self.seeks_back = 0
 
     def forget(self, *keys: tuple[str, int]) -> None:
@@ -159,6 +162,7 @@ class InOrder:
             self.next_offset.pop(key, None)
             self.sought.pop(key, None)
             self.behind.pop(key, None)
+            self.waiting.pop(key, None)
 
     async def admit(self, events: Sequence[Any], unordered: str | None = None) -> list[Any]:
         """`events` less the ones out of order (records of the topic `unordered` all pass)."""
@@ -175,24 +179,40 @@ class InOrder:
                 nxt = self.next_offset[key] = await self._start_offset(msg.tp)
             if msg.offset == nxt:
                 self.next_offset[key] = nxt + 1
-                self.behind.pop(key, None)
                 out.append(event)
             elif msg.offset > nxt:
                 skipped[key] = msg.tp
         for key, tp in skipped.items():
+            self.behind[key] = tp
             await self._seek_back(key, tp)
         return out
 
-    async def reseek_stalled(self) -> None:
-        """Seek again each partition still behind `RESEEK_AFTER_S` after its last seek back."""
-        for key, tp in list(self.behind.items()):
-            await self._seek_back(key, tp)
+    async def check(self, tps: Iterable[TP]) -> None:
+        """Each of `tps` (assigned partitions this admits) fetched past its next offset is `behind`; one behind
+        with no progress for `RESEEK_AFTER_S` is sought back."""
+        consumer: Any = self.app.consumer
+        now = time.monotonic()
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            nxt = self.next_offset.get(key)
+            if nxt is None:
+                nxt = self.next_offset[key] = await self._start_offset(tp)
+            position = await consumer.position(tp)
+            if position is None or position <= nxt:
+                self.behind.pop(key, None)
+                self.waiting.pop(key, None)
+                continue
+            self.behind[key] = tp
+            since = self.waiting.get(key)
+            if since is None or since[0] != nxt:
+                self.waiting[key] = (nxt, now)  # progress since the last check: records may still be on the way
+            elif now - since[1] >= RESEEK_AFTER_S:
+                await self._seek_back(key, tp)
 
     async def _seek_back(self, key: tuple[str, int], tp: TP) -> None:
         nxt = self.next_offset[key]
         now = time.monotonic()
         last = self.sought.get(key)
-        self.behind[key] = tp
         if last is not None and last[0] == nxt and now - last[1] < RESEEK_AFTER_S:
             return  # records fetched before that seek are still arriving
         self.sought[key] = (nxt, now)

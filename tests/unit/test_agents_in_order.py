@@ -26,9 +26,13 @@ class Consumer:
     def __init__(self, committed: dict[TP, int]) -> None:
         self.committed = committed  # the broker's
         self.seeks: list[dict[TP, int]] = []
+        self.positions: dict[TP, int] = {}  # the fetch position
 
     async def committed_offset(self, tp: TP) -> int | None:
         return self.committed.get(tp)
+
+    async def position(self, tp: TP) -> int | None:
+        return self.positions.get(tp)
 
     async def seek_wait(self, partitions: dict[TP, int]) -> None:
         self.seeks.append(dict(partitions))
@@ -62,26 +66,33 @@ def test_a_skip_is_dropped_and_sought_back_and_a_redelivery_is_dropped() -> None
     asyncio.run(scenario())
 
 
-def test_a_seek_back_that_comes_to_nothing_is_made_again_and_the_partition_is_behind_till_then(monkeypatch) -> None:
-    """The seek back to 90 is followed by records fetched before it (500 to 504) and then nothing: faust's read
-    offset went past 90 and its fetcher drops the records sought. Only the stall check seeks again."""
+def test_a_partition_fetched_past_what_was_admitted_is_behind_and_sought_back_once_it_stalls(monkeypatch) -> None:
+    """faust fetched 52 to 99 and dropped 90 to 99 (the end of the partition, a rebalance starting): no later
+    record shows the skip. The check sees the fetch position past the next offset: the partition is behind at
+    once, and sought back only once it made no progress for `RESEEK_AFTER_S`."""
     consumer = Consumer({DM: 52})
     order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
+    other = TP(DM.topic, 1)
 
     async def scenario() -> None:
+        consumer.positions = {DM: 90, other: 7}
+        consumer.committed[other] = 7
         await order.admit(_events(DM, range(52, 90)))
-        assert not order.behind
-        await order.admit(_events(DM, range(495, 505)))
-        assert consumer.seeks == [{DM: 90}] and set(order.behind) == {(DM.topic, 0)}
-        await order.reseek_stalled()  # at once: the seek may still be under way
-        assert consumer.seeks == [{DM: 90}]
+        await order.check([DM, other])
+        assert not order.behind and consumer.seeks == []  # admitted what was fetched; partition 1 at its commit
+        consumer.positions[DM] = 100
+        await order.check([DM])
+        assert set(order.behind) == {(DM.topic, 0)} and consumer.seeks == []  # records may still be on the way
+        await order.check([DM])
+        assert consumer.seeks == []  # not stalled long enough yet
         monkeypatch.setattr("schemas.agents.RESEEK_AFTER_S", 0.0)
-        await order.reseek_stalled()
-        assert consumer.seeks == [{DM: 90}, {DM: 90}] and order.seeks_back == 2
-        assert _offsets(await order.admit(_events(DM, range(90, 93)))) == [90, 91, 92]
-        assert not order.behind
-        await order.reseek_stalled()
-        assert len(consumer.seeks) == 2
+        await order.check([DM])
+        assert consumer.seeks == [{DM: 90}] and order.seeks_back == 1
+        consumer.positions[DM] = 90  # the seek
+        assert _offsets(await order.admit(_events(DM, range(90, 100)))) == list(range(90, 100))
+        consumer.positions[DM] = 100
+        await order.check([DM])
+        assert not order.behind and len(consumer.seeks) == 1
 
     asyncio.run(scenario())
 
