@@ -351,7 +351,12 @@ async def serve_app(
                     break
     finally:
         if not starting.done():
-            starting.cancel()
+            # A start cut short can leave faust's consumer thread running after the stop, and the process then
+            # cannot exit (seen: a SIGTERM 0.2 s into a start, abandoned by the watchdog). Let it finish first.
+            try:
+                await asyncio.wait_for(asyncio.shield(starting), timeout=max(0.1, budget(stop, CLOSE_WAIT_S) / 2))
+            except Exception:
+                starting.cancel()
         # Stopping commits what was acked (after flushing the producer: outputs and dead letters first).
         try:
             await asyncio.wait_for(app.stop(), timeout=max(0.1, budget(stop, CLOSE_WAIT_S)))
