@@ -152,7 +152,7 @@ class InOrder:
         self.app = app
         self.next_offset: dict[tuple[str, int], int] = {}  # by (topic, partition)
         self.sought: dict[tuple[str, int], tuple[int, float]] = {}  # the last seek back: offset, when
-        self.behind: dict[tuple[str, int], TP] = {}  # fetched or seen past the next offset, not admitted yet
+        self.behind: set[tuple[str, int]] = set()  # fetched or seen past the next offset, not admitted yet
         self.waiting: dict[tuple[str, int], tuple[int, float]] = {}  # behind since: next offset, when
         self.seeks_back = 0
 
@@ -161,7 +161,7 @@ class InOrder:
         for key in keys:
             self.next_offset.pop(key, None)
             self.sought.pop(key, None)
-            self.behind.pop(key, None)
+            self.behind.discard(key)
             self.waiting.pop(key, None)
 
     async def admit(self, events: Sequence[Any], unordered: str | None = None) -> list[Any]:
@@ -183,7 +183,7 @@ class InOrder:
             elif msg.offset > nxt:
                 skipped[key] = msg.tp
         for key, tp in skipped.items():
-            self.behind[key] = tp
+            self.behind.add(key)
             await self._seek_back(key, tp)
         return out
 
@@ -199,10 +199,10 @@ class InOrder:
                 nxt = self.next_offset[key] = await self._start_offset(tp)
             position = await consumer.position(tp)
             if position is None or position <= nxt:
-                self.behind.pop(key, None)
+                self.behind.discard(key)
                 self.waiting.pop(key, None)
                 continue
-            self.behind[key] = tp
+            self.behind.add(key)
             since = self.waiting.get(key)
             if since is None or since[0] != nxt:
                 self.waiting[key] = (nxt, now)  # progress since the last check: records may still be on the way
