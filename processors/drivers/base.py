@@ -7,12 +7,14 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from base.kafka import is_fatal, new_consumer
+from base.kafka import is_fatal, new_admin, new_consumer
 from base.settings import KafkaSettings, Settings
 from base.shutdown import BoundedCall, StopSignal
 from processors.dlq import Decoder
@@ -169,6 +171,55 @@ def consumer_overrides(group: str, instance: str | None) -> dict[str, Any]:
     return conf
 
 
+class LogEndProbe:
+    """Asks a partition's leader for its log end without blocking the stage loop: `ask` sends the question
+    (`AdminClient.list_offsets`), a later round reads the answer with `answer`. A cached log end is no
+    proof: while a partition's leader is unreachable the consumer keeps the last one it fetched, and the
+    partition looks read to its end."""
+
+    def __init__(self, admin: Callable[[], AdminClient], timeout_s: float) -> None:
+        self._admin = admin
+        self.timeout_s = timeout_s
+        self._asked: dict[tuple[str, int], tuple[Future[Any], float]] = {}
+
+    def ask(self, topic: str, partition: int, now: float) -> None:
+        """Send the question unless one for this partition is still out."""
+        key = (topic, partition)
+        if key in self._asked:
+            return
+        tp = TopicPartition(topic, partition)
+        try:
+            futures = self._admin().list_offsets({tp: OffsetSpec.latest()}, request_timeout=self.timeout_s)
+        except (KafkaException, ValueError) as exc:
+            failed: Future[Any] = Future()
+            failed.set_exception(exc)
+            futures = {tp: failed}
+        self._asked[key] = (next(iter(futures.values())), now)
+
+    def answer(self, topic: str, partition: int, now: float) -> tuple[float, int | None] | None:
+        """None while the question is out; else (when it was asked, the log end or None where the broker
+        did not say). An answer is given once: the next `ask` sends a new question."""
+        key = (topic, partition)
+        asked = self._asked.get(key)
+        if asked is None:
+            return None
+        future, at = asked
+        if not future.done():
+            if now - at < self.timeout_s:
+                return None
+            del self._asked[key]
+            return at, None
+        del self._asked[key]
+        try:
+            return at, int(future.result().offset)
+        except Exception:  # any failure (no leader, timeout, transport) is no answer: keep holding
+            return at, None
+
+    def forget(self, partition: int) -> None:
+        for key in [k for k in self._asked if k[1] == partition]:
+            del self._asked[key]
+
+
 class StageDriver(ABC):
     """One stage's consumer: subscription, assignment callbacks, reading, and its part of every commit."""
 
@@ -186,6 +237,7 @@ class StageDriver(ABC):
         )
         self.assigned: list[TopicPartition] = []
         self._offsets_client: Consumer | None = None
+        self._admin_client: AdminClient | None = None
 
     # -- what a stage says about itself
     @abstractmethod
@@ -311,6 +363,17 @@ class StageDriver(ABC):
         pos = self.ctx.positions.next_offset(self.stage, topic, partition)
         return (lo if pos is None else pos) >= hi
 
+    def read_position(self, topic: str, partition: int) -> int | None:
+        """The next offset this stage reads in a partition (its low watermark before the first record)."""
+        pos = self.ctx.positions.next_offset(self.stage, topic, partition)
+        if pos is not None:
+            return pos
+        try:
+            lo, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        except KafkaException:
+            return None
+        return None if lo is None or lo < 0 else int(lo)
+
     def all_caught_up(self) -> bool:
         return bool(self.assigned) and all(self.caught_up(tp.topic, tp.partition) for tp in self.assigned)
 
@@ -321,6 +384,12 @@ class StageDriver(ABC):
         if self._offsets_client is None:
             self._offsets_client = new_consumer(self.ctx.settings.kafka, f"{self.ctx.ps.group_id}.offsets")
         return self._offsets_client
+
+    def admin(self) -> AdminClient:
+        """An admin client for questions that must not wait on the loop (`LogEndProbe`)."""
+        if self._admin_client is None:
+            self._admin_client = new_admin(self.ctx.settings.kafka)
+        return self._admin_client
 
     # -- the end
     def close_calls(self) -> list[BoundedCall[None]]:

@@ -3,9 +3,12 @@
 coverage-minutes and coverage alerts.
 
 Watermark per node partition: its own latest sample time (held while its inventory, its allocations or
-the job events are unread); once the partition has been quiet for QUIET_PARTITION_S, the latest event
-time across every assigned partition (so a node whose exporter died still gets its minutes closed as
-dark); in real-time mode never behind the wall clock once caught up. Following the others only when
+the job events are unread); once the partition has been quiet for QUIET_PARTITION_S and its leader has
+said, asked after that, that it is read to its end, the latest event time across every assigned partition
+(so a node whose exporter died still gets its minutes closed as dark); in real-time mode never behind the
+wall clock once caught up. The leader is asked because the consumer's own log end is the last one it
+fetched: while the leader is down the partition looks read to its end and quiet, and the records its
+producers hold for it would all arrive late. Following the others only when
 quiet matters in event time: a replay runs through minutes in milliseconds, so a partition whose
 records reach the broker a moment after another's would otherwise see its minutes closed before they
 land.
@@ -20,7 +23,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
 
 from processors.dlq import FutureTimestamp
-from processors.drivers.base import NEG_INF, StageContext, StageDriver
+from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
 from processors.drivers.rekey import RekeyDriver
 from processors.fastdecode import Framed, ScrapeDecoder, UnsupportedSchema
 from processors.stages import NodeOutputs, NodePartition
@@ -31,6 +34,7 @@ from schemas.topics import COVERAGE_MINUTES, DEVICE_MINUTES, DEVICE_SAMPLES, INV
 log = logging.getLogger("gpuledger.processors")
 
 QUIET_PARTITION_S = 2.0  # a samples partition with nothing new this long follows the others' event time
+LOG_END_TIMEOUT_S = 5.0  # a leader that has not said its log end by then is asked again after a quiet spell
 
 
 def _busy_last(row: dict[str, Any]) -> tuple[int, bool]:
@@ -84,6 +88,7 @@ class NodeDriver(StageDriver):
     def drop(self, tp: TopicPartition) -> None:
         if tp.topic == self.ctx.topics.samples:
             self.parts.pop(tp.partition, None)
+            self.watermarks.forget(tp.partition)
 
     def horizons(self) -> list[Horizon]:
         return [p.horizon for p in self.parts.values()]
@@ -246,6 +251,9 @@ class NodeWatermarks:
         self.rekey = rekey  # in this process: its unread events and undelivered allocations hold watermarks
         self.advanced_to: dict[int, int] = {}  # partition -> the watermark it last advanced to
         self.read_at: dict[int, float] = {}  # partition -> when it last gave a sample (monotonic)
+        self.probe = LogEndProbe(node.admin, LOG_END_TIMEOUT_S)
+        self.at_end_at: dict[int, float] = {}  # partition -> when its leader was asked and said it is read to its end
+        self.unconfirmed_at: dict[int, float] = {}  # partition -> when its leader gave no answer, or a later end
 
     def compute(self, drain_to: int | None = None) -> dict[int, tuple[int, int]]:
         """Partition -> (window watermark, coverage clock); NEG_INF: hold (see the module docstring)."""
@@ -263,8 +271,9 @@ class NodeWatermarks:
             elif not node.caught_up(t.samples, p):
                 candidates[p] = (own, own)
             else:
-                since = max(self.read_at.get(p, 0.0), node.client_error_at)  # a broker outage silences all
-                quiet = mono - since >= QUIET_PARTITION_S
+                # a broker outage silences all; a leader that did not confirm the end starts the wait again
+                since = max(self.read_at.get(p, 0.0), node.client_error_at, self.unconfirmed_at.get(p, 0.0))
+                quiet = mono - since >= QUIET_PARTITION_S and (global_max <= own or self._at_log_end(p, since, mono))
                 w = max(global_max if quiet else own, wall)
                 candidates[p] = (w if drain_to is None else max(w, drain_to), w)
         held = self._allocations_held(candidates)
@@ -272,6 +281,30 @@ class NodeWatermarks:
         # no watermark: the rekey stage interleaves several job-event partitions (and replays after a
         # restart), so an older job end can still be unread behind a newer event.
         return {p: (NEG_INF, NEG_INF) if p in held else cand for p, cand in candidates.items()}
+
+    def _at_log_end(self, p: int, since: float, mono: float) -> bool:
+        """Whether partition `p`'s leader, asked after `since`, said its samples are read to their end. The
+        question goes out now and is answered on a later round (the loop never waits on it)."""
+        if self.at_end_at.get(p, 0.0) > since:
+            return True
+        node = self.node
+        samples = node.ctx.topics.samples
+        got = self.probe.answer(samples, p, mono)
+        if got is None:
+            self.probe.ask(samples, p, mono)
+            return False
+        asked_at, end = got
+        read = node.read_position(samples, p)
+        if end is not None and read is not None and read >= end:
+            self.at_end_at[p] = asked_at
+            return asked_at > since
+        self.unconfirmed_at[p] = mono
+        return False
+
+    def forget(self, p: int) -> None:
+        self.probe.forget(p)
+        self.at_end_at.pop(p, None)
+        self.unconfirmed_at.pop(p, None)
 
     def advanced(self, p: int, watermark: int) -> None:
         self.advanced_to[p] = max(watermark, self.advanced_to.get(p, NEG_INF))
