@@ -298,6 +298,8 @@ class NodeWatermarks:
         if end is not None and read is not None and read >= end:
             self.at_end_at[p] = asked_at
             return asked_at > since
+        if end is None:
+            log.info("samples partition %d: its leader did not say its log end; its minutes wait", p)
         self.unconfirmed_at[p] = mono
         return False
 
