@@ -352,6 +352,14 @@ COMPONENTS: list[Component] = [
         kafka_principal="producers",  # the governance steps' login (security.component_acls)
     ),
     Component(
+        name="appeals",
+        description="appeals service: escalates appeals undecided past the policy's deadline",
+        argv=lambda s, _: gpuledger_argv("appeal", "run"),
+        enabled=lambda s: s.policy_path is not None,  # who decides, and by when, is the policy's
+        command=("appeal", "run"),
+        kafka_principal="producers",  # the governance steps' login (security.component_acls)
+    ),
+    Component(
         name="simulator",
         description="simulated clusters sim (Slurm-like) and sim-k8s (Kubernetes) (no real source configured)",
         # Three hours of history first (reports and idle alerts to look at at once), then real time.

@@ -146,6 +146,37 @@ def test_the_reservation_service_runs_as_its_workload_configures_it(tmp_path: Pa
                               "verbs": ["get", "patch"]}]  # fmt: skip
 
 
+def test_everything_that_judges_appeals_reads_the_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The appeals service (`up` runs `appeal run` only with a policy), the job stage's agents (which read
+    appeals only with one) and the chat worker (which posts decisions and escalations only with one) each set
+    `policy_path` to the policy ConfigMap's file, as the reservation service does. The appeals service has
+    no API token: it talks to Kafka only."""
+    monkeypatch.chdir(tmp_path)
+    workloads = {d["metadata"]["name"]: d for d in _docs() if d["kind"] == "Deployment"}
+    for named in ("gpuledger-appeals", "gpuledger-agents", "gpuledger-chat", "gpuledger-reservations"):
+        pod = _pod_spec(workloads[named])
+        (container,) = pod["containers"]
+        with pytest.MonkeyPatch.context() as env:
+            for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
+                env.delenv(key)
+            for item in container["env"]:
+                if "value" in item and item["name"] != "GPULEDGER_CONFIG":
+                    env.setenv(item["name"], item["value"])
+            settings = Settings(state_dir=tmp_path, cluster="prod")
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v.get("configMap", {}).get("name") for v in pod["volumes"]}
+        assert settings.policy_path is not None, named
+        assert str(settings.policy_path) == f"{mounts['policy']}/policy.yaml", named
+        assert volumes["policy"] == "gpuledger-policy", named
+    comp = next(c for c in COMPONENTS if c.name == "appeals")
+    appeals = _pod_spec(workloads["gpuledger-appeals"])
+    argv = comp.argv(Settings(state_dir=tmp_path, cluster="prod"), lambda _: None)
+    assert appeals["containers"][0]["args"] == argv[3:]
+    assert not comp.enabled(Settings(state_dir=tmp_path, cluster="prod", policy_path=None))
+    assert comp.enabled(Settings(state_dir=tmp_path, cluster="prod", policy_path=tmp_path / "policy.yaml"))
+    assert appeals["automountServiceAccountToken"] is False
+
+
 def _dry_run(kube: LocalKube, docs: list[dict[str, Any]]) -> Any:
     return kube.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
                         input=yaml.safe_dump_all(docs), check=False)  # fmt: skip

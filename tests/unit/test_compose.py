@@ -100,13 +100,27 @@ def test_compose_runs_exactly_the_components_of_up(local: Settings) -> None:
     assert set(_up(local)) == DEFAULT, "compose and `gpuledger up` (broker.nodes = 3) run different sets"
 
 
-def test_each_profile_adds_exactly_the_component_its_configuration_enables(clean_env: pytest.MonkeyPatch) -> None:
+def _profile_services(profile: str) -> set[str]:
+    """What `docker compose --profile <profile> up` starts beyond the default services."""
+    return {name for name, profiles in PROFILED.items() if profile in profiles}
+
+
+def test_each_profile_adds_exactly_the_components_its_configuration_enables(clean_env: pytest.MonkeyPatch) -> None:
+    """A profile is named as its service, and starts exactly what `up` adds with that service's configuration:
+    the reservations profile configures a policy, so the appeals service (which needs only the policy) too."""
+    assert PROFILED == {"reservations": ["reservations"], "appeals": ["appeals", "reservations"]}
     local = Settings(state_dir=STATE_DIR, cluster="sim", broker=BrokerSettings(nodes=3))
-    assert PROFILED == {"reservations": ["reservations"]}  # a profile named as its service
-    settings = _configured(clean_env, "reservations")
-    assert settings.sinks.reservations.engines == ["kueue"] and settings.policy_path is not None
-    assert set(_up(settings)) - set(_up(local)) == {"reservations"}
-    assert set(_up(local)) <= set(_up(settings))
+    expected = {"reservations": {"reservations", "appeals"}, "appeals": {"appeals"}}
+    for profile, added in expected.items():
+        with pytest.MonkeyPatch.context() as env:
+            for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
+                env.delenv(key)
+            settings = _configured(env, profile)
+        assert settings.policy_path is not None, profile
+        assert set(_up(settings)) - set(_up(local)) == added == _profile_services(profile), profile
+        assert set(_up(local)) <= set(_up(settings))
+    reserving = _configured(clean_env, "reservations")
+    assert reserving.sinks.reservations.engines == ["kueue"]
 
 
 def test_project_services_run_the_components_with_their_arguments(
