@@ -191,16 +191,18 @@ def team(request: Request) -> Response:
     ctx: WebContext = request.app.state.ctx
     name = params.team(request.path_params["team"])
     period = params.period(request.query_params.get("period"), ctx.now_ms())
+    only = params.cluster_filter(request.query_params.get("cluster"))
     _need_team(_need_viewer(request), name)
     wh = ctx.warehouse()
-    page = pages.team_page(wh, name, period, ctx.now_ms(), ctx.quota, ctx.credits)
+    page = pages.team_page(wh, name, period, ctx.now_ms(), ctx.quota, ctx.credits, only)
     if ctx.policy is not None:
         from gpuledger.web import appeals
 
-        mine = [a for a in appeals.stored(wh.client, ctx.policy) if a.subject.team == name]
+        mine = [a for a in appeals.stored(wh.client, ctx.policy)
+                if a.subject.team == name and only in (None, a.subject.cluster)]  # fmt: skip
         note = "Filed on a job's page; decided by the policy's deciders. A credit is a line of the statement."
         page.add(appeals.table("appeals", "Appeals", mine, note=note))
-    return page_response(request, page, "team.html", name, period.text)
+    return page_response(request, page, "team.html", name, *((only,) if only else ()), period.text)
 
 
 def fleet(request: Request) -> Response:
@@ -219,9 +221,10 @@ def project(request: Request) -> Response:
     name = params.team(request.path_params["team"])
     pid = params.project(request.path_params["project"])
     period = params.period(request.query_params.get("period"), ctx.now_ms())
+    only = params.cluster_filter(request.query_params.get("cluster"))
     _need_team(_need_viewer(request), name)
-    page = pages.project_page(ctx.warehouse(), name, pid, period)
-    return page_response(request, page, "project.html", name, pid, period.text)
+    page = pages.project_page(ctx.warehouse(), name, pid, period, only)
+    return page_response(request, page, "project.html", name, pid, *((only,) if only else ()), period.text)
 
 
 def job(request: Request) -> Response:
@@ -230,7 +233,8 @@ def job(request: Request) -> Response:
     cluster, job_id = params.cluster(request.path_params["cluster"]), params.job_id(request.path_params["job_id"])
     period = params.period(request.query_params.get("period"), ctx.now_ms())
     view = pages.JobView(period, params.day(request.query_params.get("day"), period),
-                         params.page(request.query_params.get("page")), "csv" in request.query_params)  # fmt: skip
+                         params.page(request.query_params.get("page")), "csv" in request.query_params,
+                         params.cluster_filter(request.query_params.get("cluster")))  # fmt: skip
     page = pages.job_page(ctx.warehouse(), cluster, job_id, view)
     if page is None:
         raise HTTPException(404, "no such job in the ledger")

@@ -35,24 +35,31 @@ class Page:
         return table
 
 
-def team_url(team: str, period: Period) -> str:
-    return f"/teams/{quote(team, safe='')}?{urlencode({'period': period.text})}"
+def _query(period: Period, only: str | None = None, **extra: str) -> str:
+    """`period=...` and, for a page filtered to one cluster (`only`), `cluster=...`: absent when not filtered."""
+    return urlencode({"period": period.text, **({"cluster": only} if only is not None else {}), **extra})
 
 
-def project_url(team: str, project: str, period: Period) -> str:
-    return f"/teams/{quote(team, safe='')}/projects/{quote(project, safe='')}?{urlencode({'period': period.text})}"
+def team_url(team: str, period: Period, only: str | None = None) -> str:
+    return f"/teams/{quote(team, safe='')}?{_query(period, only)}"
 
 
-def job_url(cluster: str, job_id: str, period: Period, **extra: str) -> str:
-    return f"/jobs/{quote(cluster, safe='')}/{quote(job_id, safe='/')}?{urlencode({'period': period.text, **extra})}"
+def project_url(team: str, project: str, period: Period, only: str | None = None) -> str:
+    return f"/teams/{quote(team, safe='')}/projects/{quote(project, safe='')}?{_query(period, only)}"
 
 
-def _with_links(rows: list[dict[str, Any]], period: Period, team: str) -> list[dict[str, Any]]:
+def job_url(cluster: str, job_id: str, period: Period, only: str | None = None, **extra: str) -> str:
+    return f"/jobs/{quote(cluster, safe='')}/{quote(job_id, safe='/')}?{_query(period, only, **extra)}"
+
+
+def _with_links(rows: list[dict[str, Any]], period: Period, team: str, only: str | None = None) -> list[dict[str, Any]]:
+    """Drill-down links; a page filtered to cluster `only` passes the filter on (the job's own page carries it back
+    to its team and project pages)."""
     for row in rows:
         if "job_id" in row:
-            row["_job_url"] = job_url(row["cluster"], row["job_id"], period)
+            row["_job_url"] = job_url(row["cluster"], row["job_id"], period, only)
         if "project" in row:
-            row["_project_url"] = project_url(team, row["project"], period)
+            row["_project_url"] = project_url(team, row["project"], period, only)
     return rows
 
 
@@ -85,38 +92,48 @@ def statement_figures(statement: Statement | None) -> dict[str, Any]:
 
 
 def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapping[str, Mapping[str, int]] | None,
-              credits: Callable[[Any], list[Any]] = lambda _client: []) -> Page:  # fmt: skip
+              credits: Callable[[Any], list[Any]] = lambda _client: [], only: str | None = None) -> Page:  # fmt: skip
+    """The team's month; `only`: one cluster's part of it (`?cluster=`), every figure and table restricted to it."""
     closes = wh.closes()
     closed = period.text in closes
-    statement = wh.statements(period, closed=closed).get(team)
-    figures = statement_figures(statement)
-    usage = wh.team_usage(period, team, closed=closed)
-    page = Page(f"{team}: {period.text}")
-    status = statements.status(wh.client, period.text, team, figures["charge"], credits, closes=closes)
+    usage = wh.team_usage(period, team, closed=closed, cluster=only)
+    if only is None:
+        statement = wh.statements(period, closed=closed).get(team)
+        figures, known = statement_figures(statement), sorted(usage.by["cluster"])
+    else:
+        # The team's line of `report chargeback --by cluster`; none (zeros, and the page says so) when the team
+        # has no usage on the cluster this month: the month links carry the filter into such months.
+        statement, lines = None, wh.cluster_lines(period, team, closed=closed)
+        figures, known = (dict(lines[only]) if only in lines else statement_figures(None)), sorted(lines)
+    page = Page(f"{team}: {period.text}" + (f" on {only}" if only is not None else ""))
+    status = statements.status(wh.client, period.text, team, figures["charge"], credits, closes=closes, cluster=only)
     for table in status.tables:
         page.add(table)
     links = {"project": "_project_url", "job_id": "_job_url"}
     page.add(Table("projects", "Projects behind the line", PROJECT_COLUMNS,
-                   _with_links(m.grouped_lines(usage.by["project"], "project", figures["charge"]), period, team),
+                   _with_links(m.grouped_lines(usage.by["project"], "project", figures["charge"]), period, team, only),
                    links=links))  # fmt: skip
     page.add(Table("users", "Users behind the line", USER_COLUMNS,
                    m.grouped_lines(usage.by["user"], "user", figures["charge"])))  # fmt: skip
-    page.add(Table("clusters", "Clusters behind the line", CLUSTER_COLUMNS, _cluster_lines(usage, figures),
+    page.add(Table("clusters", "Clusters behind the line", CLUSTER_COLUMNS, _cluster_lines(usage, figures, only),
                    note="Each cluster's share of the statement (the charge split to the cent, as for projects), "
-                        "then the statement line itself: the total across clusters."))  # fmt: skip
+                        "then the statement line itself: the total across clusters." if only is None else
+                        f"Only {only}: its line of report chargeback --by cluster."))  # fmt: skip
     page.add(Table("idle_jobs", "Jobs with the most idle cost", JOB_COLUMNS,
-                   _with_links(m.most_idle_cost(usage.most_idle), period, team), links=links,
+                   _with_links(m.most_idle_cost(usage.most_idle), period, team, only), links=links,
                    note="Idle: held, with telemetry, and neither active nor starved."))  # fmt: skip
-    alerts = wh.team_alerts(team, now_ms - WARNINGS_LOOKBACK_MS)
+    alerts = wh.team_alerts(team, now_ms - WARNINGS_LOOKBACK_MS, only)
     states = wh.job_states(sorted({(a.cluster, a.job_id) for a in alerts}))
     page.add(Table("warnings", "Open idle warnings", WARNING_COLUMNS,
-                   _with_links(m.open_warnings(alerts, states, now_ms), period, team), links=links,
+                   _with_links(m.open_warnings(alerts, states, now_ms), period, team, only), links=links,
                    note="Warnings of the last 14 days whose job still holds its devices and was neither resolved "
                         "nor reclaimed."))  # fmt: skip
-    days = m.daily_series(wh.daily(period, team) if usage.days is None else usage.days, period.start, period.days)
+    days = m.daily_series(wh.daily(period, team, only) if usage.days is None else usage.days, period.start,
+                          period.days)  # fmt: skip
     sums = usage.total
-    quality = m.quality(sums, wh.dark_by_node(period, team), wh.project_sources(period, team),
-                        wh.latest_minute_ms(period.start - dt.timedelta(days=31)), now_ms, sums.unpriced_s)  # fmt: skip
+    quality = m.quality(sums, wh.dark_by_node(period, team, only), wh.project_sources(period, team, only),
+                        wh.latest_minute_ms(period.start - dt.timedelta(days=31), only), now_ms,
+                        sums.unpriced_s)  # fmt: skip
     page.add(Table("dark_nodes", "Where telemetry was missing", (
         Column("node", "node"), Column("dark_gpu_h", "dark GPU-h", "gpu_h"), Column("share_pct", "share %", "pct"),
     ), quality.dark_nodes))  # fmt: skip
@@ -126,15 +143,18 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     page.context.update(
         team=team, period=period, figures=figures, statement=statement, quality=quality,
         chart=charts.daily_chart(days), quota_rows=quota_rows, has_policy=quota is not None, stmt=status,
-        prev_url=team_url(team, period.previous()), next_url=team_url(team, period.next()),
+        prev_url=team_url(team, period.previous(), only), next_url=team_url(team, period.next(), only),
+        only=only, only_known=only is None or only in known, here_url=team_url(team, period, only),
+        cluster_choices=[(name, team_url(team, period, name)) for name in known], all_url=team_url(team, period),
     )  # fmt: skip
     return page
 
 
-def _cluster_lines(usage: m.TeamUsage, figures: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _cluster_lines(usage: m.TeamUsage, figures: Mapping[str, Any], only: str | None = None) -> list[dict[str, Any]]:
+    """Each cluster's split of the statement, then the statement (`all clusters`); filtered to `only`, its one line."""
     lines = m.grouped_lines(usage.by["cluster"], "cluster", figures["charge"])
-    if not lines:
-        return []
+    if not lines or only is not None:
+        return lines
     share = Decimal(100) if figures["allocated_gpu_h"] else None
     return [*lines, {**figures, "cluster": ALL_CLUSTERS, "share_pct": share}]
 
@@ -158,19 +178,21 @@ def _quota(quota: Mapping[str, Mapping[str, int]] | None, team: str, period: Per
              "quota_used_pct": q.quota_used_pct} for q in lines]  # fmt: skip
 
 
-def project_page(wh: Warehouse, team: str, project: str, period: Period) -> Page:
+def project_page(wh: Warehouse, team: str, project: str, period: Period, only: str | None = None) -> Page:
+    """The project's jobs in the month; `only`: those on that cluster (the filtered team page's drill-down)."""
     closed = wh.closed(period)
-    jobs = wh.team_jobs(period, team, project, closed=closed)
-    page = Page(f"{team} / {project}: {period.text}")
+    jobs = wh.team_jobs(period, team, project, closed=closed, cluster=only)
+    page = Page(f"{team} / {project}: {period.text}" + (f" on {only}" if only is not None else ""))
     rows = m.job_lines(jobs)
     rows.sort(key=lambda r: (-r["charge"], r["cluster"], r["job_id"]))
-    page.add(Table("jobs", f"Jobs charged to {project}", JOB_COLUMNS, _with_links(rows, period, team),
+    page.add(Table("jobs", f"Jobs charged to {project}", JOB_COLUMNS, _with_links(rows, period, team, only),
                    links={"job_id": "_job_url"},
                    note="Each job's charge is rounded to the cent on its own line; the project's line in the "
                         "team page splits the team's statement to the cent."))  # fmt: skip
     sums = m.total(jobs)
     page.context.update(team=team, project=project, period=period, figures=sums.figures(), closed=closed,
-                        charge=m.money(sums.charge_num), team_url=team_url(team, period))  # fmt: skip
+                        charge=m.money(sums.charge_num), team_url=team_url(team, period, only), only=only,
+                        here_url=project_url(team, project, period, only))  # fmt: skip
     return page
 
 
@@ -204,6 +226,7 @@ class JobView:
     day: dt.date | None = None
     page: int = 1
     csv: bool = False
+    only: str | None = None  # the team page's cluster filter, carried back to the team and project pages
 
 
 def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | None:
@@ -238,10 +261,10 @@ def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | 
         cluster=cluster, job_id=job_id, period=period, info=info or {}, job=job, team=team,
         project=job.project if job else str((info or {}).get("project") or ""),
         figures=sums.figures(), charge=m.money(sums.charge_num), timeline=timeline, day=day,
-        days=[(d, job_url(cluster, job_id, period, day=d.isoformat())) for d in days if period.contains(d)],
-        pages=max(1, -(-len(minutes) // DEVICE_MINUTES_PAGE)), page_no=view.page,
-        team_url=team_url(team, period) if team else "",
-        project_url=project_url(team, job.project, period) if job and team else "",
+        days=[(d, job_url(cluster, job_id, period, view.only, day=d.isoformat())) for d in days if period.contains(d)],
+        pages=max(1, -(-len(minutes) // DEVICE_MINUTES_PAGE)), page_no=view.page, only=view.only,
+        team_url=team_url(team, period, view.only) if team else "",
+        project_url=project_url(team, job.project, period, view.only) if job and team else "",
         start=_when((info or {}).get("start_ts_ms")), end=_when((info or {}).get("end_ts_ms")),
     )  # fmt: skip
     return page

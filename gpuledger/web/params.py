@@ -54,6 +54,15 @@ def cluster(value: str | None) -> str:
     return _match(_CLUSTER, value, "cluster name")
 
 
+def cluster_filter(value: str | None) -> str | None:
+    """The optional `?cluster=` of the team page: None when absent or empty (every cluster), else a cluster name.
+    A well-formed name the team has no usage on is not an error here: the page says so (the month links carry
+    the filter into months where the cluster may hold nothing)."""
+    if value is None or value == "":
+        return None
+    return _match(_CLUSTER, value, "cluster name")
+
+
 def job_id(value: str | None) -> str:
     return _match(_JOB, value, "job id")
 

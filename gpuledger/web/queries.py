@@ -36,6 +36,12 @@ _JOB_GROUP = " GROUP BY cluster, job_id, project, generation, pricing_tier, pree
 _BY_TEAM = "team = {team:String}"
 _BY_TEAM_PROJECT = "team = {team:String} AND project = {project:String}"
 _BY_JOB = "cluster = {cluster:String} AND job_id = {job:String}"
+# The team page's optional cluster filter (`?cluster=`): fixed text appended to a WHERE, the name bound.
+_ON_CLUSTER = " AND cluster = {cluster:String}"
+
+
+def _on(cluster: str | None) -> str:
+    return "" if cluster is None else _ON_CLUSTER
 
 
 # A team's month grouped in one read (team_usage): the lines per project, user and cluster, the seconds per
@@ -217,23 +223,38 @@ class Warehouse(_FleetReads):
                                                  int(values["dark_seconds"]))  # fmt: skip
         return out
 
-    def team_jobs(self, period: Period, team: str, project: str | None = None, *,
-                  closed: bool = False) -> list[JobUsage]:  # fmt: skip
-        """The team's jobs in the month, one row per job and price (corrections applied); of a closed month, its
-        statement's frozen usage lines."""
+    def cluster_lines(self, period: Period, team: str, *, closed: bool = False) -> dict[str, dict[str, Any]]:
+        """The team's lines of `report chargeback --by cluster` (sinks/reconcile.py, the report's own read):
+        cluster -> the line's figures. The report splits its cents over every (team, cluster) line of the month,
+        so the whole month is read and the team's lines picked here, not filtered in SQL."""
+        from dataclasses import asdict
+
+        from sinks.reconcile import ALL_CLUSTERS, chargeback_by_cluster
+
+        report = chargeback_by_cluster(self.client, period.text, closed=closed)
+        return {ln.cluster: {k: v for k, v in asdict(ln.line).items() if k != "line"}
+                for ln in report.lines if ln.line.line == team and ln.cluster != ALL_CLUSTERS}  # fmt: skip
+
+    def team_jobs(self, period: Period, team: str, project: str | None = None, *, closed: bool = False,
+                  cluster: str | None = None) -> list[JobUsage]:  # fmt: skip
+        """The team's jobs in the month (on `cluster` only, when given), one row per job and price (corrections
+        applied); of a closed month, its statement's frozen usage lines."""
         scope = _BY_TEAM if project is None else _BY_TEAM_PROJECT
         head = _FROZEN_USAGE if closed else _JOB_USAGE
-        rows = self._rows(head + scope + _JOB_GROUP, start=period.start, end=period.end, team=team,
-                          project=project or "", period=period.text)  # fmt: skip
+        rows = self._rows(head + scope + _on(cluster) + _JOB_GROUP, start=period.start, end=period.end, team=team,
+                          project=project or "", period=period.text, cluster=cluster or "")  # fmt: skip
         return [_job_usage(r) for r in rows]
 
-    def team_usage(self, period: Period, team: str, *, closed: bool = False, most_idle: int = 10) -> TeamUsage:
+    def team_usage(self, period: Period, team: str, *, closed: bool = False, most_idle: int = 10,
+                   cluster: str | None = None) -> TeamUsage:  # fmt: skip
         """The team's month grouped by the warehouse (what the team page shows of it), from the same rows as
-        `team_jobs`: one read, whatever the number of jobs. The days (`daily`'s rows) of the open ledger only: a
-        closed month's frozen lines have none (its one row of days is ignored), so its page reads them apart
-        (`days` is None)."""
+        `team_jobs` (on `cluster` only, when given): one read, whatever the number of jobs. The days (`daily`'s
+        rows) of the open ledger only: a closed month's frozen lines have none (its one row of days is ignored),
+        so its page reads them apart (`days` is None)."""
         parts = _TEAM_CLOSED if closed else _TEAM_OPEN
-        values = {"start": period.start, "end": period.end, "team": team, "period": period.text}
+        parts = {**parts, "source": parts["source"] + _on(cluster)}
+        values = {"start": period.start, "end": period.end, "team": team, "period": period.text,
+                  "cluster": cluster or ""}  # fmt: skip
         by: dict[str, dict[str, Sums]] = {"project": {}, "user": {}, "cluster": {}}
         onprem: dict[str, int] = {}
         days: list[Day] | None = None if closed else []
@@ -262,45 +283,47 @@ class Warehouse(_FleetReads):
                           job=job_id)  # fmt: skip
         return [_job_usage(r) for r in rows]
 
-    def daily(self, period: Period, team: str) -> list[Day]:
+    def daily(self, period: Period, team: str, cluster: str | None = None) -> list[Day]:
         rows = self._rows(
             "SELECT day, sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s) FROM v_usage_priced "
-            "WHERE day >= {start:Date} AND day < {end:Date} AND team = {team:String} GROUP BY day ORDER BY day",
-            start=period.start, end=period.end, team=team,
+            "WHERE day >= {start:Date} AND day < {end:Date} AND team = {team:String}" + _on(cluster) +
+            " GROUP BY day ORDER BY day",
+            start=period.start, end=period.end, team=team, cluster=cluster or "",
         )  # fmt: skip
         return [Day(d, int(a), int(s), int(i), int(k)) for d, a, s, i, k in rows]
 
-    def dark_by_node(self, period: Period, team: str) -> list[tuple[str, int]]:
+    def dark_by_node(self, period: Period, team: str, cluster: str | None = None) -> list[tuple[str, int]]:
         """Where the team's allocated time had no telemetry, per node (the daily rollup node_daily: one row
         per team, day and node, so a month of 10,000 GPUs is read in thousands of rows, not millions)."""
         return [(str(n), int(s)) for n, s in self._rows(
             "SELECT node, sum(dark_s) FROM node_daily WHERE team = {team:String} AND day >= {start:Date} "
-            "AND day < {end:Date} GROUP BY node HAVING sum(dark_s) > 0 ORDER BY 2 DESC, 1 LIMIT 50",
-            start=period.start, end=period.end, team=team,
+            "AND day < {end:Date}" + _on(cluster) + " GROUP BY node HAVING sum(dark_s) > 0 ORDER BY 2 DESC, 1 LIMIT 50",
+            start=period.start, end=period.end, team=team, cluster=cluster or "",
         )]  # fmt: skip
 
-    def project_sources(self, period: Period, team: str) -> list[tuple[str, bool]]:
+    def project_sources(self, period: Period, team: str, cluster: str | None = None) -> list[tuple[str, bool]]:
         """Per job of the team in the month: where its project came from, and whether it claimed another."""
         return [(str(src), bool(claimed)) for src, claimed in self._rows(
             "SELECT argMax(project_source, ts_ms), max(project_claimed IS NOT NULL) FROM job_events "
             "WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM usage_daily WHERE day >= {start:Date} "
-            "AND day < {end:Date} AND team = {team:String} AND job_id != '') GROUP BY cluster, job_id",
-            start=period.start, end=period.end, team=team,
+            "AND day < {end:Date} AND team = {team:String} AND job_id != ''" + _on(cluster) + ") "
+            "GROUP BY cluster, job_id",
+            start=period.start, end=period.end, team=team, cluster=cluster or "",
         )]  # fmt: skip
 
-    def latest_minute_ms(self, since: dt.date) -> int | None:
+    def latest_minute_ms(self, since: dt.date, cluster: str | None = None) -> int | None:
         """The newest device-minute stored since `since`, any team (node_daily's max per row)."""
-        rows = self._rows("SELECT max(last_minute_ms), count() FROM node_daily WHERE day >= {since:Date}",
-                          since=since)  # fmt: skip
+        rows = self._rows("SELECT max(last_minute_ms), count() FROM node_daily WHERE day >= {since:Date}" +
+                          _on(cluster), since=since, cluster=cluster or "")  # fmt: skip
         return int(rows[0][0]) if rows and rows[0][1] else None
 
-    def team_alerts(self, team: str, since_ms: int) -> list[AlertRow]:
+    def team_alerts(self, team: str, since_ms: int, cluster: str | None = None) -> list[AlertRow]:
         rows = self._rows(
             "SELECT kind, ts_ms, cluster, ifNull(job_id, ''), ifNull(user, ''), ifNull(project, ''), idle_minutes, "
             "cost_so_far, action, action_at_ms, dry_run FROM alerts FINAL WHERE team = {team:String} "
-            "AND ts_ms >= {since:Int64} AND kind IN ('IDLE_WARNING', 'IDLE_RESOLVED', 'RECLAIM_NOTICE') "
-            "ORDER BY ts_ms LIMIT 100000",
-            team=team, since=since_ms,
+            "AND ts_ms >= {since:Int64} AND kind IN ('IDLE_WARNING', 'IDLE_RESOLVED', 'RECLAIM_NOTICE')" +
+            _on(cluster) + " ORDER BY ts_ms LIMIT 100000",
+            team=team, since=since_ms, cluster=cluster or "",
         )  # fmt: skip
         return [AlertRow(str(k), int(ts), str(c), str(j), str(u), str(p), i, cost, a, at, bool(d))
                 for k, ts, c, j, u, p, i, cost, a, at, d in rows]  # fmt: skip

@@ -53,16 +53,18 @@ def line_row(line: Any, **extra: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _rows(lines: Iterable[Any], team: str) -> list[dict[str, Any]]:
-    return [line_row(line) for line in lines if line.team == team and line.kind != "usage"]
+def _rows(lines: Iterable[Any], team: str, cluster: str | None = None) -> list[dict[str, Any]]:
+    return [line_row(line) for line in lines
+            if line.team == team and line.kind != "usage" and cluster in (None, line.cluster)]  # fmt: skip
 
 
 def status(client: Any, period: str, team: str, usage_charge: Decimal,
            credits: Callable[[Any], list[Any]] = lambda _client: [], *,
-           closes: Mapping[str, Any] | None = None) -> StatementStatus:  # fmt: skip
+           closes: Mapping[str, Any] | None = None, cluster: str | None = None) -> StatementStatus:  # fmt: skip
     """The statement status of `team` in `period`, read through the analyst's `client`; `credits(client)` lists
     the credits and reservation charges (`sinks.statements.Charge`) a close would route; `closes`, the months'
-    closes when the caller has read them already (`StatementStore.closes`)."""
+    closes when the caller has read them already (`StatementStore.closes`); `cluster`: only its lines (the team
+    page filtered to one cluster)."""
     from sinks.statement_store import StatementStore, adjustments_since, prepare
 
     store = StatementStore(client)
@@ -72,7 +74,7 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
         charges = credits(client)
         # Only a closed earlier month or a charge can add lines; without either, nothing to prepare.
         would_close = prepare(store, period, charges) if charges or any(p < period for p in closes) else ()
-        pending = _rows((line for s in would_close for line in s.lines), team)
+        pending = _rows((line for s in would_close for line in s.lines), team, cluster)
         other = sum((r["charge"] for r in pending), Decimal(0))
         out = StatementStatus(closed=False, usage=usage_charge, other=other)
         title = "Credits and adjustments this month's statement carries if it closes now"
@@ -80,8 +82,9 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
         out.tables.append(Table("pending", title, LINE_COLUMNS_SHOWN, pending, note=note))
         return out
     stored = next((s for s in store.statements(period) if s.team == team), None)
-    held = _rows(stored.lines, team) if stored is not None else []
-    since = [line_row(line, posted_in=where) for where, line in adjustments_since(store, period) if line.team == team]
+    held = _rows(stored.lines, team, cluster) if stored is not None else []
+    since = [line_row(line, posted_in=where) for where, line in adjustments_since(store, period)
+             if line.team == team and cluster in (None, line.cluster)]  # fmt: skip
     out = StatementStatus(
         closed=True, closed_at=utc_minute(close.closed_ms) + " UTC", closed_by=close.closed_by, close_id=close.close_id,
         statement_id=stored.statement_id if stored else "", content_hash=stored.content_hash if stored else "",

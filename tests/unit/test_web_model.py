@@ -204,6 +204,34 @@ def test_names_and_reason() -> None:
             params.reason(bad)
 
 
+@pytest.mark.parametrize("value,ok", [
+    ("sim", True), ("sim-k8s", True), ("eu_west.2", True), ("c" * 64, True), ("c" * 65, False),
+    ("-sim", False), ("sim k8s", False), ("sim'", False), ("sim/x", False), ("x%27", False), ("ü", False),
+    ("sim\n", False), ("1 OR 1=1", False),
+])  # fmt: skip
+def test_cluster_filter(value: str, ok: bool) -> None:
+    """`?cluster=`: absent or empty is every cluster (None); else a name matched whole, or a 400."""
+    assert params.cluster_filter(None) is None and params.cluster_filter("") is None
+    if ok:
+        assert params.cluster_filter(value) == value
+    else:
+        with pytest.raises(params.BadRequest, match="cluster name"):
+            params.cluster_filter(value)
+
+
+def test_drill_down_links_carry_the_cluster_filter_and_only_it() -> None:
+    from gpuledger.web import pages
+
+    nov = params.Period(2026, 11)
+    assert pages.team_url("vision", nov) == "/teams/vision?period=2026-11"
+    assert pages.team_url("vision", nov, "sim-k8s") == "/teams/vision?period=2026-11&cluster=sim-k8s"
+    rows = pages._with_links([{"cluster": "sim", "job_id": "7", "project": "p-a"}], nov, "vision", "sim")
+    assert rows[0]["_job_url"] == "/jobs/sim/7?period=2026-11&cluster=sim"
+    assert rows[0]["_project_url"] == "/teams/vision/projects/p-a?period=2026-11&cluster=sim"
+    plain = pages._with_links([{"cluster": "sim", "job_id": "7", "project": "p-a"}], nov, "vision")
+    assert "cluster=" not in plain[0]["_job_url"] + plain[0]["_project_url"]
+
+
 # -- who may do what ---------------------------------------------------------------------------------
 
 REGISTRY = Registry({
