@@ -7,9 +7,10 @@ over `processors.idle`) and only adapts it to faust:
 - One agent reads `usage.device-minutes.v1` and `sched.job-events.v1` (both keyed `cluster/job_id`,
   co-partitioned), in batches (`noack_take`), one `JobPartition` per source partition.
 - The idle states live in a faust Table whose changelog is the state topic (`processors.idle-state.v1`
-  by default): keys `cluster/job_id` as UTF-8, values the same JSON the runtime writes (`IdleState.to_json`
-  or `{"forgotten": true}`), partitioned by Kafka's murmur2 of the key (`use_partitioner`), i.e. the
-  source partition. Faust recovers it at assignment; a `JobPartition` is restored from it lazily.
+  by default): keys `cluster/job_id` as UTF-8, values the same JSON the runtime writes
+  (`stages.encode_job_state`: `IdleState.to_json` or `{"ended_ms": ..., "forgotten": true}`), partitioned
+  by Kafka's murmur2 of the key (`use_partitioner`), i.e. the source partition. Faust recovers it at
+  assignment; a `JobPartition` is restored from it lazily.
 - Outputs are the runtime's, byte for byte but `emitted_ts_ms` (the wall clock, as in the runtime):
   job-minutes, alerts, actions, Avro through `schemas.codec.AvroCodec`, keyed by job.
 
@@ -57,7 +58,7 @@ from processors.idle import IdleState, granted_exemptions
 from processors.pipeline import partition_of
 from processors.recovery import RecoveryPolicy
 from processors.runtime import IDLE_STATE_TOPIC
-from processors.stages import JobOutputs, JobPartition
+from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS
 from schemas.agents import (
     RESEEK_AFTER_S,
@@ -91,7 +92,6 @@ log = logging.getLogger("gpuledger.processors.idle_agents")
 
 NEG_INF = -(2**62)
 TAKE_WITHIN_S = 0.05  # the longest a batch waits to fill
-FORGOTTEN = json.dumps({"forgotten": True}).encode()
 
 
 def app_id(settings: Settings) -> str:
@@ -209,13 +209,7 @@ class JobStageAgents:
             for key, value in list(self.states.items()):
                 if partition_of(key, self.n) != p:
                     continue
-                jkey = key.decode()
-                state = json.loads(value)
-                if state.get("forgotten"):
-                    part.table.mark_forgotten(jkey, 0)
-                    part.restore_state(jkey, None)
-                else:
-                    part.restore_state(jkey, IdleState.from_json(state))
+                part.restore_state(key.decode(), decode_job_state(value))
                 restored += 1
             self.stats.restored_states += restored
             log.info("partition %d: restored %d idle states from the changelog", p, restored)
@@ -239,7 +233,7 @@ class JobStageAgents:
             for event in events:
                 self._feed(event)
             self._log_skipped()
-            dirty: dict[str, IdleState | None] = {**self.granted_states}
+            dirty: dict[str, JobState] = {**self.granted_states}
             self.granted_states.clear()
             dirty.update(self._advance())
             await self._checkpoint(stream, dirty)
@@ -289,10 +283,10 @@ class JobStageAgents:
             self.granted_states[jid] = changed
             log.info("job %s: exemptions granted on appeal now %s", jid, [ex.reason for ex in changed.granted])
 
-    def _advance(self) -> dict[str, IdleState | None]:
+    def _advance(self) -> dict[str, JobState]:
         """Drain and tick every partition (as the runtime's `_advance_jobs`); returns the changed states."""
         wall = int(time.time() * 1000) if self.ps.realtime else NEG_INF
-        dirty: dict[str, IdleState | None] = {}
+        dirty: dict[str, JobState] = {}
         for part in self.parts.values():
             for out in (part.drain(), part.tick(max(wall, (part.max_ts or NEG_INF) + MINUTE_MS))):
                 self._send(out)
@@ -313,13 +307,12 @@ class JobStageAgents:
         self.stats.alerts += len(out.alerts)
         self.stats.actions += len(out.actions)
 
-    async def _checkpoint(self, stream: Any, dirty: Mapping[str, IdleState | None]) -> None:
+    async def _checkpoint(self, stream: Any, dirty: Mapping[str, JobState]) -> None:
         """Outputs delivered, then the states they imply written, then the inputs no longer needed acked
         (none without a stream: the wall-clock tick reads no input)."""
         await delivered(self.app)
         for jkey, st in dirty.items():
-            value = FORGOTTEN if st is None else json.dumps(st.to_json(), sort_keys=True).encode()
-            self.states[jkey.encode()] = value
+            self.states[jkey.encode()] = encode_job_state(st)
         if dirty:
             await delivered(self.app)  # the states delivered before the inputs are acked
         self.stats.state_writes += len(dirty)

@@ -293,12 +293,41 @@ class NodePartition:
 
 
 # ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """The state of a job the stage forgot (its tombstone), with the job's end: restored after a restart it
+    passes over that job's replays only, and a later job under the same id (Slurm reuses ids) is another job."""
+
+    ended_ms: int  # 0: unknown (a tombstone of an earlier version): passes over everything under the id
+
+
+JobState = IdleState | Forgotten
+
+
+def encode_job_state(state: JobState) -> bytes:
+    """A job's state as the idle-state topic holds it: JSON of `IdleState`, or of its tombstone
+    `{"ended_ms": ..., "forgotten": true}`."""
+    data = {"forgotten": True, "ended_ms": state.ended_ms} if isinstance(state, Forgotten) else state.to_json()
+    return json.dumps(data, sort_keys=True).encode()
+
+
+def decode_job_state(value: bytes | str | None) -> JobState | None:
+    """`encode_job_state`'s inverse; None for a deleted key. `{"forgotten": true}` without an end (written
+    before the end was kept) restores as end 0, as it always did."""
+    if value is None:
+        return None
+    data = json.loads(value)
+    if data.get("forgotten"):
+        return Forgotten(int(data.get("ended_ms", 0)))
+    return IdleState.from_json(data)
+
+
 @dataclass(slots=True)
 class JobOutputs:
     job_minutes: list[dict[str, Any]] = field(default_factory=list)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
-    states: dict[str, IdleState | None] = field(default_factory=dict)  # "cluster/job_id" -> state (None: forget)
+    states: dict[str, JobState] = field(default_factory=dict)  # "cluster/job_id" -> state (Forgotten: forget)
 
 
 class JobPartition:
@@ -326,12 +355,15 @@ class JobPartition:
         self._set_state(job_id, st)
         return st
 
-    def restore_state(self, job_id: str, state: IdleState | None) -> None:
-        if state is None:
-            self.states.pop(job_id, None)
-            self._ended.pop(job_id, None)
-        else:
+    def restore_state(self, job_id: str, state: JobState | None) -> None:
+        """A job's state read back from the idle-state topic (None: the key was deleted)."""
+        if isinstance(state, IdleState):
             self._set_state(job_id, state)
+            return
+        if isinstance(state, Forgotten):
+            self.table.mark_forgotten(job_id, state.ended_ms)
+        self.states.pop(job_id, None)
+        self._ended.pop(job_id, None)
 
     def _set_state(self, job_id: str, state: IdleState) -> None:
         self.states[job_id] = state
@@ -451,7 +483,7 @@ class JobPartition:
                 del self._ended[jid]
                 self.table.forget_job(jid)
                 self.table.mark_forgotten(jid, st.ended_ms)
-                out.states[jid] = None
+                out.states[jid] = Forgotten(st.ended_ms)
         return out
 
     def rows_commit_offset(self) -> int:

@@ -1,15 +1,15 @@
 """The job stage's driver: device-minutes and job events (both keyed by job) into job-minutes, and each
 job's idle state machine into alerts and reclaim actions (`JobPartition`).
 
-The idle states live in a compacted internal topic (`processors.idle-state.v1`, JSON of `IdleState`, or
-`{"forgotten": true}`), partition p for input partition p: written at each commit after the outputs they
-reflect and before the offsets (`take_states`), read to its end at each assignment. A replayed
-device-minute at or before a state's `last_minute_ms` is skipped, so no alert or action is decided twice.
+The idle states live in a compacted internal topic (`processors.idle-state.v1`, `stages.encode_job_state`:
+JSON of `IdleState`, or a forgotten job's tombstone `{"ended_ms": ..., "forgotten": true}`), partition p for
+input partition p: written at each commit after the outputs they reflect and before the offsets
+(`take_states`), read to its end at each assignment. A replayed device-minute at or before a state's
+`last_minute_ms` is skipped, so no alert or action is decided twice.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -22,9 +22,8 @@ from base.kafka import new_admin, read_to_end
 from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, StageContext, StageDriver
 from processors.fastdecode import FlatDecoder, Framed, UnsupportedSchema
-from processors.idle import IdleState
 from processors.positions import StateRecord
-from processors.stages import JobOutputs, JobPartition
+from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS, Horizon
 from schemas import load_schema
 from schemas.topics import DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
@@ -62,7 +61,7 @@ class JobDriver(StageDriver):
     def __init__(self, ctx: StageContext, instance: str | None) -> None:
         super().__init__(ctx, instance)
         self.parts: dict[int, JobPartition] = {}
-        self.dirty: dict[int, dict[str, IdleState | None]] = {}  # states changed since the last commit
+        self.dirty: dict[int, dict[str, JobState]] = {}  # states changed since the last commit
         self.fast_rows = _lean_rows(ctx)
 
     def topics(self) -> list[str]:
@@ -98,23 +97,19 @@ class JobDriver(StageDriver):
             self.parts[p] = JobPartition(self.ctx.ps)
         for p, jkey, state in self._read_states(parts):
             if p in self.parts:
-                if state is not None and state.get("forgotten"):
-                    self.parts[p].table.mark_forgotten(jkey, 0)
-                    self.parts[p].restore_state(jkey, None)
-                else:
-                    self.parts[p].restore_state(jkey, None if state is None else IdleState.from_json(state))
+                self.parts[p].restore_state(jkey, state)
         self.assigned = list(partitions)
         self.consumer.assign(partitions)
         self.observe_clock()
 
-    def _read_states(self, parts: list[int]) -> list[tuple[int, str, dict[str, Any] | None]]:
+    def _read_states(self, parts: list[int]) -> list[tuple[int, str, JobState | None]]:
         """The idle-state partitions read to their end: the latest state per job, by partition and job."""
         if not parts:
             return []
         ctx = self.ctx
         group = f"{ctx.ps.group_id}.state-reader"
         table = read_to_end(ctx.settings.kafka, group, ctx.topics.state, parts, stopped=ctx.shutdown)
-        return [(p, key.decode(), None if v is None else json.loads(v)) for (p, key), v in sorted(table.items())]
+        return [(p, key.decode(), decode_job_state(v)) for (p, key), v in sorted(table.items())]
 
     def drop(self, tp: TopicPartition) -> None:
         if tp.topic == self.ctx.topics.dm:
@@ -183,8 +178,7 @@ class JobDriver(StageDriver):
         records = []
         for p, states in dirty.items():
             for jkey, st in states.items():
-                value = json.dumps({"forgotten": True}) if st is None else json.dumps(st.to_json(), sort_keys=True)
-                records.append(StateRecord(p, jkey.encode(), value.encode()))
+                records.append(StateRecord(p, jkey.encode(), encode_job_state(st)))
         return records
 
     def commit_offsets(self) -> list[TopicPartition]:

@@ -10,23 +10,21 @@ states (the order `_checkpoint` forbids: states are flushed before inputs are ac
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from functools import cache
 from typing import Any
 
 from base.processor_settings import ProcessorSettings
-from processors.idle import IdleState
 from processors.pipeline import run_in_memory
-from processors.stages import JobPartition
+from processors.stages import JobPartition, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS
 from producers.simulator import DEFAULT_START_MS, SimConfig, simulate
 from schemas.topics import JOB_EVENTS
 
 SETTINGS = ProcessorSettings(realtime=False)
 Item = tuple[str, int, dict[str, Any]]  # (input, offset, record)
-Checkpoint = tuple[dict[str, str | None], int, int]  # (states written, rows commit offset, events commit offset)
+Checkpoint = tuple[dict[str, bytes], int, int]  # (states written, rows commit offset, events commit offset)
 
 
 @cache
@@ -46,22 +44,18 @@ def arrivals() -> list[Item]:
     return out
 
 
-def new_partition(states: dict[str, str | None] | None = None) -> JobPartition:
+def new_partition(states: dict[str, bytes] | None = None) -> JobPartition:
     """A partition as the agent makes one: the wall clock observed (history lies behind it), its states
     restored from the changelog."""
     part = JobPartition(SETTINGS)
     part.horizon.observe_clock(int(time.time() * 1000))
     for job, value in (states or {}).items():
-        if value is None:
-            part.table.mark_forgotten(job, 0)
-            part.restore_state(job, None)
-        else:
-            part.restore_state(job, IdleState.from_json(json.loads(value)))
+        part.restore_state(job, decode_job_state(value))
     return part
 
 
 def run(items: list[Item], part: JobPartition, batch: int, emitted: set[tuple[str, int]],
-        states: dict[str, str | None]) -> list[Checkpoint]:  # fmt: skip
+        states: dict[str, bytes]) -> list[Checkpoint]:  # fmt: skip
     """Feed in batches; after each, drain and tick as the agent does, and checkpoint."""
     checkpoints: list[Checkpoint] = []
     for i in range(0, len(items), batch):
@@ -72,12 +66,12 @@ def run(items: list[Item], part: JobPartition, batch: int, emitted: set[tuple[st
                 part.on_device_minute(rec, offset)
         for out in (part.drain(), part.tick((part.max_ts or 0) + MINUTE_MS)):
             emitted.update((jm["job_id"], jm["minute_start_ms"]) for jm in out.job_minutes)
-            states.update({j: None if st is None else json.dumps(st.to_json()) for j, st in out.states.items()})
+            states.update({j: encode_job_state(st) for j, st in out.states.items()})
         checkpoints.append((dict(states), part.rows_commit_offset(), part.events_commit_offset()))
     return checkpoints
 
 
-def replayed(states: dict[str, str | None], rows_from: int, events_from: int, order: str,
+def replayed(states: dict[str, bytes], rows_from: int, events_from: int, order: str,
              rng: random.Random) -> list[Item]:  # fmt: skip
     rest = [it for it in arrivals() if it[1] >= (rows_from if it[0] == "dm" else events_from)]
     if order == "events-first":

@@ -3,8 +3,8 @@
 another submit time) runs 10 minutes on the same GPU. The node stage charges each job its own device-minutes
 (processors/attribution.py `_new_life`). The job stage must give the second job its job-minutes (the idle
 state machine and its warnings read them) as it does the first: a forgotten job's tombstone passes over only
-what is at or before its end (`AllocationTable.forgotten`). A tombstone a restart restores has no end (0) and
-still passes over everything: that case is not covered here."""
+what is at or before its end (`AllocationTable.forgotten`). A tombstone a restart restores keeps that end:
+tests/unit/test_job_stage_tombstones.py."""
 
 from __future__ import annotations
 
