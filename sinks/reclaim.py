@@ -12,7 +12,8 @@ grace period, then `scontrol requeue` or `scancel`. Never `scontrol suspend`: a 
 its GPUs (Slurm only stops its processes; the devices stay allocated and no other job gets them, as the
 live-Slurm tests show), so it reclaims nothing: SUSPEND for a Slurm job is refused. Kueue: set the Workload's
 `spec.active` to false (Kueue evicts it, its pods get SIGTERM: the workload's checkpoint chance,
-and it stays queued until reactivated). Commands are argv lists (no shell); job ids are checked.
+and it stays queued until reactivated); a JobSet no Workload owns gets `spec.suspend=true`, a Volcano Job an
+AbortJob Command (`sinks/kube_owner.py`). Commands are argv lists (no shell); job ids are checked.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from prometheus_client import Counter as PromCounter
 
 from base.errors import ConfigError
 from base.kube import load_credentials
-from sinks.kube_owner import Owner, kubernetes_owner_patch
+from sinks.kube_owner import Owner, abort_command, kubernetes_owner_create, kubernetes_owner_patch
 
 log = logging.getLogger(__name__)
 SKIPPED = PromCounter(
@@ -223,8 +224,9 @@ class ClickHouseRecorder:
 
 KueuePatch = Callable[[str, str, dict[str, Any]], None]  # (namespace, name, body)
 KueueRead = Callable[[str, str], dict[str, Any]]  # (namespace, name) -> the Workload
-KueueOwner = Callable[[str, str], Owner | None]  # (namespace, job name) -> the Workload (or JobSet) to stop
+KueueOwner = Callable[[str, str], Owner | None]  # (namespace, job name) -> the Workload, JobSet or Volcano Job
 OwnerPatch = Callable[[Owner, dict[str, Any]], None]  # patch a non-Workload owner (a JobSet)
+OwnerCreate = Callable[[dict[str, Any]], bool]  # create an object (a Volcano Command); False: it exists already
 
 
 def _custom_objects() -> Any:
@@ -271,6 +273,7 @@ class ReclaimExecutor:
         kueue_owner: KueueOwner | None = None,
         gang_check: GangCheck | None = None,
         owner_patch: OwnerPatch = kubernetes_owner_patch,
+        owner_create: OwnerCreate = kubernetes_owner_create,
     ) -> None:
         self._recorder = recorder
         # (namespace, job name) -> the Workload owning the pod (sinks/kube_owner.py); None: the job id names
@@ -280,6 +283,7 @@ class ReclaimExecutor:
         # after the job's own re-check passed
         self._gang_check = gang_check
         self._owner_patch = owner_patch
+        self._owner_create = owner_create
         self._job_state = job_state  # None: no re-check (a manual `reclaim exec`)
         self.skipped: Counter[str] = Counter()  # by re-check reason
         self._dry_run = dry_run
@@ -389,6 +393,8 @@ class ReclaimExecutor:
                 return "failed", f"no Kueue Workload owns {namespace}/{job}"
             if not owner.active:
                 return "skipped", f"{owner.describe()} already stopped: the gang is reclaimed as one"
+            if owner.kind == "VolcanoJob":  # a Volcano Job no Kueue Workload owns: an AbortJob Command
+                return self._abort_volcano_job(owner)
             if owner.kind != "Workload":  # a JobSet no Kueue Workload owns: suspend it
                 try:
                     self._owner_patch(owner, owner.stop_body)
@@ -401,6 +407,19 @@ class ReclaimExecutor:
         except Exception as exc:  # the kubernetes client raises ApiException and transport errors
             return "failed", f"{type(exc).__name__}: {exc}"[:2000]
         return "ok", f"{what} deactivated; {self._kueue_outcome(namespace, name)}"
+
+    def _abort_volcano_job(self, owner: Owner) -> tuple[str, str]:
+        """Create the Job's AbortJob Command; its name is fixed per Job, so an existing one (a repeated reclaim
+        before Volcano's controller consumed it) means the gang is already being stopped."""
+        try:
+            command = abort_command(owner)
+            created = self._owner_create(command)
+        except Exception as exc:  # the kubernetes client raises ApiException and transport errors
+            return "failed", f"{owner.describe()}: {type(exc).__name__}: {exc}"[:2000]
+        name = f"{command['metadata']['namespace']}/{command['metadata']['name']}"
+        if not created:
+            return "skipped", f"{owner.describe()}: AbortJob Command {name} exists: the gang is reclaimed as one"
+        return "ok", f"{owner.describe()} suspended: AbortJob Command {name} created"
 
     def _run(self, step: Step) -> tuple[str, str]:
         if step.kind == "wait":

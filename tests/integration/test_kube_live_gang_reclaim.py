@@ -7,6 +7,9 @@ and Kueue, as the gpuledger-reclaim user with its ClusterRole only (deploy/kuber
   pod's action finds the Workload already inactive and patches nothing: the gang is reclaimed once.
 - A JobSet's pod (pod -> Job -> JobSet, the Workload owned by the JobSet): two levels up.
 - A pod no Workload owns: the action fails with one line, nothing patched.
+- A Volcano Job's pod (pod -> Volcano Job, annotated with its PodGroup): the executor creates one `bus.volcano.sh`
+  Command, action AbortJob, targeting the Job (Volcano's own CRD validates it); the gang's other pod creates no
+  second one; once the Job is Aborted nothing more. A Volcano Job a Workload owns: the Workload is deactivated.
 Pods are made by hand (there is no controller-manager) with the ownerReferences a Job controller sets."""
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def executor(local_kube: LocalKube, monkeypatch: pytest.MonkeyPatch) -> tuple[Re
         return owning_workload(reader, namespace, name)
 
     return ReclaimExecutor(MemoryRecorder(), dry_run=False, kueue_patch=patch, kueue_owner=owner,
-                           owner_patch=reader.patch), patched
+                           owner_patch=reader.patch, owner_create=reader.create), patched  # fmt: skip
 
 
 def action(ns: str, pod: str) -> dict[str, Any]:
@@ -178,3 +181,84 @@ def test_a_pod_no_workload_owns_is_not_reclaimed(local_kube: LocalKube, kube_ns:
     out = run.execute(action(kube_ns, "loner"))
     assert [(o.step, o.status, o.detail) for o in out] == [(1, "failed", f"no Kueue Workload owns {kube_ns}/loner")]
     assert patched == []
+
+
+def volcano_job(kube: LocalKube, ns: str, name: str, pods: int = 2) -> dict[str, Any]:
+    """A Volcano Job as `vcctl`/a user writes it (the API server checks it against Volcano's CRD), its status
+    Running as Volcano's controller would set it (none runs here), and its pods, owned by it as that controller
+    makes them (annotated with the PodGroup: one gang)."""
+    kube.apply([{
+        "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": name, "namespace": ns},
+        "spec": {"schedulerName": "volcano", "minAvailable": pods, "queue": "default", "tasks": [{
+            "name": "worker", "replicas": pods, "template": {"spec": {"restartPolicy": "Never", "containers": [
+                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}]},
+    }])  # fmt: skip
+    kube.kubectl("-n", ns, "patch", "jobs.batch.volcano.sh", name, "--subresource=status", "--type=merge", "-p",
+                 json.dumps({"status": {"state": {"phase": "Running"}, "running": pods}}))  # fmt: skip
+    job = get(kube, ns, "jobs.batch.volcano.sh", name)
+    assert job["status"]["state"]["phase"] == "Running"
+    for i in range(pods):
+        pod = gpu_pod(f"{name}-worker-{i}", ns, 2, labels={"volcano.sh/job-name": name}, node=NODE)
+        pod["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": f"{name}-{job['metadata']['uid']}"}
+        pod["metadata"]["ownerReferences"] = [owner_ref(job)]
+        kube.apply([pod])
+        run_pod(kube, ns, pod["metadata"]["name"])
+    return job
+
+
+def commands(kube: LocalKube, ns: str) -> list[dict[str, Any]]:
+    out = kube.kubectl("-n", ns, "get", "commands.bus.volcano.sh", "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def test_a_volcano_gang_is_stopped_by_one_abort_job_command(
+    local_kube: LocalKube, kube_ns: str, executor: tuple[ReclaimExecutor, list[str]]
+) -> None:
+    ns, (run, patched) = kube_ns, executor
+    job = volcano_job(local_kube, ns, "vc")
+    uid = job["metadata"]["uid"]
+    assert commands(local_kube, ns) == []
+
+    first = run.execute(action(ns, "vc-worker-0"))
+    name = f"vc-abortjob-{uid[:8]}"
+    assert [(o.step, o.status, o.detail) for o in first] == [(1, "ok", (
+        f"Volcano Job {ns}/vc (owner of Pod vc-worker-0 -> Job vc) suspended: AbortJob Command {ns}/{name} created"
+    ))]  # fmt: skip
+    [cmd] = commands(local_kube, ns)
+    assert cmd["metadata"]["name"] == name and cmd["action"] == "AbortJob"
+    target = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "vc", "uid": uid}
+    assert {k: cmd["target"][k] for k in target} == target
+    assert [(o["kind"], o["name"], o["uid"]) for o in cmd["metadata"]["ownerReferences"]] == [("Job", "vc", uid)]
+
+    second = run.execute(action(ns, "vc-worker-1"))  # the gang's other pod, idle too: AlreadyExists
+    assert [(o.step, o.status) for o in second] == [(1, "skipped")], second
+    assert second[0].detail.endswith(f"AbortJob Command {ns}/{name} exists: the gang is reclaimed as one")
+    assert [c["metadata"]["uid"] for c in commands(local_kube, ns)] == [cmd["metadata"]["uid"]]
+
+    # what Volcano's job controller does with it: delete the Command, abort the Job
+    local_kube.kubectl("-n", ns, "delete", "commands.bus.volcano.sh", name)
+    local_kube.kubectl("-n", ns, "patch", "jobs.batch.volcano.sh", "vc", "--subresource=status", "--type=merge",
+                       "-p", json.dumps({"status": {"state": {"phase": "Aborted"}}}))  # fmt: skip
+    third = run.execute(action(ns, "vc-worker-0"))
+    assert [(o.step, o.status) for o in third] == [(1, "skipped")] and "already stopped" in third[0].detail
+    assert commands(local_kube, ns) == [] and patched == []  # no new Command, no Workload patched
+
+
+def test_a_volcano_job_a_workload_owns_is_reclaimed_through_the_workload(
+    local_kube: LocalKube, kube_ns: str, executor: tuple[ReclaimExecutor, list[str]]
+) -> None:
+    ns, (run, patched) = kube_ns, executor
+    job = volcano_job(local_kube, ns, "kq", pods=1)
+    wl_name = "vcjob-kq-3c4d5"
+    local_kube.apply([{
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": wl_name, "namespace": ns, "ownerReferences": [owner_ref(job)],
+                     "labels": {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]}},
+        "spec": {"queueName": "none", "podSets": [{"name": "worker", "count": 1, "template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}}}]},
+    }])  # fmt: skip
+    out = run.execute(action(ns, "kq-worker-0"))
+    assert [(o.step, o.status) for o in out] == [(1, "ok")], out
+    assert out[0].detail.startswith(f"Workload {ns}/{wl_name} (owner of Pod kq-worker-0 -> Job kq) deactivated")
+    assert get(local_kube, ns, "workloads.kueue.x-k8s.io", wl_name)["spec"]["active"] is False
+    assert patched == [f"{ns}/{wl_name}"] and commands(local_kube, ns) == []  # Kueue first: no Command

@@ -1,6 +1,7 @@
 """Least privilege, enforced by the real RBAC: each component runs as its own user (a static token) bound to
 its ClusterRole from deploy/kubernetes/rbac/, and nothing more. The watcher reads and cannot write; the reclaim
-executor patches a Workload and cannot create anything, nor touch pods or Jobs."""
+executor patches a Workload (or a JobSet) and creates a Volcano Command, nothing else: no other create, no
+delete, no write on pods or Jobs."""
 
 from __future__ import annotations
 
@@ -92,6 +93,42 @@ def test_the_reclaim_executor_patches_a_workload_and_nothing_else(local_kube: Lo
     result = as_user(local_kube, user, "-n", ns, "delete", "workloads.kueue.x-k8s.io", "wl")
     assert forbidden(result, user, "delete", "workloads")
     assert forbidden(as_user(local_kube, user, "get", "pods", "-A"), user, "list", "pods")
+
+
+def test_the_reclaim_executor_creates_a_volcano_command_and_nothing_more(local_kube: LocalKube, kube_ns: str) -> None:
+    """Its Volcano rights: `get` on Volcano Jobs (climbing a pod's owners) and `create` on Commands (an AbortJob
+    Command stops a Volcano Job); it may not read, delete or patch a Command, nor write the Job itself."""
+    ns, user = kube_ns, "gpuledger-reclaim"
+    local_kube.apply([{
+        "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vj", "namespace": ns},
+        "spec": {"minAvailable": 1, "tasks": [{"name": "w", "replicas": 1, "template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}]},
+    }])  # fmt: skip
+    got = as_user(local_kube, user, "-n", ns, "get", "jobs.batch.volcano.sh", "vj", "-o", "json")
+    assert got.returncode == 0, got.stderr
+    uid = json.loads(got.stdout)["metadata"]["uid"]
+    ref = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "vj", "uid": uid}
+    owners = [{**ref, "controller": True}]
+    command = {"apiVersion": "bus.volcano.sh/v1alpha1", "kind": "Command", "target": ref, "action": "AbortJob",
+               "metadata": {"name": "vj-abortjob", "namespace": ns, "ownerReferences": owners}}  # fmt: skip
+    result = as_user(local_kube, user, "create", "-f", "-", input=yaml.safe_dump(command))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(local_kube.kubectl("-n", ns, "get", "commands.bus.volcano.sh", "vj-abortjob", "-o",
+                                         "json").stdout)["action"] == "AbortJob"  # fmt: skip
+    for verb, args in (("get", ("get", "commands.bus.volcano.sh", "vj-abortjob")),
+                       ("list", ("get", "commands.bus.volcano.sh")),
+                       ("delete", ("delete", "commands.bus.volcano.sh", "vj-abortjob")),
+                       ("delete", ("delete", "jobs.batch.volcano.sh", "vj"))):  # fmt: skip
+        resource = "jobs" if "jobs.batch.volcano.sh" in args else "commands"
+        assert forbidden(as_user(local_kube, user, "-n", ns, *args), user, verb, resource), (verb, args)
+    label = {"metadata": {"labels": {"x": "y"}}}
+    for path, resource in ((f"/apis/bus.volcano.sh/v1alpha1/namespaces/{ns}/commands/vj-abortjob", "commands"),
+                           (f"/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs/vj", "jobs")):  # fmt: skip
+        status, message = api_patch(local_kube, user, path, label)
+        assert status == 403 and f'User "{user}" cannot patch resource "{resource}"' in message, message
+    other = {**command, "metadata": {"name": "vj-2", "namespace": ns}}
+    result = as_user(local_kube, "gpuledger-watcher", "create", "-f", "-", input=yaml.safe_dump(other))
+    assert forbidden(result, "gpuledger-watcher", "create", "commands")  # only reclaim holds the right
 
 
 def test_a_user_without_a_binding_can_do_nothing(local_kube: LocalKube, objects: str) -> None:

@@ -139,8 +139,8 @@ def test_the_crds_are_kueues_own_then_the_copied_ones(tmp_path: Path) -> None:
     names = [p.name for p in crd_files(KubeBinaries(tmp_path, None))]
     assert names == [
         "kueue.x-k8s.io_workloads.yaml", "jobset-v0.12.0_jobset.x-k8s.io_jobsets.yaml",
-        "volcano-v1.15.1_batch.volcano.sh_jobs.yaml", "volcano-v1.15.1_scheduling.volcano.sh_podgroups.yaml",
-        "volcano-v1.15.1_scheduling.volcano.sh_queues.yaml",
+        "volcano-v1.15.1_batch.volcano.sh_jobs.yaml", "volcano-v1.15.1_bus.volcano.sh_commands.yaml",
+        "volcano-v1.15.1_scheduling.volcano.sh_podgroups.yaml", "volcano-v1.15.1_scheduling.volcano.sh_queues.yaml",
     ]  # fmt: skip
     assert (deploy_dir() / "crds" / "PROVENANCE.md").is_file()
 
