@@ -112,6 +112,17 @@ def test_every_production_process_of_up_has_its_workload(tmp_path: Path, monkeyp
     assert commands[("dcgm", "run")] == "DaemonSet" and commands[("kube", "watch")] == "Deployment"
 
 
+def _container_settings(container: dict[str, Any], state_dir: Path) -> Settings:
+    """The settings a container's environment gives (its plain values; the ConfigMap's file is not read)."""
+    with pytest.MonkeyPatch.context() as env:
+        for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
+            env.delenv(key)
+        for item in container["env"]:
+            if "value" in item and item["name"] != "GPULEDGER_CONFIG":
+                env.setenv(item["name"], item["value"])
+        return Settings(state_dir=state_dir, cluster="prod")
+
+
 def test_the_reservation_service_runs_as_its_workload_configures_it(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """`up` runs `reserve run` only with an engine and the policy configured: the Deployment sets both (Kueue, the
@@ -122,15 +133,10 @@ def test_the_reservation_service_runs_as_its_workload_configures_it(tmp_path: Pa
     pod = _pod_spec(deployment)
     (container,) = pod["containers"]
     monkeypatch.chdir(tmp_path)
-    for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
-        monkeypatch.delenv(key)
-    for item in container["env"]:
-        if "value" in item and item["name"] != "GPULEDGER_CONFIG":
-            monkeypatch.setenv(item["name"], item["value"])
-    settings = Settings(state_dir=tmp_path, cluster="prod")
+    settings = _container_settings(container, tmp_path)
     assert settings.sinks.reservations.engines == ["kueue"] and settings.sinks.reservations.kubeconfig is None
     comp = next(c for c in COMPONENTS if c.name == "reservations")
-    assert comp.enabled(settings) and not comp.enabled(Settings(state_dir=tmp_path, cluster="prod", policy_path=None))
+    assert comp.enabled(settings) and not comp.enabled(settings.model_copy(update={"policy_path": None}))
     assert container["args"] == comp.argv(settings, lambda _: None)[3:]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v.get("configMap", {}).get("name") for v in pod["volumes"]}
@@ -156,13 +162,7 @@ def test_everything_that_judges_appeals_reads_the_policy(tmp_path: Path, monkeyp
     for named in ("gpuledger-appeals", "gpuledger-agents", "gpuledger-chat", "gpuledger-reservations"):
         pod = _pod_spec(workloads[named])
         (container,) = pod["containers"]
-        with pytest.MonkeyPatch.context() as env:
-            for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
-                env.delenv(key)
-            for item in container["env"]:
-                if "value" in item and item["name"] != "GPULEDGER_CONFIG":
-                    env.setenv(item["name"], item["value"])
-            settings = Settings(state_dir=tmp_path, cluster="prod")
+        settings = _container_settings(container, tmp_path)
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         volumes = {v["name"]: v.get("configMap", {}).get("name") for v in pod["volumes"]}
         assert settings.policy_path is not None, named
