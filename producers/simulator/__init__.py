@@ -37,9 +37,11 @@ Library API (pure Python, no Kafka):
   Kubernetes cluster `<cluster>-k8s` beside the Slurm-like one (producers/simulator/kube.py): Kueue Jobs, a
   multi-pod Kueue gang, notebooks as plain pods, pods on MIG slices, 4-GPU pods started while the watcher
   runs. Its job events are `producers.kube.KubeTracker`'s over simulated Pods and Workloads (devices from the
-  exporters' pod labels); `simulate` merges both clusters' records by event time, and `expected_ledger`,
-  `expected_device_minutes` and `unallocated_seconds` cover both (Ledger.cluster says which; Kubernetes job ids
-  are `namespace/pod`, so ids never collide). A config without it gives exactly the records it always gave.
+  exporters' pod labels; one pod's only at the watcher's next label refresh: a count-only STARTED, then an
+  UPDATED naming its GPUs, dark unidentified devices in between); `simulate` merges both clusters' records by
+  event time, and `expected_ledger`, `expected_device_minutes` and `unallocated_seconds` cover both
+  (Ledger.cluster says which; Kubernetes job ids are `namespace/pod`, so ids never collide). A config without
+  it gives exactly the records it always gave.
 - `run(config, publisher, realtime=False, clock=time.time, sleep=time.sleep)`: publishes through
   `schemas.publish.RecordPublisher` (what `gpuledger simulate run` does).
 

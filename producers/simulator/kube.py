@@ -15,8 +15,17 @@ Namespaces are teams; job ids are `<namespace>/<pod>` (never a Slurm-like number
 
 `kube_job_events(cfg)` feeds those objects, in event-time order, through `producers.kube.KubeTracker` (the
 watcher's pure core) with the simulated organisation's registry and directory. Device identities come the way
-they do on a node without a reachable kubelet socket: `DcgmPodLabels` reads the node's exporter scrape of the
-second the Pod starts (labels `namespace`/`pod`/`UUID`/`GPU_I_ID`), so each STARTED names its devices.
+they do on a node without a reachable kubelet socket: `DcgmPodLabels` reads the node's exporter scrape (labels
+`namespace`/`pod`/`UUID`/`GPU_I_ID`). For most Pods that is the scrape of the second the Pod starts, so their
+STARTED names their devices. The watcher also refreshes the labels as `gpuledger kube watch` does
+(`--dcgm-interval`, LABEL_REFRESH_S = 30 s from its start): every exporter scraped again, then
+`KubeTracker.recheck_devices`. One Pod of the plan (`SimJob.labels_s`, drawn from the seed; whole GPUs, started
+while the watcher runs, off a refresh second, no other Pod starting on its node before the refresh, running past
+it) is read only there, as a Pod started after the watcher's last label scrape is on a real cluster: the tracker
+publishes a count-only STARTED (N devices, no UUID or index) and, at the refresh, an UPDATED naming its GPUs. The
+expected ledger (producers/simulator/ledger.py) charges it N unidentified devices, allocated and dark, over
+[start, labels_s) and its real GPUs from labels_s on; their samples before that belong to no job (unallocated).
+The Slurm-like cluster has no such job: its records are what they were.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ PREEMPTIBLE_CLASS = "preemptible"
 KUBE_GROUPS = [[0, 1, 2, 3], [4, 5], [6], [7]]
 _POD_NAME = {"training": "train", "batch": "batch", "starved": "etl", "notebook": "jupyter", "poker": "dev"}
 KUEUE_KINDS = frozenset({"training", "batch", "starved"})  # admitted by Kueue; the others are plain Pods
+LABEL_REFRESH_S = 30  # the watcher's label refresh, `gpuledger kube watch --dcgm-interval` (its default)
 
 
 def _as_pods(job: SimJob) -> list[SimJob]:
@@ -103,7 +113,44 @@ def build_kube_plan(cfg: SimConfig) -> SimPlan:
     jobs.sort(key=lambda j: (j.start_s, j.job_id))
     outages, silent = _faults(cfg, jobs)
     devices = {d.key: d for n in nodes for d in n.devices}
+    jobs = _with_lagging_labels(cfg, jobs, devices)
     return SimPlan(cfg, nodes, people, tuple(jobs), tuple(outages), frozenset(silent), devices)
+
+
+def next_label_refresh(t: int) -> int:
+    """The first label refresh of the watcher after run second `t` (it scrapes at 0, then every LABEL_REFRESH_S)."""
+    return (t // LABEL_REFRESH_S + 1) * LABEL_REFRESH_S
+
+
+def _with_lagging_labels(cfg: SimConfig, jobs: list[SimJob], devices: dict[tuple[str, int], Any]) -> list[SimJob]:
+    """The plan with one Pod whose devices the watcher learns only at its next label refresh (`SimJob.labels_s`).
+
+    A candidate starts while the watcher runs, on whole GPUs, outside a multi-pod gang, runs past that refresh
+    (which falls inside the run), and no other Pod starts on its node between its start and the refresh (each
+    Pod's start otherwise reads its node's exporter, which would show the lagging Pod's labels early). Drawn from
+    its own generator of the seed, so the rest of the plan is what it was; multi-GPU Pods first."""
+    starts: dict[str, list[int]] = {}
+    for job in jobs:
+        starts.setdefault(job.nodes[0], []).append(job.start_s)
+    candidates = []
+    for job in jobs:
+        refresh = next_label_refresh(job.start_s)
+        node = job.nodes[0]
+        if (
+            job.start_s > 0
+            and job.start_s % LABEL_REFRESH_S != 0  # a refresh in the second it starts reads its labels at once
+            and refresh < min(job.end_s, cfg.duration_s)
+            and all(devices[k].mig_instance_id is None for k in job.devices)
+            and (job.gang_id is None or job.gang_id.split("/", 1)[1].startswith("job-"))
+            and sum(job.start_s <= s < refresh for s in starts[node]) == 1
+        ):
+            candidates.append(job)
+    if not candidates:
+        return jobs
+    rng = random.Random(f"{cfg.seed}/{cfg.cluster}/labels")  # noqa: S311 (a reproducible simulation)
+    wide = [j for j in candidates if len(j.devices) > 1]
+    lagging = rng.choice(wide or candidates)
+    return [replace(j, labels_s=next_label_refresh(j.start_s)) if j is lagging else j for j in jobs]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -257,6 +304,10 @@ def _changes(p: SimPlan) -> list[_Change]:
         out.append((first.submit_s, 2, "workload", "ADDED", objs.workload(pods, "created")))
         out.append((first.start_s, 4, "workload", "MODIFIED", objs.workload(pods, "admitted")))
         out.append((max(j.end_s for j in pods), 1, "workload", "MODIFIED", objs.workload(pods, "finished")))
+    # The watcher's label refresh (`kube watch --dcgm-interval`): every exporter scraped again, after the second's
+    # Pod and Workload changes.
+    for t in range(LABEL_REFRESH_S, p.config.duration_s, LABEL_REFRESH_S):
+        out.append((t, 6, "labels", "REFRESH", {}))
     out.sort(key=lambda c: (c[0], c[1]))
     return out
 
@@ -277,11 +328,20 @@ def kube_job_events(p: SimPlan, scrape_text: ScrapeText) -> dict[int, list[dict[
     base_s = cfg.start_ms // 1000
     out: dict[int, list[dict[str, Any]]] = {}
     scraped: set[tuple[str, int]] = set()
+    lagging = {j.job_id for j in p.jobs if j.labels_s is not None}
     for t, _, target, watch_type, obj in _changes(p):
         ts_ms = (base_s + t) * 1000
-        if target == "pod":
+        if target == "labels":  # what `kube watch`'s label follower does: scrape every exporter, then recheck
+            for node in p.nodes:
+                if (node.name, t) not in scraped:
+                    scraped.add((node.name, t))
+                    labels.load_scrape(scrape_text(node.name, t), node=node.name)
+            events = tracker.recheck_devices(ts_ms)
+        elif target == "pod":
             node = obj["spec"].get("nodeName")
-            if node and obj["status"]["phase"] == "Running" and (node, t) not in scraped:
+            meta = obj["metadata"]
+            lags = f"{meta['namespace']}/{meta['name']}" in lagging
+            if node and obj["status"]["phase"] == "Running" and not lags and (node, t) not in scraped:
                 scraped.add((node, t))
                 labels.load_scrape(scrape_text(node, t), node=node)
             events = tracker.on_pod(watch_type, obj, ts_ms)

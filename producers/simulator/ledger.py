@@ -7,7 +7,9 @@ with the processors. Per job: allocated = active + starved + idle + dark seconds
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ from producers.simulator.model import SimConfig, SimDevice, SimJob, SimPlan, clu
 from producers.simulator.telemetry import DeviceSchedule, device_schedules, truth
 
 CLASSIFIER_VERSION = "c1"
+UNIDENTIFIED = "unidentified:"  # a device-minute row's device_uuid for a device no job event identified (Kth)
+_Sample = Callable[[int], "tuple[float, int] | None"]  # run second -> (activity ratio, fb MiB), None: dark
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +105,10 @@ def _close_minute(
     led: Ledger,
     th: Thresholds,
     rows: list[DeviceMinute] | None = None,
-    device: SimDevice | None = None,
+    where: tuple[str, str, int | None] | None = None,
 ) -> None:
-    """Account one device's allocated seconds of one minute (classifier c1)."""
+    """Account one device's allocated seconds of one minute (classifier c1); `where` is (node, uuid, MIG
+    instance) as its device-minute row names it."""
     if m is None:
         return
     counts["allocated_s"] += len(sampled) + dark
@@ -120,13 +125,13 @@ def _close_minute(
         led.sm_weighted_s += weighted
         flags[0] = True
         flags[1] = flags[1] or cls != "idle"
-    if rows is not None and device is not None:
+    if rows is not None and where is not None:
         rows.append(
             DeviceMinute(
                 job_id=led.job_id,
-                node=device.node,
-                uuid=device.uuid,
-                mig_instance_id=device.mig_instance_id,
+                node=where[0],
+                uuid=where[1],
+                mig_instance_id=where[2],
                 minute_start_ms=m * 60_000,
                 allocated_s=len(sampled) + dark,
                 active_s=by_class["active"],
@@ -137,6 +142,26 @@ def _close_minute(
                 sample_count=len(sampled),
             )
         )
+
+
+def _sample_of(
+    p: SimPlan,
+    job: SimJob,
+    schedules: dict[tuple[str, int], DeviceSchedule],
+    dev: SimDevice,
+    pos: int,
+    t: int,
+    *,
+    silent: bool,
+) -> tuple[float, int] | None:
+    """What the pipeline sees of the job's device `dev` (its `pos`-th) at run second `t`; None: dark."""
+    cfg = p.config
+    if silent or t >= cfg.duration_s or p.outage_at(dev.node, t):
+        return None
+    held = schedules[dev.key].at(t)
+    assert held is not None and held[0] is job
+    tr = truth(dev, job, pos, t, cfg.start_ms // 1000)
+    return tr.activity_pct / 100, tr.fb_used_mib
 
 
 def _job_ledger(
@@ -164,31 +189,39 @@ def _job_ledger(
     )
     # job-minute -> (any device reported, any device busy)
     job_minutes: dict[int, list[bool]] = {}
-    for pos, key in enumerate(job.devices):
-        dev = p.devices[key]
+
+    def account(name: str, where: tuple[str, str, int | None], seconds: range, sample: _Sample) -> None:
+        """One device's allocated seconds, grouped by event-time minute; `sample(t)` None: dark."""
         counts = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0}
-        silent = key in p.silent
-        # Group this device's allocated seconds by event-time minute.
         minute: int | None = None
         sampled: list[tuple[float, int]] = []
         dark = 0
-
-        for t in range(job.start_s, job.end_s):
+        for t in seconds:
             m = (base_s + t) // 60
             if m != minute:
-                _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, dev)
+                _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, where)
                 minute, sampled, dark = m, [], 0
-            if silent or t >= cfg.duration_s or p.outage_at(key[0], t):
+            got = sample(t)
+            if got is None:
                 dark += 1
-                continue
-            held = schedules[key].at(t)
-            assert held is not None and held[0] is job
-            tr = truth(dev, job, pos, t, base_s)
-            sampled.append((tr.activity_pct / 100, tr.fb_used_mib))
-        _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, dev)
-        led.devices[_device_name(dev)] = counts
+            else:
+                sampled.append(got)
+        _close_minute(minute, sampled, dark, counts, job_minutes, led, th, rows, where)
+        led.devices[name] = counts
         for k in ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s"):
             setattr(led, k, getattr(led, k) + counts[k])
+
+    # A Pod whose devices the watcher learned late (`SimJob.labels_s`): its count-only STARTED holds that many
+    # unidentified devices until the UPDATED naming them, devices no sample matches (allocated, dark); the real
+    # GPUs are charged from the UPDATED on, their samples before it belong to no job (`unallocated_seconds`).
+    named_s = job.start_s if job.labels_s is None else min(job.labels_s, job.end_s)
+    for slot in range(len(job.devices) if job.labels_s is not None else 0):
+        node, label = job.nodes[0], f"{UNIDENTIFIED}{slot}"
+        account(f"{node}/{label}", (node, label, None), range(job.start_s, named_s), lambda t: None)
+    for pos, key in enumerate(job.devices):
+        dev = p.devices[key]
+        sample = partial(_sample_of, p, job, schedules, dev, pos, silent=key in p.silent)
+        account(_device_name(dev), (dev.node, dev.uuid, dev.mig_instance_id), range(named_s, job.end_s), sample)
     led.sm_weighted_s = round(led.sm_weighted_s, 6)
     for reported, busy in job_minutes.values():
         if not reported:
@@ -233,7 +266,10 @@ def unallocated_seconds(config: SimConfig) -> int:
             if key in p.silent:
                 continue
             for t in range(config.duration_s):
-                if sched.at(t) is None and not p.outage_at(key[0], t):
+                held = sched.at(t)
+                # a Pod's devices before the watcher named them are held by no job the pipeline knows
+                free = held is None or (held[0].labels_s is not None and t < held[0].labels_s)
+                if free and not p.outage_at(key[0], t):
                     total += 1
     return total
 

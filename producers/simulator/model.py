@@ -152,6 +152,9 @@ class SimJob:
     pricing_tier: str
     noise: int  # per-job seed for its activity pattern
     submit_s: int
+    # Kubernetes only: the run second the watcher first reads this Pod's devices from its exporter's pod labels,
+    # later than its start (a label refresh after it); None: at its start (producers/simulator/kube.py)
+    labels_s: int | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:

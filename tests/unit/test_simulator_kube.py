@@ -20,7 +20,7 @@ from producers.simulator import (
     expected_ledger,
     simulate,
 )
-from producers.simulator.kube import KUBE_TIER, cluster_plan
+from producers.simulator.kube import KUBE_TIER, LABEL_REFRESH_S, cluster_plan, next_label_refresh
 from producers.simulator.model import MIG_MODEL, MODELS, PRICING_TIERS, clusters, kube_config
 from schemas.generations import generation_of
 from schemas.topics import JOB_EVENTS
@@ -63,9 +63,12 @@ def test_kubernetes_job_events_are_the_kube_producers(records: list[Any]) -> Non
     assert schedulers == {"KUEUE", "KUBERNETES"}
     assert all("/" in e["job_id"] for e in events)
     started = {e["job_id"]: e for e in events if e["event_type"] == "STARTED"}
-    # Every pod names its devices (UUIDs from the exporters' pod labels), never a count alone.
+    # Every pod names its devices (UUIDs from the exporters' pod labels), never a count alone, but the one whose
+    # labels the watcher reads only at its next refresh (test_a_pod_whose_labels_lag_...).
+    lagging = {j.job_id for j in cluster_plan(kube_config(CFG)).jobs if j.labels_s is not None}  # type: ignore[arg-type]
     for e in started.values():
-        assert all(d["uuid"] for a in e["allocations"] for d in a["devices"]), e["job_id"]
+        named = all(d["uuid"] for a in e["allocations"] for d in a["devices"])
+        assert named != (e["job_id"] in lagging), e["job_id"]
     # A multi-pod gang: one Kueue pod group, one pod per node, each pod the gang's member.
     gangs: dict[str, set[str]] = defaultdict(set)
     for e in started.values():
@@ -138,3 +141,52 @@ def test_the_two_clusters_have_gpus_of_their_own() -> None:
     uuids = [{d.uuid for n in p.nodes for d in n.devices} for p in (slurm, kube)]
     assert uuids[0] and uuids[1] and not uuids[0] & uuids[1]
     assert [n.model for n in kube.nodes][:2] == [n.model for n in slurm.nodes][:2]  # the same draw otherwise
+
+
+def test_a_pod_whose_labels_lag_starts_count_only_and_is_named_at_the_next_label_refresh(
+    records: list[Any], result: PipelineResult
+) -> None:
+    """A Pod started after the watcher's last label scrape: `KubeTracker` publishes a STARTED with its GPU count
+    only, and at the watcher's next label refresh (`kube watch --dcgm-interval`, 30 s) an UPDATED naming its
+    UUIDs. Until then the job holds that many unidentified devices (allocated, dark) and its real GPUs' samples
+    belong to no job; from then on the real GPUs are charged."""
+    kube = kube_config(CFG)
+    assert kube is not None
+    p = cluster_plan(kube)
+    (job,) = [j for j in p.jobs if j.labels_s is not None]
+    assert job.labels_s == next_label_refresh(job.start_s) == (job.start_s // LABEL_REFRESH_S + 1) * LABEL_REFRESH_S
+    lag_s, gpus = job.labels_s - job.start_s, len(job.devices)
+    assert 0 < lag_s < LABEL_REFRESH_S + 1 and job.labels_s < job.end_s and gpus > 1
+    assert all(p.devices[k].mig_instance_id is None for k in job.devices)
+
+    mine = [e for e in _events(records, "sim-k8s") if e["job_id"] == job.job_id]
+    assert [e["event_type"] for e in mine] == ["SUBMITTED", "STARTED", "UPDATED", "ENDED"]
+    started, updated = mine[1], mine[2]
+    base_ms = CFG.start_ms
+    assert started["ts_ms"] == base_ms + job.start_s * 1000 and updated["ts_ms"] == base_ms + job.labels_s * 1000
+    ((alloc,),) = [started["allocations"]]
+    assert len(alloc["devices"]) == gpus and all(d["uuid"] is None and d["index"] is None for d in alloc["devices"])
+    uuids = [d["uuid"] for a in updated["allocations"] for d in a["devices"]]
+    assert uuids == [p.devices[k].uuid for k in job.devices] and updated["start_ts_ms"] == started["ts_ms"]
+    # The Slurm-like cluster plans no such job (its records are unchanged: the test above).
+    assert all(j.labels_s is None for j in cluster_plan(CFG).jobs)
+
+    # The expected ledger: `gpus` unidentified devices dark over the lag, the real GPUs from the UPDATED on.
+    led = expected_ledger(CFG)[job.job_id]
+    placeholders = {n: c for n, c in led.devices.items() if "/unidentified:" in n}
+    assert len(placeholders) == gpus
+    assert all(c["allocated_s"] == c["dark_s"] == lag_s for c in placeholders.values())
+    real = [c for n, c in led.devices.items() if n not in placeholders]
+    assert len(real) == gpus and all(c["allocated_s"] == job.end_s - job.labels_s for c in real)
+    assert led.allocated_s == gpus * (job.end_s - job.start_s) and led.dark_s >= gpus * lag_s
+    # ... and the processors agree, to the second and the device-minute (the placeholders' rows included).
+    assert result.ledger()[job.job_id] == {f: getattr(led, f) for f in LEDGER_FIELDS}
+    rows = [r for r in result.device_minutes if r["job_id"] == job.job_id and r["device_uuid"].startswith("unid")]
+    assert sum(r["dark_s"] for r in rows) == gpus * lag_s and {r["sample_count"] for r in rows} == {0}
+    # The real GPUs over the lag are unallocated: their samples there belong to no job.
+    unallocated = sum(
+        r["unallocated_s"]
+        for r in result.device_minutes
+        if r["job_id"] is None and r["device_uuid"] in uuids and r["minute_start_ms"] < updated["ts_ms"]
+    )
+    assert unallocated >= gpus * lag_s
