@@ -71,10 +71,25 @@ class DeviceDirectory:
 
     def facts_for_ref(self, node: str, ref: DeviceRef) -> DeviceFacts:
         dev = self.lookup(node, ref.uuid, ref.index, ref.mig_instance_id)
+        if dev is None and ref.unidentified and ref.mig_instance_id is None:
+            dev = self._sole_kind(node)
         uuid = ref.uuid or (dev.get("uuid") if dev else None) or ref.label
         model = dev.get("model") if dev else None
         gen = (dev.get("generation") if dev else None) or generation_of(model)
         return DeviceFacts(uuid, model, gen, dev.get("mig_profile") if dev else None)
+
+    def _sole_kind(self, node: str) -> Mapping[str, Any] | None:
+        """The model and generation of a node whose whole GPUs are all of one kind: an unidentified GPU there
+        is one of them, so it is priced as one (on a node of mixed kinds it stays unknown: unpriced)."""
+        kinds = {
+            (d.get("model"), d.get("generation"))
+            for d in self._by_node.get(node, ())
+            if d.get("mig_instance_id") is None
+        }
+        if len(kinds) != 1:
+            return None
+        model, generation = next(iter(kinds))
+        return {"model": model, "generation": generation} if model or generation else None
 
     def mig_profile(self, node: str, uuid: str, index: int | None, mig: int | None) -> str | None:
         """The inventory's MIG profile of a device (None for a whole GPU or one it does not describe)."""

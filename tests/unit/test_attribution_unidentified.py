@@ -21,8 +21,8 @@ import pytest
 from base.processor_settings import ProcessorSettings
 from processors.attribution import UNIDENTIFIED, AllocationTable
 from processors.pipeline import run_in_memory
-from processors.testing import T0, device, job_event, scrape
-from schemas.topics import DEVICE_SAMPLES, JOB_EVENTS, job_key, node_key
+from processors.testing import T0, device, inventory, job_event, scrape
+from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key
 
 S = 1000
 
@@ -104,3 +104,18 @@ def test_devices_named_after_the_end_open_nothing(late_first: bool) -> None:
         t.apply("n1", ev)
     assert sorted((iv.ref.label, iv.start_ms, iv.end_ms) for iv in t.intervals("n1")) == [
         (f"{UNIDENTIFIED}{k}", T0, T0 + 60 * S) for k in range(4)]
+
+
+def test_an_unidentified_gpu_on_a_node_of_one_kind_is_priced_as_that_kind() -> None:
+    """n1's inventory: four H100s, so P1's and P3's unidentified GPUs are hopper (priced as such, still flagged
+    `unidentified:K`). n2 holds an H100 and an A100: which one P2's count-only devices were is unknown, so its
+    first 30 s stay `unknown` (unpriced, in the data-quality figure); GPU-E and GPU-F are named after that."""
+    mixed = inventory("n2", ["GPU-E", "GPU-F"])
+    mixed["devices"][1].update(model="NVIDIA A100-SXM4-80GB", generation="ampere")
+    inv = [(INVENTORY, node_key("c1", "n1"), inventory("n1", [f"GPU-{c}" for c in "ABCD"])),
+           (INVENTORY, node_key("c1", "n2"), mixed)]  # fmt: skip
+    rows = run_in_memory(inv + records(), ProcessorSettings()).device_minutes
+    placeholders = {(r["job_id"], r["generation"]) for r in rows if r["device_uuid"].startswith(UNIDENTIFIED)}
+    assert placeholders == {("P1", "hopper"), ("P3", "hopper"), ("P2", "unknown")}
+    named = {(r["device_uuid"], r["generation"]) for r in rows if r["job_id"] == "P2" and r["allocated_s"]}
+    assert named >= {("GPU-E", "hopper"), ("GPU-F", "ampere")}
