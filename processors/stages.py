@@ -436,7 +436,9 @@ class JobPartition:
                     break
                 rows = per_minute[m]
                 expected = self.table.expected_devices(jid, m)
-                if len(rows) < expected:
+                if len(rows) < expected or (expected == 0 and self.table.job_ended_ms(jid) is None):
+                    # None expected of a job not ended: the event that placed these rows is not read yet (a
+                    # replay after a restart reads a job's submission before its start, the rows meanwhile)
                     break
                 jm = job_minute(info, m, [r for _, r in rows.values()])
                 out.job_minutes.append(jm)
