@@ -62,10 +62,12 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = "from gpuledger.cli import main; main()"
 LEDGER_FIELDS = ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s")
 
-# The simulated cluster every test runs: 5 nodes x 8 GPUs, 25 minutes of cluster time; the simulator's
-# defaults put the exporter upgrade half-way, one dead exporter (from a third of the run, for a
-# quarter of it) and one device that never reports.
-SIM = SimConfig(seed=11, nodes=5, duration_s=1500, start_ms=DEFAULT_START_MS, cluster="sim")
+# The simulated clusters every test runs, 25 minutes of cluster time: a Slurm-like one of 5 nodes x 8 GPUs (the
+# simulator's defaults put the exporter upgrade half-way, one dead exporter from a third of the run for a
+# quarter of it, and one device that never reports) and a Kubernetes one of 3 nodes through the watcher's own
+# code (Kueue jobs and a two-pod gang, notebooks, pods on MIG slices, 4-GPU pods started while the watcher
+# runs, a pod whose devices are named only at the next label refresh), as `simulate run` runs by default.
+SIM = SimConfig(seed=11, nodes=5, duration_s=1500, start_ms=DEFAULT_START_MS, cluster="sim", kube_nodes=3)
 
 
 # Outputs a restarted stage emits again, with their keys (device-minutes: one row per job in a device's minute).

@@ -1,5 +1,6 @@
-"""Fault injection, end to end: the real broker, the embedded ClickHouse server, the simulator, the
-processors and the sinks as separate processes (tests/fault/fault_harness.py).
+"""Fault injection, end to end: the real broker, the embedded ClickHouse server, the simulator (its two
+clusters: Slurm-like and Kubernetes, `fault_harness.SIM`), the processors and the sinks as separate processes
+(tests/fault/fault_harness.py).
 
 One undisturbed run is computed once for the module and checked against the simulator's expected
 ledger. Each fault then gets its own run (own topics, groups and database) and must leave in
