@@ -25,13 +25,16 @@ from schemas.topics import JOB_EVENTS
 SETTINGS = ProcessorSettings(realtime=False)
 Item = tuple[str, int, dict[str, Any]]  # (input, offset, record)
 Checkpoint = tuple[dict[str, bytes], int, int]  # (states written, rows commit offset, events commit offset)
+Values = dict[tuple[str, int], tuple[int, int]]  # (job, minute) -> (devices, allocated seconds)
 
 
 @cache
-def arrivals() -> list[Item]:
-    """Job events and device-minutes of a simulated cluster as one partition receives them: each
-    device-minute after its minute closed, offsets growing in arrival order per input."""
-    records = list(simulate(SimConfig(seed=11, nodes=5, duration_s=1500, start_ms=DEFAULT_START_MS)))
+def arrivals(kube_nodes: int = 0) -> list[Item]:
+    """Job events and device-minutes of a simulated cluster (and a Kubernetes one of `kube_nodes`) as one
+    partition receives them: each device-minute after its minute closed, offsets growing in arrival order per
+    input."""
+    config = SimConfig(seed=11, nodes=5, duration_s=1500, start_ms=DEFAULT_START_MS, kube_nodes=kube_nodes)
+    records = list(simulate(config))
     minutes = run_in_memory(records, SETTINGS).device_minutes
     timed = [("ev", r["ts_ms"], r) for t, _, r in records if t is JOB_EVENTS]
     timed += [("dm", d["minute_start_ms"] + MINUTE_MS + 10_000 + (i % 7) * 10, d) for i, d in enumerate(minutes)]
@@ -55,8 +58,9 @@ def new_partition(states: dict[str, bytes] | None = None) -> JobPartition:
 
 
 def run(items: list[Item], part: JobPartition, batch: int, emitted: set[tuple[str, int]],
-        states: dict[str, bytes]) -> list[Checkpoint]:  # fmt: skip
-    """Feed in batches; after each, drain and tick as the agent does, and checkpoint."""
+        states: dict[str, bytes], values: Values | None = None) -> list[Checkpoint]:  # fmt: skip
+    """Feed in batches; after each, drain and tick as the agent does, and checkpoint. `values`: each job-minute's
+    first copy (devices, allocated seconds), the one the sinks keep."""
     checkpoints: list[Checkpoint] = []
     for i in range(0, len(items), batch):
         for kind, offset, rec in items[i : i + batch]:
@@ -66,6 +70,8 @@ def run(items: list[Item], part: JobPartition, batch: int, emitted: set[tuple[st
                 part.on_device_minute(rec, offset)
         for out in (part.drain(), part.tick((part.max_ts or 0) + MINUTE_MS)):
             emitted.update((jm["job_id"], jm["minute_start_ms"]) for jm in out.job_minutes)
+            for jm in out.job_minutes if values is not None else ():
+                values.setdefault((jm["job_id"], jm["minute_start_ms"]), (jm["device_count"], jm["allocated_s"]))
             states.update({j: encode_job_state(st) for j, st in out.states.items()})
         checkpoints.append((dict(states), part.rows_commit_offset(), part.events_commit_offset()))
     return checkpoints

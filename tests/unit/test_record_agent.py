@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from faust.types import TP
+from unit.test_agents_in_order import Consumer
 
 from base.settings import KafkaSettings
 from schemas.agents import InOrder, RecordAgent, build_record_app
@@ -29,24 +30,6 @@ def _event(topic: str, offset: int, value: bytes) -> Any:
     msg = SimpleNamespace(topic=topic, partition=0, offset=offset, key=b"c1/j1", value=value, timestamp=1.5,
                           tp=TP(topic, 0))  # fmt: skip
     return SimpleNamespace(message=msg)
-
-
-class Consumer:
-    """The group's committed offsets; the seeks asked of it; the fetch positions."""
-
-    def __init__(self, committed: dict[TP, int]) -> None:
-        self.committed = committed
-        self.seeks: list[dict[TP, int]] = []
-        self.positions: dict[TP, int] = {}
-
-    async def committed_offset(self, tp: TP) -> int | None:
-        return self.committed.get(tp)
-
-    async def position(self, tp: TP) -> int | None:
-        return self.positions.get(tp)
-
-    async def seek_wait(self, partitions: dict[TP, int]) -> None:
-        self.seeks.append(dict(partitions))
 
 
 def _read_from(agent: RecordAgent, topic: str, committed: int) -> Consumer:
