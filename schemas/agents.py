@@ -49,9 +49,11 @@ from schemas.consume import SourceRecord, decode_or_dead_letter
 log = logging.getLogger("gpuledger.schemas.agents")
 
 S = TypeVar("S")
+T = TypeVar("T")
 QUIET_CHECK_S = 0.1  # how often `serve_app` looks at the stop request, the idle test and the app's health
 LEFTOVER_WAIT_S = 2.0  # the longest the tasks an app left behind get to end once it stopped
 RESEEK_AFTER_S = 1.0  # a partition still skipping this long after its seek back is sought back again
+POSITION_WAIT_S = 5.0  # the longest `InOrder.check` and `caught_up` wait on one offset or position call
 DELIVERY_TIMEOUT_S = 120.0  # the longest `IdempotentProducer.delivered` waits for the broker
 
 
@@ -176,7 +178,7 @@ class InOrder:
             key = (msg.topic, msg.partition)
             nxt = self.next_offset.get(key)
             if nxt is None:
-                nxt = self.next_offset[key] = await self._start_offset(msg.tp)
+                nxt = self.next_offset[key] = await start_offset(self.app.consumer, msg.tp)
             if msg.offset == nxt:
                 self.next_offset[key] = nxt + 1
                 out.append(event)
@@ -196,8 +198,12 @@ class InOrder:
             key = (tp.topic, tp.partition)
             nxt = self.next_offset.get(key)
             if nxt is None:
-                nxt = self.next_offset[key] = await self._start_offset(tp)
-            position = await consumer.position(tp)
+                start = await answered(start_offset(consumer, tp), f"{tp.topic}[{tp.partition}]'s start offset")
+                if start is None:
+                    continue
+                nxt = self.next_offset[key] = start
+            # No position yet (aiokafka is still resetting it): nothing was fetched past the next offset.
+            position = await answered(consumer.position(tp), f"{tp.topic}[{tp.partition}]'s fetch position")
             if position is None or position <= nxt:
                 self.behind.discard(key)
                 self.waiting.pop(key, None)
@@ -220,15 +226,26 @@ class InOrder:
         log.warning("%s[%d]: records from %d were skipped by the consumer: reading again from there", *key, nxt)
         await self.app.consumer.seek_wait({tp: nxt})
 
-    async def _start_offset(self, tp: TP) -> int:
-        """Where a newly assigned partition starts: the group's committed offset, else the earliest one the
-        broker holds (the consumer's `auto_offset_reset`)."""
-        consumer: Any = self.app.consumer
-        committed = await consumer.committed_offset(tp)
-        if committed is not None:
-            return int(committed)
-        earliest = await consumer.earliest_offsets(tp)
-        return int(earliest.get(tp) or 0)
+
+async def start_offset(consumer: Any, tp: TP) -> int:
+    """Where a newly assigned partition starts: the group's committed offset, else the earliest one the broker
+    holds (the consumer's `auto_offset_reset`)."""
+    committed = await consumer.committed_offset(tp)
+    if committed is not None:
+        return int(committed)
+    earliest = await consumer.earliest_offsets(tp)
+    return int(earliest.get(tp) or 0)
+
+
+async def answered(call: Awaitable[T], what: str) -> T | None:
+    """`call`'s answer, or None (logged) after `POSITION_WAIT_S`. aiokafka's `position` waits as long as a
+    partition has no fetch position; awaited under an agent's lock (`InOrder.check`), that wait stopped the
+    agent's batches and its idle test (`chat run --max-idle-s` never exited, once in a few loaded runs)."""
+    try:
+        return await asyncio.wait_for(call, POSITION_WAIT_S)
+    except TimeoutError:
+        log.warning("%s: no answer within %.0f s; asked again at the next check", what, POSITION_WAIT_S)
+        return None
 
 
 def use_project_clients(app: faust.App) -> None:
@@ -283,9 +300,13 @@ async def caught_up(app: faust.App, topics: Sequence[str]) -> bool:
     tps = [tp for tp in app.consumer.assignment() if tp.topic in topics]
     if not tps or app.rebalancing:
         return False
-    ends = await app.consumer.highwaters(*tps)
+    ends = await answered(app.consumer.highwaters(*tps), "the high watermarks")
+    if ends is None:
+        return False
     for tp in tps:
-        pos = await app.consumer.position(tp)
+        pos = await answered(app.consumer.position(tp), f"{tp.topic}[{tp.partition}]'s fetch position")
+        if pos is None:  # no position yet: nothing fetched, so at its end only if it starts there
+            pos = await answered(start_offset(app.consumer, tp), f"{tp.topic}[{tp.partition}]'s start offset")
         if pos is None or pos < ends.get(tp, 0):
             return False
     return True

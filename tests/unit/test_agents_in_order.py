@@ -153,3 +153,49 @@ def test_the_gapless_consumer_commits_only_a_run_that_starts_at_the_committed_of
     assert new_offset(False, [254, 252, 253, 257], 252) == 255
     assert consumer._acked[DM] == [257] and consumer._acked_index[DM] == {257}
     assert new_offset(False, [], 252) is None
+
+
+class NoPositionYet(Consumer):
+    """aiokafka's `position` waits as long as a partition has no fetch position (its reset not done): here, for
+    the partitions in `unpositioned`, without end."""
+
+    def __init__(self, committed: dict[TP, int], unpositioned: set[TP], ends: dict[TP, int]) -> None:
+        super().__init__(committed)
+        self.unpositioned = unpositioned
+        self.ends = ends
+
+    async def position(self, tp: TP) -> int | None:
+        if tp in self.unpositioned:
+            await asyncio.Event().wait()
+        return await super().position(tp)
+
+    async def highwaters(self, *tps: TP) -> dict[TP, int]:
+        return {tp: self.ends[tp] for tp in tps}
+
+    def assignment(self) -> set[TP]:
+        return set(self.ends)
+
+
+def test_a_partition_without_a_position_holds_up_neither_the_check_nor_the_idle_test(monkeypatch) -> None:
+    """A check that waited on such a partition held the agent's lock for good: no batch ran and `chat run
+    --max-idle-s` never stopped. Now each wait is bounded, the partition counts as fetched nowhere (not behind),
+    and the idle test takes it as at its end only where it starts at its end."""
+    import schemas.agents as agents
+
+    monkeypatch.setattr(agents, "POSITION_WAIT_S", 0.05)
+    other = TP(DM.topic, 1)
+    consumer = NoPositionYet({DM: 52, other: 7}, unpositioned={other}, ends={DM: 60, other: 7})
+    app = SimpleNamespace(consumer=consumer, rebalancing=False)
+    order = InOrder(app)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        consumer.positions = {DM: 60}
+        await asyncio.wait_for(order.check([other, DM]), timeout=2)
+        assert order.behind == {(DM.topic, 0)}  # the partition with a position was still checked
+        assert (other.topic, 1) not in order.behind
+        # The idle test: DM fetched to its end, `other` has no position but starts at its end (7): caught up.
+        assert await asyncio.wait_for(agents.caught_up(app, [DM.topic]), timeout=2)  # type: ignore[arg-type]
+        consumer.ends[other] = 9  # two records after where it starts: not at its end
+        assert not await asyncio.wait_for(agents.caught_up(app, [DM.topic]), timeout=2)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
