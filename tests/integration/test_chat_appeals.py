@@ -103,7 +103,7 @@ def test_a_decision_is_a_reply_in_the_warnings_thread_and_posted_once(
     }  # fmt: skip
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
 
-    def chat_run(group: str) -> None:
+    def chat_run(group: str) -> None:  # groups of this test's own: the session's broker is shared
         done = run_gpuledger(["chat", "run", "--max-idle-s", "3"], {**env, "GPULEDGER_SINKS__GROUP_ID": group},
                              timeout=240, cwd=REPO)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
@@ -114,7 +114,7 @@ def test_a_decision_is_a_reply_in_the_warnings_thread_and_posted_once(
         pub = RecordPublisher(kafka)
         pub.publish(ALERTS, job_key("c1", "88"), warning(now_ms))
         pub.flush()
-        chat_run("chat-a")
+        chat_run(prefix + "chat-a")
         (root,) = receiver.received
         assert root["path"].startswith("/slack/vision") and "thread_ts" not in root["body"]
         assert root["body"]["channel"] == "#vision-gpu" and "job 88 on c1" in root["body"]["text"]
@@ -123,7 +123,7 @@ def test_a_decision_is_a_reply_in_the_warnings_thread_and_posted_once(
         for step in steps:
             pub.publish(APPEALS, job_key(step["cluster"], step["job_id"]), step)
         pub.flush()
-        chat_run("chat-a")
+        chat_run(prefix + "chat-a")
         posts = receiver.received[1:]
         replies = [p for p in posts if p["path"].startswith("/slack/vision")]
         ops = [p for p in posts if p["path"] == "/slack/ops"]
@@ -142,7 +142,7 @@ def test_a_decision_is_a_reply_in_the_warnings_thread_and_posted_once(
         assert "job 99 on c1" in escalation["body"]["text"] and "gpuledger appeal decide" in escalation["body"]["text"]
 
         # Replayed from the start by a fresh group (as after a lost offset): nothing goes out twice.
-        chat_run("chat-b")
+        chat_run(prefix + "chat-b")
         assert len(receiver.received) == 3
         rows = client.query("SELECT alert_id, status, channel, thread_ts, reply_to FROM chat_deliveries FINAL "
                             "ORDER BY ts_ms").result_rows  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from fixtures_cli import run_gpuledger
 from fixtures_clickhouse import wait_for
 
 from base.settings import ChatRoute, ChatSettings, KafkaSettings, Settings, SinksSettings
@@ -75,8 +76,6 @@ def test_chat_run_command_posts_once_across_restarts(
 ) -> None:
     import json
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     from base.settings import ClickHouseSettings
@@ -113,12 +112,10 @@ def test_chat_run_command_posts_once_across_restarts(
     pub.publish(ALERTS, b"c1/gpu-n07", alert)
     pub.flush()
     try:
-        for group in ("chat-a", "chat-b"):  # the second run replays the topic from the start
-            proc = subprocess.run(
-                [sys.executable, "-c", "from gpuledger.cli import main; main()", "chat", "run", "--max-idle-s", "3"],
-                env={**env, "GPULEDGER_SINKS__GROUP_ID": group}, cwd=repo, capture_output=True, text=True,
-                timeout=180,
-            )  # fmt: skip
+        # The groups are this test's own (the session's broker is shared); the second replays the topic.
+        for group in (f"{prefix}chat-a", f"{prefix}chat-b"):
+            proc = run_gpuledger(["chat", "run", "--max-idle-s", "3"], {**env, "GPULEDGER_SINKS__GROUP_ID": group},
+                                 timeout=180, cwd=repo)  # fmt: skip
             assert proc.returncode == 0, proc.stderr
             assert "TOPSECRET" not in proc.stderr + proc.stdout
         assert len(receiver.received) == 1
