@@ -23,10 +23,10 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import faust
 from faust.streams import _current_event
@@ -134,6 +134,23 @@ class GaplessConsumer(AiokafkaConsumer):
         offset = await thread.call_thread(client.committed, ensure_aiokafka_TP(tp))
         return None if offset is None else int(offset)
 
+    async def fetch_position(self, tp: TP) -> int | None:
+        """The partition's fetch position, None while it has none (assigned, its reset not done yet) or is not
+        assigned. aiokafka's `position` waits instead, as long as that lasts, and holds one of the consumer
+        thread's two call workers meanwhile: the fetches go through the same two."""
+        thread: Any = self._thread
+        client = thread._ensure_consumer()
+        return cast(int | None, await thread.call_thread(_known_position, client, ensure_aiokafka_TP(tp)))
+
+
+def _known_position(client: Any, tp: Any) -> int | None:
+    subscription = client._subscription.subscription
+    assignment = None if subscription is None else subscription.assignment
+    if assignment is None or tp not in assignment.tps:
+        return None
+    state = assignment.state_value(tp)
+    return int(state.position) if state.has_valid_position else None
+
 
 class InOrder:
     """Admits a batch's records only where they continue their partition exactly. faust can deliver a partition
@@ -157,6 +174,7 @@ class InOrder:
         self.behind: set[tuple[str, int]] = set()  # fetched or seen past the next offset, not admitted yet
         self.waiting: dict[tuple[str, int], tuple[int, float]] = {}  # behind since: next offset, when
         self.seeks_back = 0
+        self.asking: dict[tuple[str, int], asyncio.Task[int]] = {}  # start offsets asked and not answered yet
 
     def forget(self, *keys: tuple[str, int]) -> None:
         """Revoked partitions: the next assignment starts them from their committed offsets."""
@@ -198,12 +216,12 @@ class InOrder:
             key = (tp.topic, tp.partition)
             nxt = self.next_offset.get(key)
             if nxt is None:
-                start = await answered(start_offset(consumer, tp), f"{tp.topic}[{tp.partition}]'s start offset")
+                start = await self._asked(key, start_offset(consumer, tp), f"{tp.topic}[{tp.partition}]'s start offset")
                 if start is None:
                     continue
                 nxt = self.next_offset[key] = start
             # No position yet (aiokafka is still resetting it): nothing was fetched past the next offset.
-            position = await answered(consumer.position(tp), f"{tp.topic}[{tp.partition}]'s fetch position")
+            position = await answered(consumer.fetch_position(tp), f"{tp.topic}[{tp.partition}]'s fetch position")
             if position is None or position <= nxt:
                 self.behind.discard(key)
                 self.waiting.pop(key, None)
@@ -214,6 +232,18 @@ class InOrder:
                 self.waiting[key] = (nxt, now)  # progress since the last check: records may still be on the way
             elif now - since[1] >= RESEEK_AFTER_S:
                 await self._seek_back(key, tp)
+
+    async def _asked(self, key: tuple[str, int], call: Coroutine[Any, Any, int], what: str) -> int | None:
+        """`answered`, but a question still open from an earlier check is waited on again, not asked twice."""
+        task = self.asking.get(key)
+        if task is None:
+            task = self.asking[key] = asyncio.ensure_future(call)
+        else:
+            call.close()
+        answer = await answered(asyncio.shield(task), what)
+        if task.done():
+            del self.asking[key]
+        return answer
 
     async def _seek_back(self, key: tuple[str, int], tp: TP) -> None:
         nxt = self.next_offset[key]
@@ -238,9 +268,9 @@ async def start_offset(consumer: Any, tp: TP) -> int:
 
 
 async def answered(call: Awaitable[T], what: str) -> T | None:
-    """`call`'s answer, or None (logged) after `POSITION_WAIT_S`. aiokafka's `position` waits as long as a
-    partition has no fetch position; awaited under an agent's lock (`InOrder.check`), that wait stopped the
-    agent's batches and its idle test (`chat run --max-idle-s` never exited, once in a few loaded runs)."""
+    """`call`'s answer, or None (logged) after `POSITION_WAIT_S`. The order check and the idle test ask under the
+    agent's lock or in the serving loop: a question that never came back (seen once in a few loaded runs of
+    `chat run --max-idle-s`: the lock held for good, no batch, no exit) must not hold them up."""
     try:
         return await asyncio.wait_for(call, POSITION_WAIT_S)
     except TimeoutError:
@@ -294,8 +324,9 @@ class FaustDeadLetters:
         raw_topic(self.app, topic_name).send_soon(key=key, value=value or b"", headers=headers)
 
 
-async def caught_up(app: faust.App, topics: Sequence[str]) -> bool:
-    """Every assigned partition of `topics` fetched to its end (the fetch position at the high watermark).
+async def caught_up(app: faust.App, topics: Sequence[str], admitted: Mapping[tuple[str, int], int]) -> bool:
+    """Every assigned partition of `topics` fetched to its end (the fetch position at the high watermark; for a
+    partition with no position yet, the next offset `admitted` there).
     Fetched is not processed: a caller checks too that its agent saw no input meanwhile, and long enough."""
     tps = [tp for tp in app.consumer.assignment() if tp.topic in topics]
     if not tps or app.rebalancing:
@@ -304,9 +335,11 @@ async def caught_up(app: faust.App, topics: Sequence[str]) -> bool:
     if ends is None:
         return False
     for tp in tps:
-        pos = await answered(app.consumer.position(tp), f"{tp.topic}[{tp.partition}]'s fetch position")
-        if pos is None:  # no position yet: nothing fetched, so at its end only if it starts there
-            pos = await answered(start_offset(app.consumer, tp), f"{tp.topic}[{tp.partition}]'s start offset")
+        pos = await answered(
+            cast(GaplessConsumer, app.consumer).fetch_position(tp), f"{tp.topic}[{tp.partition}]'s fetch position"
+        )
+        if pos is None:  # no position yet: nothing fetched since, so at its end if what was admitted reaches it
+            pos = admitted.get((tp.topic, tp.partition))
         if pos is None or pos < ends.get(tp, 0):
             return False
     return True
@@ -318,6 +351,7 @@ class InputClock(Protocol):
     and whether one is in hand."""
 
     last_input: float
+    order: InOrder
 
     @property
     def batches(self) -> int: ...
@@ -336,7 +370,7 @@ async def drained(app: faust.App, clock: InputClock, topics: Sequence[str], quie
         clock.last_input = now
         return False
     seen, batches = clock.last_input, clock.batches
-    if clock.busy or now - seen < quiet_s or not await caught_up(app, topics):
+    if clock.busy or now - seen < quiet_s or not await caught_up(app, topics, clock.order.next_offset):
         return False
     return clock.last_input == seen and clock.batches == batches and not clock.busy
 
@@ -578,8 +612,11 @@ class RecordAgent:
                 ends = await self.app.consumer.highwaters(*tps) if tps else {}
                 lags[name] = 0
                 for tp in tps:
-                    pos = await self.app.consumer.position(tp)
-                    lags[name] += max(0, ends.get(tp, 0) - (pos or 0))
+                    pos = await answered(
+                        cast(GaplessConsumer, self.app.consumer).fetch_position(tp), f"{name}'s fetch position"
+                    )
+                    if pos is not None:  # no position yet: no lag known
+                        lags[name] += max(0, ends.get(tp, 0) - pos)
         except Exception:  # not started, or between rebalances: at the next refresh
             return
         for name, lag in lags.items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -24,6 +24,7 @@ class Clock:
     last_input: float
     batches: int = 0
     busy: bool = False
+    order: Any = field(default_factory=lambda: SimpleNamespace(next_offset={}))  # what `InOrder` admitted
 
 
 class Consumer:
@@ -41,7 +42,7 @@ class Consumer:
     async def highwaters(self, *tps: TP) -> dict[TP, int]:
         return {tp: self.ends[tp] for tp in tps}
 
-    async def position(self, tp: TP) -> int | None:
+    async def fetch_position(self, tp: TP) -> int | None:
         self.during_read()
         return self.positions[tp]
 
@@ -64,6 +65,10 @@ def test_read_to_the_end_and_quiet_long_enough_is_idle() -> None:
     assert not _drained(_app(), clock, quiet_s=10)  # quiet, but not long enough
     assert not _drained(_app({T0: 10, T1: 3}), clock)  # a partition not fetched to its end
     assert not _drained(_app({T0: 10, T1: None}), clock)  # a partition without a position yet
+    clock.order.next_offset = {(T1.topic, T1.partition): 4}  # ... but all of it admitted before: at its end
+    assert _drained(_app({T0: 10, T1: None}), clock)
+    clock.order.next_offset = {(T1.topic, T1.partition): 3}
+    assert not _drained(_app({T0: 10, T1: None}), clock)
 
 
 def test_starting_joining_or_rebalancing_is_not_quiet() -> None:
@@ -145,4 +150,3 @@ def test_serve_app_calls_the_idle_test_ready_only_once_started_assigned_and_not_
     assert asyncio.run(main()) is None
     assert seen[-1] is True and not any(seen[:-1])
     assert len(seen) >= 10  # starting, then started but unassigned, then rebalancing: never ready before
-

@@ -31,7 +31,7 @@ class Consumer:
     async def committed_offset(self, tp: TP) -> int | None:
         return self.committed.get(tp)
 
-    async def position(self, tp: TP) -> int | None:
+    async def fetch_position(self, tp: TP) -> int | None:
         return self.positions.get(tp)
 
     async def seek_wait(self, partitions: dict[TP, int]) -> None:
@@ -155,19 +155,19 @@ def test_the_gapless_consumer_commits_only_a_run_that_starts_at_the_committed_of
     assert new_offset(False, [], 252) is None
 
 
-class NoPositionYet(Consumer):
-    """aiokafka's `position` waits as long as a partition has no fetch position (its reset not done): here, for
-    the partitions in `unpositioned`, without end."""
+class NoAnswer(Consumer):
+    """A consumer whose fetch position never comes back for the partitions in `unanswered` (a question that
+    waits in the consumer thread's call queue behind calls that do not end), and with the given ends."""
 
-    def __init__(self, committed: dict[TP, int], unpositioned: set[TP], ends: dict[TP, int]) -> None:
+    def __init__(self, committed: dict[TP, int], unanswered: set[TP], ends: dict[TP, int]) -> None:
         super().__init__(committed)
-        self.unpositioned = unpositioned
+        self.unanswered = unanswered
         self.ends = ends
 
-    async def position(self, tp: TP) -> int | None:
-        if tp in self.unpositioned:
+    async def fetch_position(self, tp: TP) -> int | None:
+        if tp in self.unanswered:
             await asyncio.Event().wait()
-        return await super().position(tp)
+        return await super().fetch_position(tp)
 
     async def highwaters(self, *tps: TP) -> dict[TP, int]:
         return {tp: self.ends[tp] for tp in tps}
@@ -176,15 +176,15 @@ class NoPositionYet(Consumer):
         return set(self.ends)
 
 
-def test_a_partition_without_a_position_holds_up_neither_the_check_nor_the_idle_test(monkeypatch) -> None:
-    """A check that waited on such a partition held the agent's lock for good: no batch ran and `chat run
-    --max-idle-s` never stopped. Now each wait is bounded, the partition counts as fetched nowhere (not behind),
-    and the idle test takes it as at its end only where it starts at its end."""
+def test_a_position_that_never_comes_holds_up_neither_the_check_nor_the_idle_test(monkeypatch) -> None:
+    """A check that waited on it held the agent's lock for good: no batch ran and `chat run --max-idle-s` never
+    stopped. Each wait is bounded now: the partition counts as not behind, and the idle test takes it as at its
+    end only where what was admitted reaches its end."""
     import schemas.agents as agents
 
     monkeypatch.setattr(agents, "POSITION_WAIT_S", 0.05)
     other = TP(DM.topic, 1)
-    consumer = NoPositionYet({DM: 52, other: 7}, unpositioned={other}, ends={DM: 60, other: 7})
+    consumer = NoAnswer({DM: 52, other: 7}, unanswered={other}, ends={DM: 60, other: 7})
     app = SimpleNamespace(consumer=consumer, rebalancing=False)
     order = InOrder(app)  # type: ignore[arg-type]
 
@@ -192,10 +192,43 @@ def test_a_partition_without_a_position_holds_up_neither_the_check_nor_the_idle_
         consumer.positions = {DM: 60}
         await asyncio.wait_for(order.check([other, DM]), timeout=2)
         assert order.behind == {(DM.topic, 0)}  # the partition with a position was still checked
-        assert (other.topic, 1) not in order.behind
-        # The idle test: DM fetched to its end, `other` has no position but starts at its end (7): caught up.
-        assert await asyncio.wait_for(agents.caught_up(app, [DM.topic]), timeout=2)  # type: ignore[arg-type]
-        consumer.ends[other] = 9  # two records after where it starts: not at its end
-        assert not await asyncio.wait_for(agents.caught_up(app, [DM.topic]), timeout=2)  # type: ignore[arg-type]
+        assert order.next_offset[(other.topic, 1)] == 7
+        admitted = {(other.topic, 1): 7, (DM.topic, 0): 52}
+        # DM fetched to its end; `other` answers nothing, but what was admitted there reaches its end (7).
+        assert await asyncio.wait_for(agents.caught_up(app, [DM.topic], admitted), timeout=2)  # type: ignore[arg-type]
+        consumer.ends[other] = 9  # two records past what was admitted: not at its end
+        assert not await asyncio.wait_for(agents.caught_up(app, [DM.topic], admitted), timeout=2)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_start_offset_still_being_asked_is_not_asked_twice(monkeypatch) -> None:
+    """The broker's committed offset is slow to come: the check gives up waiting after `POSITION_WAIT_S` and
+    the next check waits on the same question instead of asking again (each question holds one of the
+    consumer thread's two call workers)."""
+    import schemas.agents as agents
+
+    monkeypatch.setattr(agents, "POSITION_WAIT_S", 0.05)
+    release = asyncio.Event()
+    asked: list[TP] = []
+
+    class Slow(Consumer):
+        async def committed_offset(self, tp: TP) -> int | None:
+            asked.append(tp)
+            await release.wait()
+            return 40
+
+    consumer = Slow({})
+    order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        consumer.positions = {DM: 45}
+        await order.check([DM])
+        await order.check([DM])
+        assert asked == [DM] and (DM.topic, 0) not in order.next_offset
+        release.set()
+        await order.check([DM])
+        assert asked == [DM] and order.next_offset[(DM.topic, 0)] == 40 and order.behind == {(DM.topic, 0)}
+        assert not order.asking
 
     asyncio.run(scenario())
