@@ -183,6 +183,7 @@ class InOrder:
             self.sought.pop(key, None)
             self.behind.discard(key)
             self.waiting.pop(key, None)
+            self.asking.pop(key, None)
 
     async def admit(self, events: Sequence[Any], unordered: str | None = None) -> list[Any]:
         """`events` less the ones out of order (records of the topic `unordered` all pass)."""
@@ -240,10 +241,11 @@ class InOrder:
             task = self.asking[key] = asyncio.ensure_future(call)
         else:
             call.close()
-        answer = await answered(asyncio.shield(task), what)
-        if task.done():
-            del self.asking[key]
-        return answer
+        try:
+            return await answered(asyncio.shield(task), what)
+        finally:
+            if task.done():  # answered, or failed (raised here once; the next check asks afresh)
+                self.asking.pop(key, None)
 
     async def _seek_back(self, key: tuple[str, int], tp: TP) -> None:
         nxt = self.next_offset[key]
@@ -609,7 +611,9 @@ class RecordAgent:
         try:
             for name in self.handlers:
                 tps = [tp for tp in self.app.consumer.assignment() if tp.topic == name]
-                ends = await self.app.consumer.highwaters(*tps) if tps else {}
+                ends = await answered(self.app.consumer.highwaters(*tps), "the high watermarks") if tps else {}
+                if ends is None:
+                    return  # no lag known: at the next refresh
                 lags[name] = 0
                 for tp in tps:
                     pos = await answered(
