@@ -370,11 +370,29 @@ async def drained(app: faust.App, clock: InputClock, topics: Sequence[str], quie
     now = time.monotonic()
     if not ready:
         clock.last_input = now
+        _say_why_not_idle(app, clock, now, "not ready: starting, joining or rebalancing")
         return False
     seen, batches = clock.last_input, clock.batches
-    if clock.busy or now - seen < quiet_s or not await caught_up(app, topics, clock.order.next_offset):
+    if clock.busy:
+        _say_why_not_idle(app, clock, now, f"busy: a batch in hand, or partitions behind {sorted(clock.order.behind)}")
+        return False
+    if now - seen < quiet_s:
+        return False
+    if not await caught_up(app, topics, clock.order.next_offset):
+        _say_why_not_idle(app, clock, now, "not read to the end yet")
         return False
     return clock.last_input == seen and clock.batches == batches and not clock.busy
+
+
+NOT_IDLE_SAY_EVERY_S = 30.0
+_not_idle_said: dict[int, float] = {}
+
+
+def _say_why_not_idle(app: faust.App, clock: InputClock, now: float, why: str) -> None:
+    """Every `NOT_IDLE_SAY_EVERY_S`, why an agent waiting to be idle is not (a run that never ends says why)."""
+    if now - _not_idle_said.setdefault(id(clock), now) >= NOT_IDLE_SAY_EVERY_S:
+        _not_idle_said[id(clock)] = now
+        log.info("%s: not idle: %s; %d batches", app.conf.id, why, clock.batches)
 
 
 async def serve_app(

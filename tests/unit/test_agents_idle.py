@@ -24,7 +24,7 @@ class Clock:
     last_input: float
     batches: int = 0
     busy: bool = False
-    order: Any = field(default_factory=lambda: SimpleNamespace(next_offset={}))  # what `InOrder` admitted
+    order: Any = field(default_factory=lambda: SimpleNamespace(next_offset={}, behind=set()))  # what `InOrder` admitted
 
 
 class Consumer:
