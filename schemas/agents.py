@@ -271,8 +271,8 @@ async def start_offset(consumer: Any, tp: TP) -> int:
 
 async def answered(call: Awaitable[T], what: str) -> T | None:
     """`call`'s answer, or None (logged) after `POSITION_WAIT_S`. The order check and the idle test ask under the
-    agent's lock or in the serving loop: a question that never came back (seen once in a few loaded runs of
-    `chat run --max-idle-s`: the lock held for good, no batch, no exit) must not hold them up."""
+    agent's lock or in the serving loop, where a question that never came back would hold up every batch and
+    the stop."""
     try:
         return await asyncio.wait_for(call, POSITION_WAIT_S)
     except TimeoutError:
@@ -353,7 +353,10 @@ class InputClock(Protocol):
     and whether one is in hand."""
 
     last_input: float
-    order: InOrder
+
+    @property
+    def order(self) -> InOrder | None:
+        """What was admitted and what is behind; None for an agent that acks whole batches."""
 
     @property
     def batches(self) -> int: ...
@@ -374,11 +377,12 @@ async def drained(app: faust.App, clock: InputClock, topics: Sequence[str], quie
         return False
     seen, batches = clock.last_input, clock.batches
     if clock.busy:
-        _say_why_not_idle(app, clock, now, f"busy: a batch in hand, or partitions behind {sorted(clock.order.behind)}")
+        behind = sorted(clock.order.behind) if clock.order is not None else []
+        _say_why_not_idle(app, clock, now, f"busy: a batch in hand, or partitions behind {behind}")
         return False
     if now - seen < quiet_s:
         return False
-    if not await caught_up(app, topics, clock.order.next_offset):
+    if not await caught_up(app, topics, clock.order.next_offset if clock.order is not None else {}):
         _say_why_not_idle(app, clock, now, "not read to the end yet")
         return False
     return clock.last_input == seen and clock.batches == batches and not clock.busy
@@ -564,7 +568,7 @@ class RecordAgent:
         self.source = raw_topic(app, *self.handlers)
         self.stats = RecordStats()
         self.last_input = time.monotonic()
-        self.order = InOrder(app)  # admits nothing here: what the idle test reads (nothing admitted, none behind)
+        self.order: InOrder | None = None  # whole batches are acked: nothing admitted, nothing behind
         self.in_hand = False  # a batch being handled (`drained`)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{app.conf.id}-handler")
         self._next_lag = 0.0
