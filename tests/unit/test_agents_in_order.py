@@ -232,3 +232,24 @@ def test_a_start_offset_still_being_asked_is_not_asked_twice(monkeypatch) -> Non
         assert not order.asking
 
     asyncio.run(scenario())
+
+
+def test_the_fetch_position_is_read_from_aiokafkas_own_subscription_state() -> None:
+    """`_known_position` against aiokafka's `SubscriptionState` itself: none before an assignment, none while the
+    assigned partition's position is still to be reset, the position once sought; another partition none."""
+    from aiokafka.consumer.subscription_state import SubscriptionState
+    from aiokafka.structs import TopicPartition
+
+    from schemas.agents import _known_position
+
+    async def scenario() -> list[int | None]:
+        state = SubscriptionState()
+        client = SimpleNamespace(_subscription=state)
+        tp = TopicPartition("t.alerts.v1", 0)
+        seen = [_known_position(client, tp)]
+        state.assign_from_user({tp})
+        seen.append(_known_position(client, tp))
+        state.seek(tp, 42)
+        return [*seen, _known_position(client, tp), _known_position(client, TopicPartition("t.alerts.v1", 1))]
+
+    assert asyncio.run(scenario()) == [None, None, 42, None]
