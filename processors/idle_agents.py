@@ -61,7 +61,6 @@ from processors.runtime import IDLE_STATE_TOPIC
 from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS
 from schemas.agents import (
-    RESEEK_AFTER_S,
     AppFailed,
     FaustDeadLetters,
     InOrder,
@@ -383,14 +382,8 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
         revoked = args[0] if args else kwargs.get("revoked", ())
         agents.forget({tp.partition for tp in revoked})
 
-    @app.timer(RESEEK_AFTER_S)
-    async def check_order() -> None:
-        # Records faust fetched and dropped at a partition's end: no later record will show the skip (`InOrder`).
-        if app.rebalancing:
-            return
-        async with agents.lock:
-            ordered = (agents.t_dm, agents.t_jobs)
-            await agents.order.check([tp for tp in app.consumer.assignment() if tp.topic in ordered])
+    # Records faust fetched and dropped at a partition's end: no later record will show the skip (`InOrder`).
+    agents.order.keep_checked((agents.t_dm, agents.t_jobs), agents.lock)
 
     if ps.realtime:
 

@@ -18,12 +18,13 @@ Shared by `processors/idle_agents.py` (the job stage) and `sinks/streams.py` (ch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
@@ -196,8 +197,8 @@ class InOrder:
                 continue
             key = (msg.topic, msg.partition)
             nxt = self.next_offset.get(key)
-            if nxt is None:
-                nxt = self.next_offset[key] = await start_offset(self.app.consumer, msg.tp)
+            if nxt is None:  # asked of the broker; a concurrent `check` may have set it meanwhile, and wins
+                nxt = self.next_offset.setdefault(key, await start_offset(self.app.consumer, msg.tp))
             if msg.offset == nxt:
                 self.next_offset[key] = nxt + 1
                 out.append(event)
@@ -207,6 +208,19 @@ class InOrder:
             self.behind.add(key)
             await self._seek_back(key, tp)
         return out
+
+    def keep_checked(self, topics: Collection[str], lock: asyncio.Lock | None = None) -> None:
+        """Runs `check` every `RESEEK_AFTER_S` over the assigned partitions of `topics` (under `lock`, the
+        agent's, when given): without it a record dropped at a partition's end is never read again. Once per
+        app, before it starts."""
+        app = self.app
+
+        @app.timer(RESEEK_AFTER_S)
+        async def check_order() -> None:
+            if app.rebalancing:
+                return
+            async with lock if lock is not None else contextlib.nullcontext():
+                await self.check([tp for tp in app.consumer.assignment() if tp.topic in topics])
 
     async def check(self, tps: Iterable[TP]) -> None:
         """Each of `tps` (assigned partitions this admits) fetched past its next offset is `behind`; one behind
@@ -220,7 +234,7 @@ class InOrder:
                 start = await self._asked(key, start_offset(consumer, tp), f"{tp.topic}[{tp.partition}]'s start offset")
                 if start is None:
                     continue
-                nxt = self.next_offset[key] = start
+                nxt = self.next_offset.setdefault(key, start)  # records admitted while it was asked keep theirs
             # No position yet (aiokafka is still resetting it): nothing was fetched past the next offset.
             position = await answered(consumer.fetch_position(tp), f"{tp.topic}[{tp.partition}]'s fetch position")
             if position is None or position <= nxt:

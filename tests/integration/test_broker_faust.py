@@ -5,11 +5,13 @@ writes results out; it stops cleanly (offsets committed). A second run resumes f
 offset, recovers the table from its changelog, and processes only what came after.
 
 The app reads as the project's agents do (`schemas/agents.py`): the project's producer and
-consumer (`use_project_clients`), in-order admission (`InOrder`), and acks only for what was
-admitted. On bare faust this test lost a record in a clean-clone CI run (the second run wrote "e"
-but never "d"). The second run also proves where `InOrder` starts a partition: at the group's
-committed offset as the broker holds it; faust's own record of it came too late there, and the
-second run read "a" and "b" again.
+consumer (`use_project_clients`), in-order admission (`InOrder`) with its periodic check
+(`keep_checked`, as the job stage; here with no lock around it), and acks only for what was
+admitted. Each piece answers a loss this test saw in a CI run: on bare faust the second run wrote
+"e" but never "d"; without the check it wrote "d" and never "e" within 60 s, no skip logged (the
+pattern of a record faust drops at a partition's end, which no later record shows). The second run
+also proves where `InOrder` starts a partition: at the group's committed offset as the broker holds
+it; faust's own record of it came too late there, and the second run read "a" and "b" again.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 pytestmark = pytest.mark.integration
 
-APP = '''
+APP = """
 import faust
 
 from schemas.agents import InOrder, use_project_clients
@@ -51,6 +53,7 @@ source = app.topic({source!r}, key_type=str, value_type=str)
 sink = app.topic({sink!r}, key_type=str)
 counts = app.Table("counts", default=int)
 order = InOrder(app)
+order.keep_checked({{{source!r}}})
 
 @app.agent(source)
 async def count(stream):
@@ -63,7 +66,7 @@ async def count(stream):
 
 if __name__ == "__main__":
     app.main()
-'''
+"""
 
 
 def _read(conf: dict[str, str], topic: str, n: int, timeout: float = 60.0) -> list[dict]:
@@ -132,9 +135,7 @@ def test_faust_group_commit_resume_and_table_changelog(kafka_config, unique_topi
 
     admin = AdminClient(kafka_config)
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(app_id)])
-    committed = {
-        (tp.topic, tp.partition): tp.offset for tp in offsets[app_id].result(timeout=10).topic_partitions
-    }
+    committed = {(tp.topic, tp.partition): tp.offset for tp in offsets[app_id].result(timeout=10).topic_partitions}
     assert committed[(source, 0)] == 3
 
     # The table's changelog is a compacted topic.

@@ -234,6 +234,35 @@ def test_a_start_offset_still_being_asked_is_not_asked_twice(monkeypatch) -> Non
     asyncio.run(scenario())
 
 
+def test_records_admitted_while_a_check_asks_the_start_offset_keep_their_place() -> None:
+    """A check with no agent lock around it (the faust broker test's app) asks a partition's start offset while
+    the agent admits its first records. The answer came back and overwrote the agent's next offset with the
+    start: the check then sought back to it and the records were counted twice (seen: a, b, c, then a, b)."""
+    release = asyncio.Event()
+
+    class Slow(Consumer):
+        async def committed_offset(self, tp: TP) -> int | None:
+            if len(self.seeks) == 0 and not release.is_set():
+                await release.wait()
+            return self.committed.get(tp)
+
+    consumer = Slow({})
+    order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        consumer.positions = {DM: 6}
+        check = asyncio.ensure_future(order.check([DM]))
+        await asyncio.sleep(0)  # the check is waiting on the start offset
+        admitting = asyncio.ensure_future(order.admit(_events(DM, [3, 4, 5])))
+        await asyncio.sleep(0)
+        release.set()
+        assert _offsets(await admitting) == [3, 4, 5]
+        await check
+        assert order.next_offset[(DM.topic, 0)] == 6 and not order.behind and consumer.seeks == []
+
+    asyncio.run(scenario())
+
+
 def test_the_fetch_position_is_read_from_aiokafkas_own_subscription_state() -> None:
     """`_known_position` against aiokafka's `SubscriptionState` itself: none before an assignment, none while the
     assigned partition's position is still to be reset, the position once sought; another partition none."""
