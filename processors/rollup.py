@@ -258,13 +258,17 @@ def node_minute_rows(
     """DeviceMinute rows of one node for one closed minute.
 
     One row per (device, job) for every allocation interval overlapping the minute (all-dark when the
-    device sent nothing), and one unallocated row per device with telemetry outside any allocation.
+    device sent nothing), and one unallocated row per device with telemetry outside any allocation. A GPU
+    whose MIG instances report in the minute is not a device of its own: no job can hold it whole.
     """
     rows: list[dict[str, Any]] = []
     lo_s = minute_ms // 1000
     matched: set[DeviceRef] = set()
+    in_mig_mode = {uuid for uuid, mig in windows if mig is not None}
     for (uuid, mig), win in windows.items():
         ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
+        if not ivs and mig is None and uuid in in_mig_mode:
+            continue  # a MIG-mode GPU's own series (board metrics): its instances are the devices, not it
         matched.update(iv.ref for iv in ivs)
         profile = win.mig_profile or directory.mig_profile(node_id, uuid, win.index, mig)
         facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model), profile)

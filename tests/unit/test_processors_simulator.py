@@ -15,7 +15,7 @@ import pytest
 from base.processor_settings import IdlePolicy, ProcessorSettings
 from processors.classify import JobMinuteClass, classify_job_minute
 from processors.pipeline import PipelineResult, run_in_memory
-from producers.simulator import Ledger, SimConfig, expected_ledger, plan, simulate
+from producers.simulator import Ledger, SimConfig, expected_ledger, plan, simulate, unallocated_seconds
 
 CFG = SimConfig(seed=3, nodes=4, duration_s=7200)
 POLICY = IdlePolicy(idle_after_min_interactive=10, idle_after_min_batch=15, grace_min=5)
@@ -126,3 +126,15 @@ def test_same_ledger_over_four_partitions(records: list[Any], result: PipelineRe
     assert sorted(four.device_minutes, key=key) == sorted(result.device_minutes, key=key)
     assert four.ledger() == result.ledger()
     assert sorted(a["alert_id"] for a in four.alerts) == sorted(a["alert_id"] for a in result.alerts)
+
+
+def test_a_mig_mode_gpu_is_not_a_device_of_its_own() -> None:
+    """A MIG node's physical GPUs report board metrics on their own series beside their instances'. Those rows
+    are no device anyone can hold: counted, they added each parent's seconds to the unallocated ones. The
+    unallocated seconds equal the simulator's plan (its devices are the instances) to the second."""
+    cfg = SimConfig(seed=3, nodes=4, duration_s=900, mig_nodes=1)
+    result = run_in_memory(list(simulate(cfg)), ProcessorSettings(idle=POLICY))
+    free = [r for r in result.device_minutes if r["job_id"] is None]
+    mig_gpus = {r["device_uuid"] for r in result.device_minutes if r["mig_instance_id"] is not None}
+    assert mig_gpus and not [r for r in free if r["mig_instance_id"] is None and r["device_uuid"] in mig_gpus]
+    assert sum(r["unallocated_s"] for r in free) == unallocated_seconds(cfg)
