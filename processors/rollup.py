@@ -146,6 +146,7 @@ def _row(
         "cost_centre": job.cost_centre if job else None,
         "preemptible": job.preemptible if job else False,
         "pricing_tier": job.pricing_tier if job else "on-prem",
+        "job_node_rows": None,  # set once the node-minute's rows are all made (`node_minute_rows`)
         "unallocated_s": 0,
         "allocated_s": 0,
         "active_s": 0,
@@ -306,6 +307,15 @@ def node_minute_rows(
         for job_id in sorted({iv.job_id for iv in ivs}):
             base = _row(cluster, node, facts, ref.mig_instance_id, minute_ms, table.job(job_id), (), thresholds)
             rows.append(allocated_row(base, owners.get(job_id, set()), {}, thresholds))
+    # Each job's row count here travels with its rows: the job stage holds the job's minute until it has them
+    # all, even when its own allocation table is behind (an UPDATED naming more devices not read yet there).
+    keys_of_job: dict[str, set[tuple[str, str, int]]] = {}
+    for r in rows:
+        if r["job_id"] is not None:
+            keys_of_job.setdefault(r["job_id"], set()).add(device_row_key(r))
+    for r in rows:
+        if r["job_id"] is not None:
+            r["job_node_rows"] = len(keys_of_job[r["job_id"]])
     rows.sort(
         key=lambda r: (
             r["device_uuid"],

@@ -35,6 +35,9 @@ from processors.rollup import DeviceDirectory, device_row_key, job_minute, node_
 from processors.windows import MINUTE_MS, Admit, DeviceWindow, Horizon, MinuteWindows, minute_of
 from schemas.topics import qualified_job, qualified_node, split_qualified_node
 
+RowKey = tuple[str, str, int]  # `device_row_key`: (node, device uuid, MIG instance or -1)
+NODE_ROWS_WAIT_MS = 10 * MINUTE_MS  # the longest a job's minute waits for rows its nodes said they wrote
+
 
 def _nodes_of(ev: Mapping[str, Any]) -> list[str]:
     return [qualified_node(ev["cluster"], n) for n in event_nodes(ev)]
@@ -440,6 +443,8 @@ class JobPartition:
                     # None expected of a job not ended: the event that placed these rows is not read yet (a
                     # replay after a restart reads a job's submission before its start, the rows meanwhile)
                     break
+                if not self._nodes_whole(per_minute, m):
+                    break
                 jm = job_minute(info, m, [r for _, r in rows.values()])
                 out.job_minutes.append(jm)
                 st, emitted = step(st, jm, policy)
@@ -450,6 +455,25 @@ class JobPartition:
             if not per_minute:
                 del self.pending[jid]
         return out
+
+    def _nodes_whole(self, per_minute: Mapping[int, Mapping[RowKey, tuple[int, Mapping[str, Any]]]], m: int) -> bool:
+        """Every node's rows of the job's minute `m` are in: as many as the node stage wrote there
+        (`job_node_rows`), or a later minute of the job came from that node (it writes a node's minutes in
+        order), or the partition read `NODE_ROWS_WAIT_MS` of minutes past `m` (rows promised and never
+        written, a forged count: the minute goes out with what came). The allocation table alone can be
+        behind: an UPDATED naming more devices, not read yet here, would leave the minute short of them."""
+        have: dict[str, int] = {}
+        promised: dict[str, int] = {}
+        for (node, _, _), (_, row) in per_minute[m].items():
+            have[node] = have.get(node, 0) + 1
+            n = row.get("job_node_rows")
+            if n is not None and n > promised.get(node, 0):
+                promised[node] = n
+        short = {node for node, n in promised.items() if have[node] < n}
+        if not short or (self.max_ts is not None and self.max_ts >= m + NODE_ROWS_WAIT_MS):
+            return True
+        later = {key[0] for later_m, rows in per_minute.items() if later_m > m for key in rows}
+        return short <= later
 
     def _gap_clear(self, jid: str, last: int | None, m: int) -> bool:
         """No minute between the last emitted one and `m` still expects rows (one look at the job's

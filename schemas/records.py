@@ -886,6 +886,7 @@ class DeviceMinute:
     power_w_mean: float | None = None
     mapping_version: str
     classifier_version: str
+    job_node_rows: int | None = None
 
     def to_avro(self) -> dict[str, Any]:
         return {
@@ -920,6 +921,7 @@ class DeviceMinute:
             "power_w_mean": self.power_w_mean,
             "mapping_version": self.mapping_version,
             "classifier_version": self.classifier_version,
+            "job_node_rows": self.job_node_rows,
         }
 
     @classmethod
@@ -956,6 +958,7 @@ class DeviceMinute:
             power_w_mean=d.get("power_w_mean"),
             mapping_version=d["mapping_version"],
             classifier_version=d["classifier_version"],
+            job_node_rows=d.get("job_node_rows"),
         )
 
 
