@@ -236,7 +236,7 @@ class InOrder:
                     continue
                 nxt = self.next_offset.setdefault(key, start)  # records admitted while it was asked keep theirs
             # No position yet (aiokafka is still resetting it): nothing was fetched past the next offset.
-            position = await answered(consumer.fetch_position(tp), f"{tp.topic}[{tp.partition}]'s fetch position")
+            position = await fetch_position(consumer, tp)
             if position is None or position <= nxt:
                 self.behind.discard(key)
                 self.waiting.pop(key, None)
@@ -340,6 +340,22 @@ class FaustDeadLetters:
         raw_topic(self.app, topic_name).send_soon(key=key, value=value or b"", headers=headers)
 
 
+async def fetch_position(consumer: Any, tp: TP) -> int | None:
+    """`GaplessConsumer.fetch_position` of `tp`, None also when no answer came within `POSITION_WAIT_S`."""
+    return await answered(
+        cast(GaplessConsumer, consumer).fetch_position(tp), f"{tp.topic}[{tp.partition}]'s fetch position"
+    )
+
+
+async def fetched(app: faust.App, tps: Sequence[TP]) -> tuple[Mapping[TP, int], dict[TP, int | None]] | None:
+    """The high watermarks of `tps` and the consumer's fetch position in each (None: none yet, or no answer);
+    None when the watermarks did not come within `POSITION_WAIT_S`."""
+    ends = await answered(app.consumer.highwaters(*tps), "the high watermarks")
+    if ends is None:
+        return None
+    return ends, {tp: await fetch_position(app.consumer, tp) for tp in tps}
+
+
 async def caught_up(app: faust.App, topics: Sequence[str], admitted: Mapping[tuple[str, int], int]) -> bool:
     """Every assigned partition of `topics` fetched to its end (the fetch position at the high watermark; for a
     partition with no position yet, the next offset `admitted` there).
@@ -347,13 +363,12 @@ async def caught_up(app: faust.App, topics: Sequence[str], admitted: Mapping[tup
     tps = [tp for tp in app.consumer.assignment() if tp.topic in topics]
     if not tps or app.rebalancing:
         return False
-    ends = await answered(app.consumer.highwaters(*tps), "the high watermarks")
-    if ends is None:
+    read = await fetched(app, tps)
+    if read is None:
         return False
+    ends, positions = read
     for tp in tps:
-        pos = await answered(
-            cast(GaplessConsumer, app.consumer).fetch_position(tp), f"{tp.topic}[{tp.partition}]'s fetch position"
-        )
+        pos = positions[tp]
         if pos is None:  # no position yet: nothing fetched since, so at its end if what was admitted reaches it
             pos = admitted.get((tp.topic, tp.partition))
         if pos is None or pos < ends.get(tp, 0):
@@ -645,16 +660,12 @@ class RecordAgent:
         try:
             for name in self.handlers:
                 tps = [tp for tp in self.app.consumer.assignment() if tp.topic == name]
-                ends = await answered(self.app.consumer.highwaters(*tps), "the high watermarks") if tps else {}
-                if ends is None:
+                read = await fetched(self.app, tps) if tps else ({}, {})
+                if read is None:
                     return  # no lag known: at the next refresh
-                lags[name] = 0
-                for tp in tps:
-                    pos = await answered(
-                        cast(GaplessConsumer, self.app.consumer).fetch_position(tp), f"{name}'s fetch position"
-                    )
-                    if pos is not None:  # no position yet: no lag known
-                        lags[name] += max(0, ends.get(tp, 0) - pos)
+                ends, positions = read
+                # a partition with no position yet adds no lag
+                lags[name] = sum(max(0, ends.get(tp, 0) - pos) for tp, pos in positions.items() if pos is not None)
         except Exception:  # not started, or between rebalances: at the next refresh
             return
         for name, lag in lags.items():

@@ -86,3 +86,48 @@ def test_the_agent_is_busy_while_a_batch_is_in_hand(tmp_path) -> None:
         agent.pool.shutdown()
     assert busy_when == [("handled", True), ("delivered", True), ("acked", True)]
     assert not agent.busy and agent.batches == 1
+
+
+def test_the_lag_per_topic_is_the_high_watermarks_less_the_fetch_positions(tmp_path, monkeypatch) -> None:
+    """Two partitions of alerts (one fetched to 7 of 10, one with no position yet: no lag known there) and one
+    of appeals at its end; watermarks that never answer leave the gauges as they were."""
+    from faust.types import TP
+
+    kafka = KafkaSettings(topic_prefix="t.")
+    alerts, appeals = kafka.topic(ALERTS.name), "t.appeals.v1"
+    a0, a1, p0 = TP(alerts, 0), TP(alerts, 1), TP(appeals, 0)
+
+    class Meter:
+        def __init__(self) -> None:
+            self.lags: list[tuple[str, str, int]] = []
+
+        def set_lag(self, group: str, topic: str, lag: int) -> None:
+            self.lags.append((group, topic, lag))
+
+    class Consumer:
+        answering = True
+
+        def assignment(self) -> set[TP]:
+            return {a0, a1, p0}
+
+        async def highwaters(self, *tps: TP) -> dict[TP, int]:
+            if not self.answering:
+                await asyncio.sleep(3600)
+            return {a0: 10, a1: 4, p0: 2}
+
+        async def fetch_position(self, tp: TP) -> int | None:
+            return {a0: 7, p0: 2}.get(tp)
+
+    meter, consumer = Meter(), Consumer()
+    _, agent = build_record_app(kafka, "g-chat", alerts, lambda r: None, datadir=str(tmp_path), meter=meter,
+                                more={appeals: lambda r: None})  # fmt: skip
+    agent.app = SimpleNamespace(consumer=consumer, conf=SimpleNamespace(id="g-chat"))  # type: ignore[assignment]
+    try:
+        asyncio.run(agent.refresh_lag())
+        assert meter.lags == [("g-chat", alerts, 3), ("g-chat", appeals, 0)]
+        consumer.answering, agent._next_lag = False, 0.0
+        monkeypatch.setattr("schemas.agents.POSITION_WAIT_S", 0.05)
+        asyncio.run(agent.refresh_lag())
+        assert len(meter.lags) == 2
+    finally:
+        agent.pool.shutdown()
