@@ -252,6 +252,9 @@ class LoopStats:
 
 
 IDLE_COMMIT_INTERVAL_S = 1.0  # how often an idle loop checks that the group holds what it handled
+# A member killed or crashed hands its partitions to the next one within 10 s, not librdkafka's 45 s default:
+# heartbeats come from librdkafka's own thread, so a long handler call does not lose the session.
+LOOP_GROUP_CONFIG: dict[str, Any] = {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 1000}
 
 
 class ConsumerLoop:
@@ -289,7 +292,9 @@ class ConsumerLoop:
         self._validate = validate
         self._batch = (batch_max_records, batch_max_wait_s)
         self._clock = clock
-        self.consumer: Any = new_consumer(kafka, group_id, on_commit=self._on_commit, **(config or {}))
+        self.consumer: Any = new_consumer(
+            kafka, group_id, on_commit=self._on_commit, **{**LOOP_GROUP_CONFIG, **(config or {})}
+        )
         self.consumer.subscribe(list(topics))
         self.stats = LoopStats()
         self._should_stop: Callable[[], bool] = lambda: False  # run()'s: a StopSignal bounds the waits

@@ -85,9 +85,7 @@ class LedgerSink:
             batch_max_records=sinks.batch_max_records,
             batch_max_wait_s=sinks.batch_max_wait_s,
             clock=clock_ms,
-            # A sink killed or crashed hands its partitions to the next one within 10 s, not librdkafka's 45 s
-            # default: heartbeats come from librdkafka's own thread, so a long insert does not lose the session.
-            config={"isolation.level": "read_committed", "session.timeout.ms": 10_000, "heartbeat.interval.ms": 1000},
+            config={"isolation.level": "read_committed"},
         )
         self._rows_inserted = 0
         self._duplicates_skipped = 0
