@@ -357,9 +357,10 @@ async def fetched(app: faust.App, tps: Sequence[TP]) -> tuple[Mapping[TP, int], 
 
 
 async def caught_up(app: faust.App, topics: Sequence[str], admitted: Mapping[tuple[str, int], int]) -> bool:
-    """Every assigned partition of `topics` fetched to its end (the fetch position at the high watermark; for a
-    partition with no position yet, the next offset `admitted` there).
-    Fetched is not processed: a caller checks too that its agent saw no input meanwhile, and long enough."""
+    """Every assigned partition of `topics` read to its end: the fetch position at the high watermark and, where
+    the agent admits in order, the next offset `admitted` there too (records fetched after a seek back sit in
+    faust's buffer, not admitted yet: an agent that stopped then lost them for that life). Fetched is not
+    processed: a caller checks too that its agent saw no input meanwhile, and long enough."""
     tps = [tp for tp in app.consumer.assignment() if tp.topic in topics]
     if not tps or app.rebalancing:
         return False
@@ -368,9 +369,9 @@ async def caught_up(app: faust.App, topics: Sequence[str], admitted: Mapping[tup
         return False
     ends, positions = read
     for tp in tps:
-        pos = positions[tp]
-        if pos is None:  # no position yet: nothing fetched since, so at its end if what was admitted reaches it
-            pos = admitted.get((tp.topic, tp.partition))
+        pos, done = positions[tp], admitted.get((tp.topic, tp.partition))
+        if done is not None:  # no position yet: nothing fetched since, so at its end if what was admitted is
+            pos = done if pos is None else min(pos, done)
         if pos is None or pos < ends.get(tp, 0):
             return False
     return True

@@ -71,6 +71,18 @@ def test_read_to_the_end_and_quiet_long_enough_is_idle() -> None:
     assert not _drained(_app({T0: 10, T1: None}), clock)
 
 
+def test_records_fetched_but_not_admitted_are_input_still_to_come() -> None:
+    """After a seek back faust fetches the partition to its end again (the fetch position at the high watermark)
+    while those records wait in its buffer, not admitted yet. A fault-suite run stopped there, 1.2 s after the
+    seek, and the final life lost its last job-minutes: an agent that admits in order is at its end only once
+    what it admitted reaches the high watermark."""
+    clock = Clock(last_input=time.monotonic() - 5)
+    clock.order.next_offset = {(T0.topic, T0.partition): 10, (T1.topic, T1.partition): 2}
+    assert not _drained(_app(), clock)  # T1 fetched to 4, admitted to 2
+    clock.order.next_offset[(T1.topic, T1.partition)] = 4
+    assert _drained(_app(), clock)
+
+
 def test_starting_joining_or_rebalancing_is_not_quiet() -> None:
     """While not ready the quiet clock is held at now: a start or a join that took longer than the quiet
     time does not count as quiet input (the fault suite's final agents run once stopped with input unread)."""

@@ -194,7 +194,10 @@ def test_a_position_that_never_comes_holds_up_neither_the_check_nor_the_idle_tes
         assert order.behind == {(DM.topic, 0)}  # the partition with a position was still checked
         assert order.next_offset[(other.topic, 1)] == 7
         admitted = {(other.topic, 1): 7, (DM.topic, 0): 52}
-        # DM fetched to its end; `other` answers nothing, but what was admitted there reaches its end (7).
+        # DM fetched to its end but admitted only to 52: records still to come (`caught_up` reads both).
+        assert not await asyncio.wait_for(agents.caught_up(app, [DM.topic], admitted), timeout=2)  # type: ignore[arg-type]
+        admitted[(DM.topic, 0)] = 60
+        # DM fetched and admitted to its end; `other` answers nothing, but what was admitted there reaches its end.
         assert await asyncio.wait_for(agents.caught_up(app, [DM.topic], admitted), timeout=2)  # type: ignore[arg-type]
         consumer.ends[other] = 9  # two records past what was admitted: not at its end
         assert not await asyncio.wait_for(agents.caught_up(app, [DM.topic], admitted), timeout=2)  # type: ignore[arg-type]
