@@ -189,3 +189,32 @@ def test_a_closed_month_by_cluster_is_its_frozen_statements(ledger_settings: Cli
     finally:
         analyst.close()
     assert str(live.total.line.charge) == "8.09"  # 6.46 + one more hour of hopper on-prem (1.631018): the open ledger
+
+
+def test_only_devices_two_clusters_claimed_are_searched_for_contested_days(
+    ledger_settings: ClickHouseSettings,  # noqa: F811
+) -> None:
+    """Migration 026: `device_clusters` holds each identified device's claiming clusters, fed on insert, and
+    v_device_days_contested, which now groups only the days of devices two clusters ever claimed, gives the rows
+    017's grouping of every device-day gives."""
+    ch = ledger_settings
+    write(ch)
+    analyst = connect(ch, analyst=True)
+    try:
+        clusters = analyst.query("SELECT DISTINCT device_uuid, mig_instance_id, cluster FROM device_clusters "
+                                 "ORDER BY 1, 3").result_rows  # fmt: skip
+        multi = analyst.query("SELECT * FROM v_devices_multi_cluster").result_rows
+        contested = analyst.query("SELECT day, device_uuid, mig_instance_id, arraySort(all_holders), "
+                                  "arraySort(all_jobs) FROM v_device_days_contested ORDER BY 1, 2").result_rows
+        every_day = analyst.query(  # 017's view, over every device-day
+            "SELECT day, device_uuid, mig_instance_id, arraySort(groupUniqArrayArray(holders)) AS h, "
+            "arraySort(groupUniqArrayArray(jobs)) FROM device_cluster_days GROUP BY day, device_uuid, mig_instance_id "
+            "HAVING length(arrayDistinct(arrayMap(x -> x.1, h))) > 1 ORDER BY 1, 2").result_rows
+    finally:
+        analyst.close()
+    assert clusters == [("GPU-a", -1, "slurm-a"), ("GPU-d", -1, "slurm-a"), ("GPU-k", -1, "k8s-b"),
+                        ("GPU-m", -1, "k8s-b"), ("GPU-m", -1, "slurm-a")]  # fmt: skip
+    assert multi == [("GPU-m", -1)]
+    assert contested == every_day
+    assert [(str(day), uuid, sorted(jobs)) for day, uuid, _mig, _holders, jobs in contested] == [
+        ("2026-11-12", "GPU-m", [("k8s-b", "nlp/ft-1"), ("slurm-a", "j2")])]
