@@ -81,7 +81,8 @@ class WebContext:
 
 
 def thread_local_warehouse(connect: Callable[[], Any]) -> Callable[[], Warehouse]:
-    """One analyst client per server thread (clickhouse-connect clients are not shared across threads)."""
+    """One analyst client per server thread. Its connection pool also serves a page's reads sent at once
+    (`pages._READS`): a client with no session id may run concurrent queries."""
     local = threading.local()
 
     def get() -> Warehouse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -22,6 +23,9 @@ from gpuledger.web.queries import Statement, Warehouse
 WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
 DEVICE_MINUTES_PAGE = 1000
 DEVICE_MINUTES_CSV_MAX = 200_000
+# The team page's reads, sent together (a clickhouse-connect client without a session serves concurrent queries
+# from its connection pool). Shared by every request: a busy server queues reads here rather than opening more.
+_READS = ThreadPoolExecutor(max_workers=6, thread_name_prefix="page-reads")
 
 
 @dataclass
@@ -96,14 +100,25 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     """The team's month; `only`: one cluster's part of it (`?cluster=`), every figure and table restricted to it."""
     closes = wh.closes()
     closed = period.text in closes
-    usage = wh.team_usage(period, team, closed=closed, cluster=only)
+    # The page's reads do not depend on each other: sent at once, the page waits for the slowest, not the sum.
+    usage_read = _READS.submit(wh.team_usage, period, team, closed=closed, cluster=only)
+    statements_read = _READS.submit(wh.statements, period, closed=closed) if only is None else None
+    lines_read = _READS.submit(wh.cluster_lines, period, team, closed=closed) if only is not None else None
+    alerts_read = _READS.submit(wh.team_alerts, team, now_ms - WARNINGS_LOOKBACK_MS, only)
+    dark_read = _READS.submit(wh.dark_by_node, period, team, only)
+    sources_read = _READS.submit(wh.project_sources, period, team, only)
+    latest_read = _READS.submit(wh.latest_minute_ms, period.start - dt.timedelta(days=31), only)
+    usage = usage_read.result()
+    days_read = _READS.submit(wh.daily, period, team, only) if usage.days is None else None
     if only is None:
-        statement = wh.statements(period, closed=closed).get(team)
+        assert statements_read is not None
+        statement = statements_read.result().get(team)
         figures, known = statement_figures(statement), sorted(usage.by["cluster"])
     else:
         # The team's line of `report chargeback --by cluster`; none (zeros, and the page says so) when the team
         # has no usage on the cluster this month: the month links carry the filter into such months.
-        statement, lines = None, wh.cluster_lines(period, team, closed=closed)
+        assert lines_read is not None
+        statement, lines = None, lines_read.result()
         figures, known = (dict(lines[only]) if only in lines else statement_figures(None)), sorted(lines)
     page = Page(f"{team}: {period.text}" + (f" on {only}" if only is not None else ""))
     status = statements.status(wh.client, period.text, team, figures["charge"], credits, closes=closes, cluster=only)
@@ -122,17 +137,16 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     page.add(Table("idle_jobs", "Jobs with the most idle cost", JOB_COLUMNS,
                    _with_links(m.most_idle_cost(usage.most_idle), period, team, only), links=links,
                    note="Idle: held, with telemetry, and neither active nor starved."))  # fmt: skip
-    alerts = wh.team_alerts(team, now_ms - WARNINGS_LOOKBACK_MS, only)
+    alerts = alerts_read.result()
     states = wh.job_states(sorted({(a.cluster, a.job_id) for a in alerts}))
     page.add(Table("warnings", "Open idle warnings", WARNING_COLUMNS,
                    _with_links(m.open_warnings(alerts, states, now_ms), period, team, only), links=links,
                    note="Warnings of the last 14 days whose job still holds its devices and was neither resolved "
                         "nor reclaimed."))  # fmt: skip
-    days = m.daily_series(wh.daily(period, team, only) if usage.days is None else usage.days, period.start,
+    days = m.daily_series(days_read.result() if days_read is not None else usage.days or [], period.start,
                           period.days)  # fmt: skip
     sums = usage.total
-    quality = m.quality(sums, wh.dark_by_node(period, team, only), wh.project_sources(period, team, only),
-                        wh.latest_minute_ms(period.start - dt.timedelta(days=31), only), now_ms,
+    quality = m.quality(sums, dark_read.result(), sources_read.result(), latest_read.result(), now_ms,
                         sums.unpriced_s)  # fmt: skip
     page.add(Table("dark_nodes", "Where telemetry was missing", (
         Column("node", "node"), Column("dark_gpu_h", "dark GPU-h", "gpu_h"), Column("share_pct", "share %", "pct"),
