@@ -125,3 +125,54 @@ def test_usage_whose_job_events_never_arrived_is_one_line_of_unknown_start(
         assert cb.explain(analyst, "2026-11", "p-nlp")[0]["job_start"] == ""
     finally:
         analyst.close()
+
+
+# 023's v_job_lives, grouping every job event: what migration 027's rollup must give.
+LIVES_FROM_EVENTS = """
+SELECT cluster, job_id, submit_ms, job_start_ms, job_last_ms,
+       row_number() OVER (PARTITION BY cluster, job_id ORDER BY job_start_ms, submit_ms) > 1 AS later
+FROM (SELECT cluster, job_id, ifNull(submit_ts_ms, toInt64(0)) AS submit_ms,
+             minIf(ifNull(start_ts_ms, ts_ms), event_type = 'STARTED') AS job_start_ms,
+             max(greatest(ts_ms, ifNull(end_ts_ms, ts_ms))) AS job_last_ms
+      FROM job_events GROUP BY cluster, job_id, submit_ms HAVING countIf(event_type = 'STARTED') > 0)
+ORDER BY cluster, job_id, submit_ms
+"""
+
+
+def test_job_lives_from_the_rollup_equal_the_grouping_of_every_event(
+    ledger_settings: ClickHouseSettings,  # noqa: F811
+) -> None:
+    """Migration 027: lives are read from `job_lives`, fed on each insert. A life whose ENDED, SUBMITTED and
+    STARTED come in separate inserts (the first two without a STARTED, whose blocks hold no start) keeps its
+    earliest STARTED's start; a life that never started is no life; a replayed STARTED changes nothing."""
+    ch = ledger_settings
+    write(ch)
+    ev_spec, _identities = SINKS[topics.JOB_EVENTS.name]
+    common = {"job_id": "9", "user": "carol", "project": "p-nlp", "submit_ts_ms": ms("2026-11-21T08:00")}
+    inserts = [
+        [job_event("ENDED", ms("2026-11-21T11:00"), event_id="9-end", end_ts_ms=ms("2026-11-21T11:00"), **common)],
+        [job_event("SUBMITTED", ms("2026-11-21T08:00"), event_id="9-submit", **common)],
+        [job_event("STARTED", ms("2026-11-21T09:00"), event_id="9-start", start_ts_ms=ms("2026-11-21T09:00"),
+                   **common)],
+        [job_event("STARTED", ms("2026-11-21T09:00"), event_id="9-start", start_ts_ms=ms("2026-11-21T09:00"),
+                   **common)],  # the same event again (a replay)
+        [job_event("SUBMITTED", ms("2026-11-22T08:00"), event_id="10-submit", job_id="10", user="carol",
+                   project="p-nlp", submit_ts_ms=ms("2026-11-22T08:00"))],  # never started
+    ]
+    client = connect(ch)
+    try:
+        for n, events in enumerate(inserts):
+            pending = [Pending(ev_spec, row, Origin("x", 0, n)) for ev in events for row in ev_spec.rows(ev)]
+            assert not LedgerWriter(client).write(pending).rejected
+    finally:
+        client.close()
+    analyst = connect(ch, analyst=True)
+    try:
+        lives = analyst.query("SELECT * FROM v_job_lives ORDER BY cluster, job_id, submit_ms").result_rows
+        expected = analyst.query(LIVES_FROM_EVENTS).result_rows
+    finally:
+        analyst.close()
+    assert lives == expected
+    assert len(lives) == len(LIVES) + 1  # the four lives of the ledger and job 9's; job 10 never started
+    nine = [life for life in lives if life[1] == "9"]
+    assert [(life[3], life[4], life[5]) for life in nine] == [(ms("2026-11-21T09:00"), ms("2026-11-21T11:00"), False)]
