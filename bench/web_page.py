@@ -5,7 +5,7 @@ loads the rate card, and generates a synthetic month inside the server (INSERT .
 one day per statement, sent with clickhouse-connect; nothing is held in Python's memory): every GPU has a
 device-minute for every minute of the month; 8 GPUs a node, 2 jobs a node a day (one node each, 12 h),
 ~10% of node-halves unallocated; teams, projects and users from the simulator's organisation; minutes
-active/starved/idle/dark by a hash. job_events get SUBMIT/START/END per job (the job page and project
+active/starved/idle/dark by a hash. job_events get SUBMITTED/STARTED/ENDED per job (the job page and project
 sources read them). No alerts are seeded (the open-warnings table is empty). job_minutes are not read by
 the pages, so none are written. Then it times, warm, the team, project, job and fleet pages through a
 Starlette TestClient of the app (as an operator, from 127.0.0.1), and each of the team page's queries alone,
@@ -66,20 +66,21 @@ FROM (
 )
 """
 
-# SUBMIT, START and END per job of the month, from the device-minutes just written (one row per job).
+# SUBMITTED, STARTED and ENDED per job of the month (the producers' event types: v_job_lives reads STARTED), from
+# the device-minutes just written (one row per job).
 _EVENTS_SQL = """
 INSERT INTO job_events (event_id, event_type, ts_ms, scheduler, cluster, job_id, job_name, user, project,
     project_source, project_validation, team, cost_centre, preemptible, interactive, checkpointable, gang_size,
     allocations, requested_devices, pricing_tier, submit_ts_ms, start_ts_ms, end_ts_ms)
-SELECT concat(job_id, '-', ev), ev, multiIf(ev = 'SUBMIT', s - 60000, ev = 'START', s, e), 'slurm', 'sim', job_id,
+SELECT concat(job_id, '-', ev), ev, multiIf(ev = 'SUBMITTED', s - 60000, ev = 'STARTED', s, e), 'slurm', 'sim', job_id,
     'train', user, project, 'account', 'valid', team, 'cc-1000', false, false, true, 1,
     concat('[{"node": "', node, '", "devices": []}]'), 8, 'on-prem',
-    s - 60000, s, if(ev = 'END', e, NULL)
+    s - 60000, s, if(ev = 'ENDED', e, NULL)
 FROM (SELECT job_id, any(node) AS node, any(user) AS user, any(project) AS project, any(team) AS team,
              min(minute_start_ms) AS s,
              max(minute_start_ms) + 60000 AS e
       FROM device_minutes WHERE job_id != '' GROUP BY job_id)
-ARRAY JOIN ['SUBMIT', 'START', 'END'] AS ev
+ARRAY JOIN ['SUBMITTED', 'STARTED', 'ENDED'] AS ev
 """
 
 
