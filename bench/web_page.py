@@ -12,12 +12,15 @@ Starlette TestClient of the app (as an operator, from 127.0.0.1), and each of th
 once the server has no merge of the fresh month's parts running (a month on a real server was merged long ago).
 
     .venv/bin/python bench/web_page.py --gpus 1000 --requests 10
+    .venv/bin/python bench/web_page.py --gpus 10000 --requests 20 --data-dir /tmp/web10k   # generated once, kept
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import json
 import statistics
 import sys
 import tempfile
@@ -166,6 +169,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=10000, help="GPUs in the fleet (default 10000)")
     ap.add_argument("--requests", type=int, default=10, help="timed warm requests per page")
+    ap.add_argument("--data-dir", type=Path, help="keep the generated month in this directory and reuse it on a "
+                    "later run with the same --gpus (10,000 GPUs take ~15 min to generate); pending migrations are "
+                    "applied to it, with their backfills")  # fmt: skip
     args = ap.parse_args()
 
     from fixtures_clickhouse import start_server, stop_server
@@ -178,26 +184,35 @@ def main() -> None:
     from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
 
     print(f"machine: {machine()}")
-    with tempfile.TemporaryDirectory(prefix="bench-web-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="bench-web-") if args.data_dir is None
+          else contextlib.nullcontext(str(args.data_dir))) as tmp:  # fmt: skip
+        marker = Path(tmp) / "seeded.json"
+        kept = json.loads(marker.read_text()) if marker.exists() else None
+        if kept is not None and kept["gpus"] != args.gpus:
+            sys.exit(f"{tmp} holds a month of {kept['gpus']} GPUs, not {args.gpus}: use another --data-dir")
         server = start_server(Path(tmp) / "data")
         try:
-            database = "bench_" + uuid.uuid4().hex[:8]
-            admin = server.client()
-            admin.command(f"CREATE DATABASE {database}")
-            admin.close()
+            database = kept["database"] if kept else "bench_" + uuid.uuid4().hex[:8]
+            if kept is None:
+                admin = server.client()
+                admin.command(f"CREATE DATABASE {database}")
+                admin.close()
             ch = ClickHouseSettings(url=server.url, database=database, password=server.password,
                                     analyst_password=server.analyst_password)  # fmt: skip
             client = connect(ch, send_receive_timeout=600)
             migrate(client, ch)
-            client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
-            seeded = seed(client, args.gpus)
+            if kept is None:
+                client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
+                seeded = seed(client, args.gpus)
+                print(f"generated: device-minutes {seeded['device_minutes_s']:.1f} s, job_events "
+                      f"{seeded['job_events_s']:.1f} s")  # fmt: skip
             rows = client.query("SELECT count(), uniqExact(job_id) FROM device_minutes").result_rows[0]
             daily = client.query("SELECT count() FROM usage_daily").result_rows[0][0]
-            print(
-                f"gpus {args.gpus}: {rows[0]:,} device-minutes ({seeded['device_minutes_s']:.1f} s), "
-                f"{rows[1] - 1:,} jobs, {daily:,} usage_daily rows, job_events {seeded['job_events_s']:.1f} s"
-            )
+            print(f"gpus {args.gpus}: {rows[0]:,} device-minutes, {rows[1] - 1:,} jobs, {daily:,} usage_daily rows"
+                  + (f" (kept in {tmp})" if kept else ""))  # fmt: skip
             print(f"waited {settle(client, database):.0f} s for the server's background merges of the fresh month")
+            if args.data_dir is not None and kept is None:
+                marker.write_text(json.dumps({"gpus": args.gpus, "database": database}))
             end_ms = int(dt.datetime(2026, 4, 1, tzinfo=dt.UTC).timestamp() * 1000)
             settings = Settings(state_dir=Path(tmp) / "state", cluster="sim", clickhouse=ch,
                                 broker=BrokerSettings(enabled=False), web=WebSettings(demo=False))  # fmt: skip
