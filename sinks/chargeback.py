@@ -131,11 +131,12 @@ class Unidentified:
 
 
 def unidentified(client: Any, period: str) -> Unidentified:
-    """Allocated time on devices of unknown identity in the month (bound parameters)."""
+    """Allocated time on devices of unknown identity in the month (bound parameters; the `unidentified:` devices'
+    daily rollup, migration 028)."""
     rows = client.query(
-        "SELECT sum(allocated_s), uniqExact(cluster, job_id) FROM device_minutes FINAL "
-        "WHERE startsWith(device_uuid, {prefix:String}) AND formatDateTime(day, '%Y-%m') = {period:String}",
-        parameters={"prefix": UNIDENTIFIED_PREFIX, "period": check_period(period)},
+        "SELECT sum(allocated_s), uniqExact(cluster, job_id) FROM unidentified_daily "
+        "WHERE formatDateTime(day, '%Y-%m') = {period:String}",
+        parameters={"period": check_period(period)},
     ).result_rows
     seconds, jobs = rows[0] if rows else (0, 0)
     return Unidentified((Decimal(int(seconds or 0)) / 3600).quantize(Decimal("0.001")), int(jobs or 0))

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
-from sinks.chargeback import UNIDENTIFIED_PREFIX, check_period
+from sinks.chargeback import check_period
 
 _MONTH = "day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1)"
 
@@ -183,7 +183,7 @@ def job_facts(client: Any, period: str, project: str | None = None) -> list[tupl
     """(team, facts) of each job with usage in the month (one project's, when given). A job's team is the one its
     usage is charged to (the smallest, in the odd case of two)."""
     period = check_period(period)
-    params = {"p": period, "project": project or "", "prefix": UNIDENTIFIED_PREFIX}
+    params = {"p": period, "project": project or ""}
     usage = client.query(
         "SELECT cluster, job_id, sum(allocated_s), sum(dark_s), sum(unpriced_s), "
         f"sumIf(allocated_s, gpu_share_slices = 0), min(team) FROM v_usage_priced WHERE {_MONTH} "
@@ -197,8 +197,7 @@ def job_facts(client: Any, period: str, project: str | None = None) -> list[tupl
         parameters=params,
     ).result_rows
     unidentified = client.query(
-        "SELECT cluster, job_id, sum(allocated_s) FROM device_minutes FINAL WHERE startsWith(device_uuid, "
-        f"{{prefix:String}}) AND {_MONTH} GROUP BY cluster, job_id",
+        f"SELECT cluster, job_id, sum(allocated_s) FROM unidentified_daily WHERE {_MONTH} GROUP BY cluster, job_id",
         parameters=params,
     ).result_rows
     ceded = client.query(
