@@ -1,4 +1,5 @@
-"""The team page on a month of N GPUs (issue 20, item 6: <= 300 ms p95 over a month of 10,000 GPUs).
+"""The team page on a month of N GPUs (issue 20, item 6: <= 300 ms p95 over a month of 10,000 GPUs); the month's
+reports through the CLI and the bytes per GPU-month of each table (issue 21, item 5).
 
 Starts the embedded ClickHouse as the tests do (tests/fixtures_clickhouse.start_server), migrates a database,
 loads the rate card, and generates a synthetic month inside the server (INSERT ... SELECT FROM numbers(),
@@ -21,7 +22,9 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -165,6 +168,46 @@ def per_query(
     return out
 
 
+# The rollups fed on insert from device_minutes and job_events (thousands to hundreds of thousands of rows).
+ROLLUPS = ("usage_daily", "node_daily", "device_cluster_days", "device_clusters", "job_lives", "unidentified_daily")
+REPORTS = (
+    ("report", "chargeback", "--period", PERIOD),
+    ("report", "chargeback", "--period", PERIOD, "--by", "cluster"),
+    ("report", "explain", "--period", PERIOD, "--project", "vision-detect", "--format", "csv"),
+)
+
+
+def reports(ch: Any, gpus: int, runs: int = 3) -> None:
+    """The month's reports as a user runs them: the CLI in its own process (its start included), as the analyst."""
+    env = {**os.environ, "GPULEDGER_CONFIG": str(ROOT / "tests" / "no-such-gpuledger.toml"),
+           "GPULEDGER_CLICKHOUSE__URL": ch.url, "GPULEDGER_CLICKHOUSE__DATABASE": ch.database,
+           "GPULEDGER_CLICKHOUSE__PASSWORD": ch.password.get_secret_value(),
+           "GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD": ch.analyst_password.get_secret_value()}  # fmt: skip
+    print(f"\n| command ({gpus} GPUs, {runs} runs, the CLI's start included) | median s | max s |")
+    print("|---|---:|---:|")
+    for argv in REPORTS:
+        samples = []
+        for _ in range(runs):
+            began = time.perf_counter()
+            subprocess.run([str(ROOT / ".venv" / "bin" / "gpuledger"), *argv], env=env, check=True,
+                           stdout=subprocess.DEVNULL)  # fmt: skip
+            samples.append(time.perf_counter() - began)
+        print(f"| `gpuledger {' '.join(argv)}` | {statistics.median(samples):.2f} | {max(samples):.2f} |")
+
+
+def storage(client: Any, database: str, gpus: int) -> None:
+    """Bytes on disk per GPU-month, per table (active parts; the month is one month of `gpus` GPUs)."""
+    rows = client.query(
+        "SELECT table, sum(rows), sum(data_compressed_bytes), sum(data_uncompressed_bytes) FROM system.parts "
+        "WHERE active AND database = {db:String} GROUP BY table ORDER BY 3 DESC", parameters={"db": database},
+    ).result_rows
+    print(f"\n| table ({gpus} GPUs, one month) | rows | compressed bytes | per GPU-month | uncompressed per "
+          "GPU-month |")
+    print("|---|---:|---:|---:|---:|")
+    for table, n, packed, raw in rows:
+        print(f"| {table} | {n:,} | {packed:,} | {packed / gpus:,.0f} | {raw / gpus:,.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=10000, help="GPUs in the fleet (default 10000)")
@@ -211,6 +254,8 @@ def main() -> None:
             print(f"gpus {args.gpus}: {rows[0]:,} device-minutes, {rows[1] - 1:,} jobs, {daily:,} usage_daily rows"
                   + (f" (kept in {tmp})" if kept else ""))  # fmt: skip
             print(f"waited {settle(client, database):.0f} s for the server's background merges of the fresh month")
+            for table in ROLLUPS:  # small tables whose fresh parts a server merges over time; timed merged
+                client.command(f"OPTIMIZE TABLE {table} FINAL")
             if args.data_dir is not None and kept is None:
                 marker.write_text(json.dumps({"gpus": args.gpus, "database": database}))
             end_ms = int(dt.datetime(2026, 4, 1, tzinfo=dt.UTC).timestamp() * 1000)
@@ -248,6 +293,8 @@ def main() -> None:
                 wh, params.period(PERIOD, end_ms), team, ("sim", job_id), end_ms, args.requests
             ):
                 print(f"| {name} | {med:.0f} | {p95:.0f} |")
+            reports(ch, args.gpus)
+            storage(client, database, args.gpus)
             client.close()
         finally:
             stop_server(server)
