@@ -78,9 +78,9 @@ class StoredStatement:
         return Statement(self.period, self.team, self.card_version, self.lines, self.quality)
 
 
-def _line_row(statement: Statement, line: StatementLine) -> list[Any]:
+def _line_row(statement_id: str, period: str, line: StatementLine) -> list[Any]:
     return [
-        statement.statement_id, line.line_id, statement.period, line.team, line.kind, line.source_period,
+        statement_id, line.line_id, period, line.team, line.kind, line.source_period,
         line.cluster, line.job_id, line.user, line.project, line.original_project, line.correction_id,
         line.cost_centre, line.generation, line.pricing_tier, line.preemptible, line.rate_micro, line.allocated_s,
         line.active_s, line.starved_s, line.idle_s, line.dark_s, line.unpriced_s, line.charge_num, line.charge,
@@ -214,18 +214,20 @@ class StatementStore:
 
     def write_close(self, period: str, statements: Sequence[Statement], closed_ms: int, closed_by: str) -> str:
         cid = close_id(period, statements)
-        line_rows = [_line_row(s, line) for s in statements for line in s.lines]
+        # A statement's id hashes all its lines: taken once per statement, not once per line (that was quadratic).
+        ids = [s.statement_id for s in statements]
+        line_rows = [_line_row(sid, s.period, line) for sid, s in zip(ids, statements, strict=True) for line in s.lines]
         if line_rows:
             self._c.insert("statement_lines", line_rows, column_names=list(LINE_COLUMNS))
-        quality_rows = [[s.statement_id, s.period, s.team, *astuple(s.quality)] for s in statements
+        quality_rows = [[sid, s.period, s.team, *astuple(s.quality)] for sid, s in zip(ids, statements, strict=True)
                         if s.quality is not None]  # fmt: skip
         if quality_rows:
             self._c.insert("statement_data_quality", quality_rows, column_names=list(QUALITY_COLUMNS))
         heads = [[
-            s.statement_id, cid, s.period, s.team, closed_ms, closed_by, s.content_hash, s.card_version, len(s.lines),
+            sid, cid, s.period, s.team, closed_ms, closed_by, s.content_hash, s.card_version, len(s.lines),
             s.jobs, s.total("usage"), s.total("adjustment"), s.total("credit"), s.total("reservation"), s.total(),
             s.seconds("allocated_s"), s.seconds("dark_s"), s.seconds("unpriced_s"), s.coverage_pct,
-        ] for s in statements]  # fmt: skip
+        ] for sid, s in zip(ids, statements, strict=True)]  # fmt: skip
         if heads:
             self._c.insert("statements", heads, column_names=list(STATEMENT_COLUMNS))
         total = cents_to_decimal(sum(s.total_cents() for s in statements))
