@@ -239,10 +239,12 @@ class StatementStore:
 ChargeSource = Callable[[], Iterable[Charge]]
 
 
-def prepare(store: StatementStore, period: str, charges: Iterable[Charge] = ()) -> tuple[Statement, ...]:
-    """The statements `period` would close with now: its usage, the pending adjustments of every closed month
-    (when no earlier month is open: months close in order), and the credits and reservation charges routed to
-    it that no closed statement holds yet."""
+def _carried(
+    store: StatementStore, period: str, charges: Iterable[Charge]
+) -> tuple[list[StatementLine], list[Charge], str]:
+    """What a close of `period` would carry besides its usage: the pending adjustments of every closed month
+    (when no earlier month is open: months close in order), the credits and reservation charges routed to it that
+    no closed statement holds yet, and the rate card's version."""
     period = check_period(period)
     closes = store.closes()
     if period in closes:
@@ -260,7 +262,20 @@ def prepare(store: StatementStore, period: str, charges: Iterable[Charge] = ()) 
         if (c.kind, c.ref) not in done
         and (c.source_period == period or (c.source_period < period and c.source_period in closes and not open_before))
     ]  # fmt: skip
+    return adjustments, routed, card
+
+
+def prepare(store: StatementStore, period: str, charges: Iterable[Charge] = ()) -> tuple[Statement, ...]:
+    """The statements `period` would close with now: its usage and what it would carry (`_carried`)."""
+    adjustments, routed, card = _carried(store, period, charges)
     return build_statements(period, store.segments(period), adjustments, routed, card, store.quality(period))
+
+
+def pending_lines(store: StatementStore, period: str, charges: Iterable[Charge] = ()) -> list[StatementLine]:
+    """The lines other than usage that a close of `period` would carry now, the lines `prepare`'s statements add
+    to their usage, without pricing the month's usage or its data quality (the team page shows only these)."""
+    adjustments, routed, _card = _carried(store, period, charges)
+    return sorted([*adjustments, *(c.line() for c in routed)], key=lambda line: line.line_id)  # a statement's order
 
 
 def close_period(

@@ -65,7 +65,7 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
     the credits and reservation charges (`sinks.statements.Charge`) a close would route; `closes`, the months'
     closes when the caller has read them already (`StatementStore.closes`); `cluster`: only its lines (the team
     page filtered to one cluster)."""
-    from sinks.statement_store import StatementStore, adjustments_since, prepare
+    from sinks.statement_store import StatementStore, adjustments_since, pending_lines
 
     store = StatementStore(client)
     closes = store.closes() if closes is None else closes
@@ -73,8 +73,8 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
     if close is None:
         charges = credits(client)
         # Only a closed earlier month or a charge can add lines; without either, nothing to prepare.
-        would_close = prepare(store, period, charges) if charges or any(p < period for p in closes) else ()
-        pending = _rows((line for s in would_close for line in s.lines), team, cluster)
+        carried = pending_lines(store, period, charges) if charges or any(p < period for p in closes) else []
+        pending = _rows(carried, team, cluster)
         other = sum((r["charge"] for r in pending), Decimal(0))
         out = StatementStatus(closed=False, usage=usage_charge, other=other)
         title = "Credits and adjustments this month's statement carries if it closes now"
