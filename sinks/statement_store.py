@@ -272,10 +272,10 @@ def prepare(store: StatementStore, period: str, charges: Iterable[Charge] = ()) 
 
 
 def pending_lines(store: StatementStore, period: str, charges: Iterable[Charge] = ()) -> list[StatementLine]:
-    """The lines other than usage that a close of `period` would carry now, the lines `prepare`'s statements add
-    to their usage, without pricing the month's usage or its data quality (the team page shows only these)."""
-    adjustments, routed, _card = _carried(store, period, charges)
-    return sorted([*adjustments, *(c.line() for c in routed)], key=lambda line: line.line_id)  # a statement's order
+    """The lines other than usage that a close of `period` would carry now: `prepare`'s statements built without
+    the month's usage or its data quality, which the team page does not show and need not price."""
+    adjustments, routed, card = _carried(store, period, charges)
+    return [line for s in build_statements(period, (), adjustments, routed, card) for line in s.lines]
 
 
 def close_period(
