@@ -95,6 +95,18 @@ def statement_figures(statement: Statement | None) -> dict[str, Any]:
     return dict(statement.figures)
 
 
+def _statement_line(wh: Warehouse, period: Period, team: str, closed: bool,
+                    only: str | None) -> tuple[Statement | None, dict[str, Any], list[str] | None]:  # fmt: skip
+    """The team's statement line and its figures; filtered to one cluster (`only`), the team's line of `report
+    chargeback --by cluster` (none: zeros, and the page says so, when the team has no usage on the cluster this
+    month, as the month links carry the filter into such months) and the clusters the team has lines on."""
+    if only is None:
+        statement = wh.statements(period, closed=closed).get(team)
+        return statement, statement_figures(statement), None
+    lines = wh.cluster_lines(period, team, closed=closed)
+    return None, (dict(lines[only]) if only in lines else statement_figures(None)), sorted(lines)
+
+
 def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapping[str, Mapping[str, int]] | None,
               credits: Callable[[Any], list[Any]] = lambda _client: [], only: str | None = None) -> Page:  # fmt: skip
     """The team's month; `only`: one cluster's part of it (`?cluster=`), every figure and table restricted to it."""
@@ -102,24 +114,15 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     closed = period.text in closes
     # The page's reads do not depend on each other: sent at once, the page waits for the slowest, not the sum.
     usage_read = _READS.submit(wh.team_usage, period, team, closed=closed, cluster=only)
-    statements_read = _READS.submit(wh.statements, period, closed=closed) if only is None else None
-    lines_read = _READS.submit(wh.cluster_lines, period, team, closed=closed) if only is not None else None
+    line_read = _READS.submit(_statement_line, wh, period, team, closed, only)
     alerts_read = _READS.submit(wh.team_alerts, team, now_ms - WARNINGS_LOOKBACK_MS, only)
     dark_read = _READS.submit(wh.dark_by_node, period, team, only)
     sources_read = _READS.submit(wh.project_sources, period, team, only)
     latest_read = _READS.submit(wh.latest_minute_ms, period.start - dt.timedelta(days=31), only)
     usage = usage_read.result()
     days_read = _READS.submit(wh.daily, period, team, only) if usage.days is None else None
-    if only is None:
-        assert statements_read is not None
-        statement = statements_read.result().get(team)
-        figures, known = statement_figures(statement), sorted(usage.by["cluster"])
-    else:
-        # The team's line of `report chargeback --by cluster`; none (zeros, and the page says so) when the team
-        # has no usage on the cluster this month: the month links carry the filter into such months.
-        assert lines_read is not None
-        statement, lines = None, lines_read.result()
-        figures, known = (dict(lines[only]) if only in lines else statement_figures(None)), sorted(lines)
+    statement, figures, clusters = line_read.result()
+    known = sorted(usage.by["cluster"]) if clusters is None else clusters
     page = Page(f"{team}: {period.text}" + (f" on {only}" if only is not None else ""))
     status = statements.status(wh.client, period.text, team, figures["charge"], credits, closes=closes, cluster=only)
     for table in status.tables:
