@@ -179,10 +179,9 @@ REPORTS = (
 
 def reports(ch: Any, gpus: int, runs: int = 3) -> None:
     """The month's reports as a user runs them: the CLI in its own process (its start included), as the analyst."""
-    env = {**os.environ, "GPULEDGER_CONFIG": str(ROOT / "tests" / "no-such-gpuledger.toml"),
-           "GPULEDGER_CLICKHOUSE__URL": ch.url, "GPULEDGER_CLICKHOUSE__DATABASE": ch.database,
-           "GPULEDGER_CLICKHOUSE__PASSWORD": ch.password.get_secret_value(),
-           "GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD": ch.analyst_password.get_secret_value()}  # fmt: skip
+    from fixtures_web import cli_env
+
+    env = {**os.environ, **cli_env(ch)}
     print(f"\n| command ({gpus} GPUs, {runs} runs, the CLI's start included) | median s | max s |")
     print("|---|---:|---:|")
     for argv in REPORTS:
