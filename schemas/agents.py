@@ -370,7 +370,7 @@ async def caught_up(app: faust.App, topics: Sequence[str], admitted: Mapping[tup
     ends, positions = read
     for tp in tps:
         pos, done = positions[tp], admitted.get((tp.topic, tp.partition))
-        if done is not None:  # no position yet: nothing fetched since, so at its end if what was admitted is
+        if done is not None:  # admitted in order: at its end once both what was fetched and what was admitted are
             pos = done if pos is None else min(pos, done)
         if pos is None or pos < ends.get(tp, 0):
             return False
