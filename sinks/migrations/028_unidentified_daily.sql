@@ -10,8 +10,7 @@ CREATE TABLE IF NOT EXISTS unidentified_daily
     day Date,
     cluster String,
     job_id String,
-    allocated_s SimpleAggregateFunction(sum, UInt64),
-    device_minutes SimpleAggregateFunction(sum, UInt64)
+    allocated_s SimpleAggregateFunction(sum, UInt64)
 )
 ENGINE = AggregatingMergeTree
 PARTITION BY toYYYYMM(day)
@@ -19,14 +18,14 @@ ORDER BY (day, cluster, job_id);
 
 -- The rows already stored, once.
 INSERT INTO unidentified_daily
-SELECT day, cluster, job_id, toUInt64(sum(allocated_s)), toUInt64(count())
+SELECT day, cluster, job_id, toUInt64(sum(allocated_s))
 FROM device_minutes
 WHERE startsWith(device_uuid, 'unidentified:')
 GROUP BY day, cluster, job_id;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS unidentified_daily_mv TO unidentified_daily AS
 SELECT toDate(fromUnixTimestamp64Milli(minute_start_ms, 'UTC')) AS day, cluster, job_id,
-       toUInt64(sum(allocated_s)) AS allocated_s, toUInt64(count()) AS device_minutes
+       toUInt64(sum(allocated_s)) AS allocated_s
 FROM device_minutes
 WHERE startsWith(device_uuid, 'unidentified:')
 GROUP BY day, cluster, job_id;
