@@ -97,9 +97,14 @@ class RekeyStage:
         """Stored with the commit (every event before `next_offset` has been delivered by then)."""
         return json.dumps({"pb": max(next_offset, self.published_below)})
 
+    @staticmethod
+    def published(metadata: str | None) -> int:
+        """How far a commit's metadata (`metadata`) says the events were re-keyed and delivered."""
+        return int(json.loads(metadata).get("pb", 0)) if metadata else 0
+
     @classmethod
     def restore(cls, metadata: str | None, horizon: Horizon | None = None) -> RekeyStage:
-        return cls(int(json.loads(metadata).get("pb", 0)) if metadata else 0, horizon)
+        return cls(cls.published(metadata), horizon)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPart
 
 from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
-from processors.drivers.rekey import RekeyDriver
+from processors.drivers.rekey import GroupRekeyed, RekeyDriver
 from processors.fastdecode import Framed, ScrapeDecoder, UnsupportedSchema
 from processors.stages import NodeOutputs, NodePartition
 from processors.windows import MINUTE_MS, Admit, Horizon
@@ -254,6 +254,11 @@ class NodeWatermarks:
         self.probe = LogEndProbe(node.admin, LOG_END_TIMEOUT_S)
         self.at_end_at: dict[int, float] = {}  # partition -> when its leader was asked and said it is read to its end
         self.unconfirmed_at: dict[int, float] = {}  # partition -> when its leader gave no answer, or a later end
+        # Job events held by the rekey stages of other processes (processor.instances > 1, or no rekey here):
+        # a minute closes only once their group's commits say every event in the log was re-keyed.
+        ps, topics = node.ctx.ps, node.ctx.topics
+        self.group = GroupRekeyed(node.admin, f"{ps.group_id}.{RekeyDriver.stage}", topics.jobs, LOG_END_TIMEOUT_S)
+        self.closing_since: float | None = None  # when a minute first wanted to close since the last close
 
     def compute(self, drain_to: int | None = None) -> dict[int, tuple[int, int]]:
         """Partition -> (window watermark, coverage clock); NEG_INF: hold (see the module docstring)."""
@@ -326,6 +331,9 @@ class NodeWatermarks:
         )
         if closing and not jobs_lagging and rekey is not None:
             jobs_lagging = rekey.lagging(fresh=True)
+        others = self._others_unread(closing)
+        if others is None:
+            return set(candidates)
         in_flight = rekey is not None and rekey.allocs_in_flight > 0
         sent = rekey.allocs_sent if rekey is not None else {}
         held = set()
@@ -335,7 +343,29 @@ class NodeWatermarks:
                 jobs_lagging
                 or in_flight
                 or (read or 0) < sent.get(p, 0)  # re-keyed and not yet delivered, or not read back
-                or not node.caught_up(t.allocs, p)
+                # what other processes re-keyed lands in the allocations' log end after our last fetch
+                or not node.caught_up(t.allocs, p, fresh=bool(others))
             ):
                 held.add(p)
         return held
+
+    def _others_unread(self, closing: bool) -> frozenset[int] | None:
+        """The job-events partitions other processes re-key, once their group's commits say each is re-keyed
+        to the log end as asked after this close was first wanted; None while that is not so (hold). Asked
+        only to close a minute: between closes the watermark moves within the minute."""
+        if not closing:
+            self.closing_since = None
+            return frozenset()
+        now = time.monotonic()
+        if self.closing_since is None:
+            self.closing_since = now
+        rekey = self.rekey
+        try:
+            others = self.group.others(set(rekey.parts) if rekey is not None else set())
+        except KafkaException as exc:
+            log.debug("job-events partitions unknown: %s", exc)
+            return None
+        if not self.group.rekeyed(others, self.closing_since, now):
+            return None
+        self.closing_since = None
+        return others

@@ -3,10 +3,14 @@ node they touch, so that a node's samples and allocations meet in one partition 
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from processors.dlq import FutureTimestamp
 from processors.drivers.base import StageContext, StageDriver, coords
@@ -14,7 +18,10 @@ from processors.stages import RekeyStage
 from processors.windows import Horizon
 from schemas.topics import JOB_EVENTS
 
+log = logging.getLogger("gpuledger.processors")
+
 LAG_CHECK_S = 0.2  # the longest the broker's answer to "job events unread?" is reused
+SAY_WHY_S = 30.0  # a node stage held by another process's unread job events says so at most this often
 
 
 class RekeyDriver(StageDriver):
@@ -124,3 +131,91 @@ class RekeyDriver(StageDriver):
             stage = self.parts[p]
             offsets.append(TopicPartition(topic, p, stage.commit_offset(read), metadata=stage.metadata(read)))
         return offsets
+
+
+def published_below(metadata: str | None, offset: int) -> int:
+    """How far a partition's job events were re-keyed and delivered, by its committed offset and metadata
+    (`RekeyStage.metadata`); metadata that does not parse counts as nothing re-keyed (the node stage holds)."""
+    if offset < 0:
+        return 0
+    try:
+        return RekeyStage.published(metadata)
+    except (ValueError, TypeError, AttributeError):
+        return 0
+
+
+class GroupRekeyed:
+    """Whether the re-keying stages of the other processes of the group have re-keyed and delivered every job
+    event in the log, so a node stage may close a minute: each job-events partition's committed `pb` (its
+    group's commit, made only after the allocations it covers were delivered) against the partition's log end,
+    both asked of the broker without blocking the loop (`rekeyed` sends the question, a later call reads the
+    answer). The partitions the process's own rekey stage holds are judged in process, faster (`RekeyDriver`)."""
+
+    def __init__(self, admin: Callable[[], AdminClient], group: str, topic: str, timeout_s: float) -> None:
+        self._admin = admin
+        self.group = group
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self._partitions: frozenset[int] | None = None
+        self._asked: tuple[float, frozenset[int], dict[Any, Future[Any]], Future[Any]] | None = None
+        self.confirmed_at = float("-inf")  # when the last question that found them all re-keyed was asked
+        self.confirmed_for: frozenset[int] = frozenset()
+        self.behind: dict[int, tuple[int, int]] = {}  # partition -> (re-keyed below, log end), last answer
+        self._said_at = float("-inf")
+
+    def others(self, local: set[int]) -> frozenset[int]:
+        """The job-events partitions not held by this process's rekey stage (all of them without one)."""
+        if self._partitions is None:
+            meta = self._admin().list_topics(self.topic, timeout=self.timeout_s).topics.get(self.topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise KafkaException(f"no metadata for {self.topic}")
+            self._partitions = frozenset(meta.partitions)
+        return self._partitions - local
+
+    def rekeyed(self, partitions: frozenset[int], since: float, now: float) -> bool:
+        """True once a question asked at or after `since` found every one of `partitions` re-keyed to its log end."""
+        if not partitions or (self.confirmed_at >= since and partitions <= self.confirmed_for):
+            return True
+        self._collect(now)
+        if self.confirmed_at >= since and partitions <= self.confirmed_for:
+            return True
+        if self._asked is None:
+            self._ask(partitions, now)
+        elif now - self._said_at >= SAY_WHY_S and self.behind:
+            self._said_at = now
+            log.info("minutes wait for job events another process has not re-keyed yet (partition: re-keyed "
+                     "below, log end): %s", dict(sorted(self.behind.items())))  # fmt: skip
+        return False
+
+    def _ask(self, partitions: frozenset[int], now: float) -> None:
+        admin = self._admin()
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        try:
+            # Log ends first: a commit read after them that covers them covers every event they count.
+            ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=self.timeout_s)
+            (group,) = admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(self.group, tps)], request_timeout=self.timeout_s
+            ).values()
+        except (KafkaException, ValueError) as exc:
+            log.debug("asking how far the group re-keyed job events: %s", exc)
+            return
+        self._asked = (now, partitions, ends, group)
+
+    def _collect(self, now: float) -> None:
+        if self._asked is None:
+            return
+        at, partitions, ends, group = self._asked
+        if not (group.done() and all(f.done() for f in ends.values())):
+            if now - at >= self.timeout_s:
+                self._asked = None  # no answer in time: ask again
+            return
+        self._asked = None
+        try:
+            end = {tp.partition: int(f.result().offset) for tp, f in ends.items()}
+            done = {tp.partition: published_below(tp.metadata, tp.offset) for tp in group.result().topic_partitions}
+        except Exception as exc:  # any failure (no leader, no coordinator, timeout) is no answer: keep holding
+            log.debug("how far the group re-keyed job events: no answer (%s)", exc)
+            return
+        self.behind = {p: (done.get(p, 0), e) for p, e in end.items() if done.get(p, 0) < e}
+        if not self.behind and set(end) == partitions:
+            self.confirmed_at, self.confirmed_for = at, partitions

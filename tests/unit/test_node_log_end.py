@@ -38,7 +38,7 @@ class Leader:
 
 def _watermarks(leader: Leader, read: list[int]) -> NodeWatermarks:
     node = SimpleNamespace(
-        ctx=SimpleNamespace(topics=SimpleNamespace(samples=SAMPLES)),
+        ctx=SimpleNamespace(topics=SimpleNamespace(samples=SAMPLES, jobs="jobs"), ps=SimpleNamespace(group_id="g")),
         admin=lambda: leader,
         read_position=lambda topic, p: read[0],
     )
