@@ -75,6 +75,10 @@ class ProcessorSettings(BaseModel):
     # Real-time mode: the wall clock also drives window closing and coverage (when inputs are caught up).
     realtime: bool = True
     group_id: str = "gpuledger-processors"
+    # How many processes of each kind `up` starts (`processors run` and `processors agents`); they share the
+    # partitions of every stage through their consumer groups. At most the stage topics' partition count
+    # (schemas/topics.py, 4): a process beyond it would hold nothing (docs/deployment.md, "Several processes").
+    instances: int = Field(default=1, ge=1, le=4)
     # Consumer poll batch and the longest a batch of outputs may wait before flush + commit.
     batch_size: int = 2000
     commit_interval_ms: int = 1000

@@ -251,6 +251,39 @@ def _broker_node(node: int) -> Component:
 
 BROKER_NODES = (1, 2, 3)
 
+
+def _instance_name(name: str, k: int) -> str:
+    return name if k == 1 else f"{name}-{k}"
+
+
+def _processors_instance(k: int) -> Component:
+    """Process `k` of `processors run` (processor.instances): "processors", "processors-2", ..."""
+    return Component(
+        name=_instance_name("processors", k),
+        description="stream processors: allocations (rekey), node windows, attribution, classification, coverage"
+        + ("" if k == 1 else f" (process {k} of processor.instances)"),
+        argv=_processors_argv,
+        enabled=lambda s: s.processor.instances >= k,
+        command=("processors", "run"),
+        kafka_principal="processors",
+    )
+
+
+def _agents_instance(k: int) -> Component:
+    """Process `k` of `processors agents` (processor.instances): "agents", "agents-2", ..."""
+    return Component(
+        name=_instance_name("agents", k),
+        description="the job stage as faust agents: job-minutes, idle detection, alerts, reclaim actions"
+        + ("" if k == 1 else f" (process {k} of processor.instances)"),
+        argv=_agents_argv,
+        enabled=lambda s: s.processor.instances >= k,
+        command=("processors", "agents"),
+        kafka_principal="processors",
+    )
+
+
+PROCESSOR_INSTANCES = (1, 2, 3, 4)  # processor.instances allows up to 4
+
 COMPONENTS: list[Component] = [
     *(_broker_node(k) for k in BROKER_NODES),
     Component(
@@ -285,20 +318,8 @@ COMPONENTS: list[Component] = [
         command=("schemas", "register"),
         oneshot=True,
     ),
-    Component(
-        name="processors",
-        description="stream processors: allocations (rekey), node windows, attribution, classification, coverage",
-        argv=_processors_argv,
-        command=("processors", "run"),
-        kafka_principal="processors",
-    ),
-    Component(
-        name="agents",
-        description="the job stage as faust agents: job-minutes, idle detection, alerts, reclaim actions",
-        argv=_agents_argv,
-        command=("processors", "agents"),
-        kafka_principal="processors",
-    ),
+    *(_processors_instance(k) for k in PROCESSOR_INSTANCES),
+    *(_agents_instance(k) for k in PROCESSOR_INSTANCES),
     Component(
         name="db-migrate",
         description="apply the ClickHouse migrations",
