@@ -6,6 +6,11 @@
 row that makes it count; tables in sinks/migrations/012_statements.sql and 024_statement_data_quality.sql).
 `prepare` and `close_period` put the pure functions together: which adjustments and charges a month gets,
 and the checks before a close. Values are bound parameters; table names are fixed here.
+
+A team's scope (`team=`, the team page's reads): a closed month's frozen lines, posted adjustments and segments
+of only the jobs that touch the team (`_TEAM_JOBS`), so the page prices its own jobs, not every team's. It is by
+job, not by line: `pending_adjustments` names a job's cause from all of the job's lines (a job frozen under one
+team may be charged to another now), so each job is read whole, and only the result is cut to the team.
 """
 
 from __future__ import annotations
@@ -34,6 +39,22 @@ from sinks.statements import (
 _MONTH = "day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1)"
 _SEGMENT_KEY = ("team", "cluster", "job_id", "user", "project", "original_project", "correction_id", "cost_centre",
                 "generation", "pricing_tier", "preemptible", "rate_micro")  # fmt: skip
+# The jobs of closed month {p} that touch team {team}: a usage line frozen for it, an adjustment to the month
+# posted for it, or minutes of the month attributed to it. `pending_adjustments` of these jobs alone gives
+# exactly the team's lines of all jobs' (a job's lines depend on that job's lines only), and more jobs than
+# these would only cost time. The minutes' teams are read from usage_daily, not priced through v_usage_priced
+# (~12x the time): v_usage_priced's rows are the same minutes (usage_daily's, or device_minutes' where a day is
+# shared by two lives of an id or a device-minute is contested, which feed usage_daily too), so its jobs of a
+# team are among usage_daily's.
+_TEAM_JOBS = (
+    "(cluster, job_id) IN ("
+    "SELECT cluster, job_id FROM v_statement_lines "
+    "WHERE period = {p:String} AND kind = 'usage' AND team = {team:String}"
+    " UNION DISTINCT SELECT cluster, job_id FROM v_statement_lines "
+    "WHERE kind = 'adjustment' AND source_period = {p:String} AND period > {p:String} AND team = {team:String}"
+    f" UNION DISTINCT SELECT cluster, job_id FROM usage_daily WHERE {_MONTH} AND job_id != '' "
+    "AND team = {team:String})"
+)
 LINE_COLUMNS = (
     "statement_id", "line_id", "period", "team", "kind", "source_period", "cluster", "job_id", "user", "project",
     "original_project", "correction_id", "cost_centre", "generation", "pricing_tier", "preemptible",
@@ -103,6 +124,11 @@ def _line_from_row(values: dict[str, Any]) -> StatementLine:
     )  # fmt: skip
 
 
+def _scoped(where: str, team: str | None) -> tuple[str, dict[str, str]]:
+    """`where`, and with `team` only the jobs that touch it (`_TEAM_JOBS`), and the parameters that adds."""
+    return (where, {}) if team is None else (f"{where} AND {_TEAM_JOBS}", {"team": team})
+
+
 class StatementStore:
     def __init__(self, client: Any) -> None:
         self._c = client
@@ -134,13 +160,15 @@ class StatementStore:
         """Each team's data-quality tally of `period` from the ledger as it is now (what a close freezes)."""
         return team_tallies(self._c, check_period(period))
 
-    def segments(self, period: str) -> list[Segment]:
-        """The ledger's figures of `period` as they are now, per job and rate (corrections applied)."""
+    def segments(self, period: str, team: str | None = None) -> list[Segment]:
+        """The ledger's figures of `period` as they are now, per job and rate (corrections applied); with `team`,
+        those of the jobs that touch it (`_TEAM_JOBS`: `period` closed), whichever team each segment names."""
         key = ", ".join(_SEGMENT_KEY)
+        where, scope = _scoped(_MONTH, team)
         rows = self._rows(
             f"SELECT {key}, sum(allocated_s), sum(active_s), sum(starved_s), sum(idle_s), sum(dark_s), "
-            f"sum(unpriced_s), sum(charge_num) FROM v_usage_priced WHERE {_MONTH} GROUP BY {key} ORDER BY {key}",
-            p=check_period(period),
+            f"sum(unpriced_s), sum(charge_num) FROM v_usage_priced WHERE {where} GROUP BY {key} ORDER BY {key}",
+            p=check_period(period), **scope,
         )
         names = [f.name for f in fields(Segment)]
         out = []
@@ -159,14 +187,16 @@ class StatementStore:
             out.append((str(values["period"]), _line_from_row(values)))
         return out
 
-    def frozen_lines(self, period: str) -> list[StatementLine]:
-        return [line for _, line in self._lines_where("period = {p:String}", p=period)]
+    def frozen_lines(self, period: str, team: str | None = None) -> list[StatementLine]:
+        """The lines of closed month `period`'s statements; with `team`, those of the jobs that touch it."""
+        where, scope = _scoped("period = {p:String}", team)
+        return [line for _, line in self._lines_where(where, p=period, **scope)]
 
-    def posted_adjustments(self, source_period: str) -> list[tuple[str, StatementLine]]:
+    def posted_adjustments(self, source_period: str, team: str | None = None) -> list[tuple[str, StatementLine]]:
         """(the month whose closed statement holds it, line) of the adjustments of closed month `source_period`
-        already posted, oldest first."""
-        where = "kind = 'adjustment' AND source_period = {p:String} AND period > {p:String}"
-        return self._lines_where(where, p=source_period)
+        already posted, oldest first; with `team`, those of the jobs that touch it."""
+        where, scope = _scoped("kind = 'adjustment' AND source_period = {p:String} AND period > {p:String}", team)
+        return self._lines_where(where, p=source_period, **scope)
 
     def posted_refs(self) -> set[tuple[str, str]]:
         """(kind, ref) of the credits and reservation charges already in a closed statement."""
@@ -240,11 +270,12 @@ ChargeSource = Callable[[], Iterable[Charge]]
 
 
 def _carried(
-    store: StatementStore, period: str, charges: Iterable[Charge]
+    store: StatementStore, period: str, charges: Iterable[Charge], team: str | None = None
 ) -> tuple[list[StatementLine], list[Charge], str]:
     """What a close of `period` would carry besides its usage: the pending adjustments of every closed month
     (when no earlier month is open: months close in order), the credits and reservation charges routed to it that
-    no closed statement holds yet, and the rate card's version."""
+    no closed statement holds yet, and the rate card's version. With `team`, the adjustments of the jobs that
+    touch it only (other teams' lines of those jobs included: the caller keeps the team's)."""
     period = check_period(period)
     closes = store.closes()
     if period in closes:
@@ -254,8 +285,9 @@ def _carried(
     adjustments: list[StatementLine] = []
     if not open_before:
         for source in sorted(p for p in closes if p < period):
-            posted = [line for _, line in store.posted_adjustments(source)]
-            adjustments += pending_adjustments(source, store.frozen_lines(source), posted, store.segments(source), card)
+            posted = [line for _, line in store.posted_adjustments(source, team)]
+            adjustments += pending_adjustments(source, store.frozen_lines(source, team), posted,
+                                               store.segments(source, team), card)  # fmt: skip
     done = store.posted_refs()
     routed = [
         c for c in charges
@@ -271,11 +303,15 @@ def prepare(store: StatementStore, period: str, charges: Iterable[Charge] = ()) 
     return build_statements(period, store.segments(period), adjustments, routed, card, store.quality(period))
 
 
-def pending_lines(store: StatementStore, period: str, charges: Iterable[Charge] = ()) -> list[StatementLine]:
+def pending_lines(
+    store: StatementStore, period: str, charges: Iterable[Charge] = (), team: str | None = None
+) -> list[StatementLine]:
     """The lines other than usage that a close of `period` would carry now: `prepare`'s statements built without
-    the month's usage or its data quality, which the team page does not show and need not price."""
-    adjustments, routed, card = _carried(store, period, charges)
-    return [line for s in build_statements(period, (), adjustments, routed, card) for line in s.lines]
+    the month's usage or its data quality, which the team page does not show and need not price. With `team`,
+    its lines only, from its jobs' figures only (the team page): the same lines as without, kept to the team."""
+    adjustments, routed, card = _carried(store, period, charges, team)
+    return [line for s in build_statements(period, (), adjustments, routed, card) if team in (None, s.team)
+            for line in s.lines]  # fmt: skip
 
 
 def close_period(

@@ -72,8 +72,9 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
     close = closes.get(period)
     if close is None:
         charges = credits(client)
-        # Only a closed earlier month or a charge can add lines; without either, nothing to prepare.
-        carried = pending_lines(store, period, charges) if charges or any(p < period for p in closes) else []
+        # Only a closed earlier month or a charge can add lines; without either, nothing to prepare. The team's
+        # lines only, priced from its jobs alone (not every team's jobs of every closed month).
+        carried = pending_lines(store, period, charges, team) if charges or any(p < period for p in closes) else []
         pending = _rows(carried, team, cluster)
         other = sum((r["charge"] for r in pending), Decimal(0))
         out = StatementStatus(closed=False, usage=usage_charge, other=other)
