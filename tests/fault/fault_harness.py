@@ -363,8 +363,11 @@ class Proc:
 class PipelineRun:
     SINK_TOPICS = DEFAULT_TOPICS
 
-    def __init__(self, stack: Stack, name: str, root: Path, sim: SimConfig = SIM, sink_batch: int = 2000) -> None:
+    def __init__(
+        self, stack: Stack, name: str, root: Path, sim: SimConfig = SIM, sink_batch: int = 2000, instances: int = 1
+    ) -> None:
         self.sink_batch = sink_batch
+        self.instances = instances  # processes of each kind, as processor.instances makes `up` start them
         self.stack = stack
         self.name = name
         self.sim = sim
@@ -382,6 +385,7 @@ class PipelineRun:
         self.agents: Proc | None = None
         self.sink: Proc | None = None
         self.simulator: Proc | None = None
+        self.more: list[Proc] = []  # processes 2..N of `processors run` and `processors agents` (dynamic members)
         self.timings: dict[str, float] = {}
         self._n = 0
 
@@ -466,6 +470,17 @@ class PipelineRun:
             "agents", "processors", "agents", "--event-time", "--stats-file", str(self.agents_stats),
         )  # fmt: skip
 
+    def start_more(self, kind: str, k: int) -> Proc:
+        """Process `k` of `kind` ("processors" or "agents"), a dynamic group member as `up` starts it: killed, its
+        partitions go to the others once its session runs out."""
+        command = ("processors", "run") if kind == "processors" else ("processors", "agents")
+        proc = self.spawn(f"{kind}-{k}", *command, "--event-time", "--stats-file", str(self._stats(f"{kind}-{k}")))
+        self.more.append(proc)
+        return proc
+
+    def _stats(self, name: str) -> Path:
+        return self.root / f"{name}-stats.json"
+
     @property
     def agents_stats(self) -> Path:
         return self.root / "agents-stats.json"
@@ -548,18 +563,10 @@ class PipelineRun:
         """Input complete: stop the long-running processors (SIGTERM), close the last minutes with
         `--exit-when-idle`, let the sink land everything, stop it; then the counts are final."""
         t0 = time.monotonic()
-        if self.processors is not None and self.alive(self.processors):
-            # SIGTERM once it runs its loop (stats written), not while it still imports: a stop, not a crash.
-            stats = self.root / "processors-stats.json"
-            started = self.processors.started
-            wait_until(lambda: stats.exists() and stats.stat().st_mtime > started, 120, "the processors loop", 0.2)
-            self.kill(self.processors, signal.SIGTERM)
-            assert self.processors.popen.returncode == 0, self.tail(self.processors)
-        if self.agents is not None and self.alive(self.agents):
-            stats, started = self.agents_stats, self.agents.started
-            wait_until(lambda: stats.exists() and stats.stat().st_mtime > started, 120, "the agents' loop", 0.2)
-            self.kill(self.agents, signal.SIGTERM)
-            assert self.agents.popen.returncode == 0, self.tail(self.agents)
+        for proc in self.more:  # the other processes first: the first of each kind then holds every partition
+            self._stop(proc, self._stats(proc.name))
+        self._stop(self.processors, self.root / "processors-stats.json")
+        self._stop(self.agents, self.agents_stats)
         final = self.spawn("processors", "processors", "run", "--instance", "w1", "--event-time",
                            "--exit-when-idle", "3")  # fmt: skip
         rc = final.popen.wait(timeout_s)
@@ -585,12 +592,25 @@ class PipelineRun:
         assert sink.popen.returncode == 0, self.tail(sink)
         self.timings["finish_s"] = time.monotonic() - t0
 
+    def _stop(self, proc: Proc | None, stats: Path) -> None:
+        """SIGTERM a running process once it runs its loop (stats written), not while it still imports: a stop,
+        not a crash; it must exit 0."""
+        if proc is None or not self.alive(proc):
+            return
+        started = proc.started
+        wait_until(lambda: stats.exists() and stats.stat().st_mtime > started, 120, f"{proc.name}'s loop", 0.2)
+        self.kill(proc, signal.SIGTERM)
+        assert proc.popen.returncode == 0, self.tail(proc)
+
     def start_pipeline(self) -> None:
         """Start sink, simulator, processors and the job-stage agents (what every test does first)."""
         self.start_sink()
         self.start_simulator()
         self.start_processors()
         self.start_agents()
+        for k in range(2, self.instances + 1):
+            self.start_more("processors", k)
+            self.start_more("agents", k)
 
     # -- what is left -----------------------------------------------------------------------------
     def dlq_counts(self) -> dict[str, int]:
@@ -662,7 +682,7 @@ class PipelineRun:
         self.close()
 
     def close(self) -> None:
-        for p in (self.processors, self.agents, self.sink, self.simulator):
+        for p in (self.processors, self.agents, self.sink, self.simulator, *self.more):
             if p is not None and p.popen.poll() is None:
                 with contextlib.suppress(Exception):
                     p.popen.kill()

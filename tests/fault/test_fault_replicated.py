@@ -3,11 +3,17 @@
 (`GPULEDGER_KAFKA__REPLICATION_FACTOR=3`, as `broker.nodes = 3` sets it), the producers acks=all and
 idempotent (`base/kafka.py`).
 
+Both runs have three processes of each kind (`processors run`, `processors agents`), as
+`processor.instances = 3` makes `up` start them: they share every stage's partitions through their consumer
+groups, and a node stage waits for job events another process re-keys through the group's commits.
+
 One undisturbed run on the cluster, checked against the simulator's expected ledger; then a run in
 which the node leading the samples topic's first partition is killed -9 mid-run (the simulator
-publishing, the processors, agents and sink reading and committing) and started again 15 s later. That
-run must leave in ClickHouse exactly the undisturbed run's ledger, device-minute by device-minute, with
-nothing dead-lettered, nothing late and no re-emitted record that differs from its first copy.
+publishing, the processors, agents and sink reading and committing) and started again 15 s later, after
+which a fourth process of each kind joins and, while the groups rebalance for it, the third of each kind is
+killed -9. That run must leave in ClickHouse exactly the undisturbed run's ledger, device-minute by
+device-minute, with nothing dead-lettered, nothing late and no re-emitted record that differs from its
+first copy.
 
 Run: `.venv/bin/pytest -m fault tests/fault/test_fault_replicated.py`.
 """
@@ -43,6 +49,7 @@ from schemas.topics import DEVICE_SAMPLES
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(900)]
 
 DOWN_S = 15.0  # longer than the controller's broker session timeout (9 s): the node is fenced, leaders move
+REBALANCING_S = 4.0  # a joining process is imported and asking to join by then: the groups are rebalancing
 
 
 class ReplicatedStack(Stack):
@@ -78,8 +85,15 @@ class ReplicatedStack(Stack):
         self.cluster.start(timeout=240)
 
 
+INSTANCES = 3
+
+
 class ReplicatedRun(PipelineRun):
-    """A pipeline run whose topics (and the job stage's changelog) get three replicas, min ISR 2."""
+    """A pipeline run whose topics (and the job stage's changelog) get three replicas, min ISR 2, with three
+    processes of each processor kind."""
+
+    def __init__(self, stack: Stack, name: str, root: Path) -> None:
+        super().__init__(stack, name, root, instances=INSTANCES)
 
     def env(self, **extra: str) -> dict[str, str]:
         return super().env(GPULEDGER_KAFKA__REPLICATION_FACTOR="3", **extra)
@@ -149,7 +163,15 @@ def test_one_node_of_three_killed_9_and_restarted_mid_run(
         during = run.samples_published()
         replicated.cluster.start_node(victim)
         log(f"rep-kill: node {victim} back; {during} samples published while it was down")
-        run.check_alive(run.sink, run.processors, run.agents)  # (the simulator may have finished meanwhile)
+        run.check_alive(run.sink, run.processors, run.agents, *run.more)  # (the simulator may have finished)
+        # A fourth process of each kind joins; while the groups rebalance for it, the third of each is killed -9.
+        joining = [run.start_more(kind, INSTANCES + 1) for kind in ("processors", "agents")]
+        time.sleep(REBALANCING_S)
+        victims = [p for p in run.more if p.name in (f"processors-{INSTANCES}", f"agents-{INSTANCES}")]
+        for proc in victims:
+            run.kill(proc)
+        log(f"rep-kill: {[p.name for p in joining]} joined, {[p.name for p in victims]} killed -9 "
+            f"after {run.samples_published()} of {total} samples published")  # fmt: skip
         led = _finish_and_read(run)
         assert run.samples_published() == total
         assert run.dlq_counts() == {}, "records were dead-lettered"
