@@ -328,13 +328,15 @@ def close_period(
     return cid, statements
 
 
-def adjustments_since(store: StatementStore, period: str) -> list[tuple[str, StatementLine]]:
+def adjustments_since(store: StatementStore, period: str, team: str | None = None) -> list[tuple[str, StatementLine]]:
     """The adjustments to closed month `period`: (the month whose statement holds it, line) for those posted
-    in later closed statements, then ("open", line) for those the next open month would post now."""
-    posted = store.posted_adjustments(period)
-    pending = pending_adjustments(period, store.frozen_lines(period), [line for _, line in posted],
-                                  store.segments(period), store.card_version())  # fmt: skip
-    return [*posted, *(("open", line) for line in pending)]
+    in later closed statements, then ("open", line) for those the next open month would post now. With `team`,
+    its lines only, from its jobs' figures only (the team page), as `pending_lines`."""
+    posted = store.posted_adjustments(period, team)
+    pending = pending_adjustments(period, store.frozen_lines(period, team), [line for _, line in posted],
+                                  store.segments(period, team), store.card_version())  # fmt: skip
+    return [(where, line) for where, line in [*posted, *(("open", line) for line in pending)]
+            if team in (None, line.team)]  # fmt: skip
 
 
 def journal(store: StatementStore, period: str, charges: ChargeSource, *, account: str, contra_cost_centre: str,

@@ -84,8 +84,8 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
         return out
     stored = next((s for s in store.statements(period) if s.team == team), None)
     held = _rows(stored.lines, team, cluster) if stored is not None else []
-    since = [line_row(line, posted_in=where) for where, line in adjustments_since(store, period)
-             if line.team == team and cluster in (None, line.cluster)]  # fmt: skip
+    since = [line_row(line, posted_in=where) for where, line in adjustments_since(store, period, team)
+             if cluster in (None, line.cluster)]  # fmt: skip
     out = StatementStatus(
         closed=True, closed_at=utc_minute(close.closed_ms) + " UTC", closed_by=close.closed_by, close_id=close.close_id,
         statement_id=stored.statement_id if stored else "", content_hash=stored.content_hash if stored else "",

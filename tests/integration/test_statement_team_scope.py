@@ -1,6 +1,6 @@
-"""The team page's pending lines scoped to its team (sinks/statement_store.py, `team=`): for every team, exactly
-the lines of the unscoped `pending_lines` that name it, in the same order, with the same cents, read from the
-jobs that touch the team only.
+"""The team page's statement lines scoped to its team (sinks/statement_store.py, `team=`): for every team, exactly
+the lines of the unscoped `pending_lines` (the open month's page) and `adjustments_since` (the closed month's)
+that name it, in the same order, with the same cents, read from the jobs that touch the team only.
 
 The case that needs the scope to be by job, not by line: after March closes, a job frozen under team A gets
 late minutes attributed to team B, and a correction moves it to another project. Its adjustment lines name
@@ -38,7 +38,7 @@ def late_minute(row: dict[str, Any], team: str, start_ms: int) -> dict[str, Any]
 def test_a_teams_pending_lines_are_the_unscoped_ones_of_its_jobs(small_ledger: ClickHouseSettings) -> None:
     from sinks.db import connect
     from sinks.rows import SINKS
-    from sinks.statement_store import StatementStore, pending_lines
+    from sinks.statement_store import StatementStore, adjustments_since, pending_lines
     from sinks.writer import LedgerWriter, Origin, Pending
 
     ch = small_ledger
@@ -70,9 +70,12 @@ def test_a_teams_pending_lines_are_the_unscoped_ones_of_its_jobs(small_ledger: C
     everyone = pending_lines(store, NEXT)
     teams = {line.team for line in everyone}
     assert {team_a, team_b} <= teams
+    since = adjustments_since(store, PERIOD)  # the closed month's page: its changes since the close
+    assert {w for w, _ in since} == {"open"} and {line for _, line in since} == set(everyone)  # none posted yet
     for team in sorted(teams):
         scoped = pending_lines(store, NEXT, team=team)
         assert scoped == [line for line in everyone if line.team == team], team
+        assert adjustments_since(store, PERIOD, team) == [(w, line) for w, line in since if line.team == team], team
     # The moved job on both sides, each naming the correction (B's from A's frozen line of the job).
     ref = record["correction_id"]
     for team in (team_a, team_b):
