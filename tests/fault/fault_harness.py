@@ -687,3 +687,30 @@ class PipelineRun:
                 with contextlib.suppress(Exception):
                     p.popen.kill()
                     p.popen.wait(30)
+
+
+@dataclass
+class Baseline:
+    """The undisturbed run (one broker, one process of each kind) every fault's run must equal."""
+
+    ledger: Ledger
+    expected: dict[str, dict[str, int]]
+    cli_expected: dict[str, dict[str, int]]
+    dlq: dict[str, int]
+    late: int
+
+
+def finish_and_read(run: PipelineRun) -> Ledger:
+    """Wait for the simulator, close the run (`PipelineRun.finish`) and read its ledger."""
+    run.wait_simulator()
+    run.finish()
+    led = run.ledger()
+    log(f"{run.name}: {run.timings} rows {led.rows_final} totals {led.totals()}")
+    return led
+
+
+def run_baseline(stack: Stack, root: Path) -> Baseline:
+    with PipelineRun(stack, "base", root) as run:
+        run.start_pipeline()
+        led = finish_and_read(run)
+        return Baseline(led, expected_jobs(), run.expected_from_cli(), run.dlq_counts(), run.late_count())

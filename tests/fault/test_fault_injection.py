@@ -2,7 +2,7 @@
 clusters: Slurm-like and Kubernetes, `fault_harness.SIM`), the processors and the sinks as separate processes
 (tests/fault/fault_harness.py).
 
-One undisturbed run is computed once for the module and checked against the simulator's expected
+One undisturbed run is computed once for the session (`conftest.py`) and checked against the simulator's expected
 ledger. Each fault then gets its own run (own topics, groups and database) and must leave in
 ClickHouse exactly the undisturbed ledger (per job allocated/active/starved/idle/dark seconds, and
 every device-, job- and coverage-minute row), with nothing in any dead-letter topic:
@@ -24,20 +24,19 @@ import json
 import os
 import random
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from fault_harness import (
     LEDGER_FIELDS,
     SIM,
+    Baseline,
     Ledger,
     PipelineRun,
     Stack,
     assert_same_ledger,
     check_consistent,
-    expected_jobs,
+    finish_and_read,
     log,
     wait_until,
 )
@@ -53,39 +52,12 @@ pytestmark = [pytest.mark.fault, pytest.mark.timeout(900)]
 OUTAGE_S = float(os.environ.get("GPULEDGER_FAULT_OUTAGE_S", "60"))
 
 
-@dataclass
-class Baseline:
-    ledger: Ledger
-    expected: dict[str, dict[str, int]]
-    cli_expected: dict[str, dict[str, int]]
-    dlq: dict[str, int]
-    late: int
-
-
-
-def _finish_and_read(run: PipelineRun) -> Ledger:
-    run.wait_simulator()
-    run.finish()
-    led = run.ledger()
-    log(f"{run.name}: {run.timings} rows {led.rows_final} totals {led.totals()}")
-    return led
-
-
 def _assert_clean(run: PipelineRun, led: Ledger, base: Baseline, late: int = 0) -> None:
     assert run.dlq_counts() == {}, "records were dead-lettered"
     assert len(set(run.late_records())) == late
     run.assert_reemitted_identical()
     assert_same_ledger(led, base.ledger)
     assert led.jobs == base.expected
-
-
-@pytest.fixture(scope="module")
-def baseline(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Baseline]:
-    """The undisturbed run, once for the module."""
-    with PipelineRun(stack, "base", tmp_path_factory.mktemp("base")) as run:
-        run.start_pipeline()
-        led = _finish_and_read(run)
-        yield Baseline(led, expected_jobs(), run.expected_from_cli(), run.dlq_counts(), run.late_count())
 
 
 def test_undisturbed_run_matches_the_simulator(baseline: Baseline) -> None:
@@ -127,7 +99,7 @@ def test_processors_killed_9_five_times(stack: Stack, baseline: Baseline, tmp_pa
             run.kill(run.agents)
             log(f"kill-proc: agents kill -9 #{i + 1} after {events} input records")
             run.start_agents()
-        led = _finish_and_read(run)
+        led = finish_and_read(run)
         _assert_clean(run, led, baseline)
 
 
@@ -146,7 +118,7 @@ def test_broker_stop_and_restart_mid_run(stack: Stack, baseline: Baseline, tmp_p
         stack.start_broker()
         log(f"broker: restarted ({time.monotonic() - t1:.1f} s; down {time.monotonic() - t0:.1f} s)")
         run.check_alive(run.sink, run.processors, run.agents)  # every client rides out the outage
-        led = _finish_and_read(run)
+        led = finish_and_read(run)
         assert run.samples_published() == total
         _assert_clean(run, led, baseline)
 
@@ -163,7 +135,7 @@ def test_clickhouse_down_mid_run(stack: Stack, baseline: Baseline, tmp_path: Any
             assert run.sink_lag() > 0  # records arrived during the outage and wait for the warehouse
             stack.start_clickhouse()
             log("clickhouse: back")
-            led = _finish_and_read(run)
+            led = finish_and_read(run)
             assert run.sink is not None
             assert "ClickHouse unavailable, retrying" in run.tail(run.sink, 10**7)
             _assert_clean(run, led, baseline)
@@ -197,7 +169,7 @@ def test_sink_killed_9_mid_batch(stack: Stack, baseline: Baseline, tmp_path: Any
                 run.start_sink()
             time.sleep(0.02)
         assert kills == 3
-        led = _finish_and_read(run)
+        led = finish_and_read(run)
         _assert_clean(run, led, baseline)
 
 

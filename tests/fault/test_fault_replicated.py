@@ -7,13 +7,13 @@ Both runs have three processes of each kind (`processors run`, `processors agent
 `processor.instances = 3` makes `up` start them: they share every stage's partitions through their consumer
 groups, and a node stage waits for job events another process re-keys through the group's commits.
 
-One undisturbed run on the cluster, checked against the simulator's expected ledger; then a run in
-which the node leading the samples topic's first partition is killed -9 mid-run (the simulator
+A run in which the node leading the samples topic's first partition is killed -9 mid-run (the simulator
 publishing, the processors, agents and sink reading and committing) and started again 15 s later, after
 which a fourth process of each kind joins and, while the groups rebalance for it, the third of each kind is
-killed -9. That run must leave in ClickHouse exactly the undisturbed run's ledger, device-minute by
-device-minute, with nothing dead-lettered, nothing late and no re-emitted record that differs from its
-first copy.
+killed -9. That run must leave in ClickHouse exactly the suite's undisturbed run's ledger (one broker, one
+process of each kind: `conftest.baseline`), device-minute by device-minute, with nothing dead-lettered,
+nothing late and no re-emitted record that differs from its first copy: neither the replicas nor the number
+of processes changes a second of it.
 
 Run: `.venv/bin/pytest -m fault tests/fault/test_fault_replicated.py`.
 """
@@ -29,14 +29,13 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 from fault_harness import (
-    LEDGER_FIELDS,
     SIM,
-    Ledger,
+    Baseline,
     PipelineRun,
     Stack,
     assert_same_ledger,
     check_consistent,
-    expected_jobs,
+    finish_and_read,
     log,
     wait_until,
 )
@@ -108,26 +107,6 @@ def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedS
         s.close()
 
 
-def _finish_and_read(run: PipelineRun) -> Ledger:
-    run.wait_simulator()
-    run.finish()
-    led = run.ledger()
-    log(f"{run.name}: {run.timings} rows {led.rows_final} totals {led.totals()}")
-    return led
-
-
-
-@pytest.fixture(scope="module")
-def baseline(replicated: ReplicatedStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
-    """The undisturbed run on the three nodes, once for the module."""
-    with ReplicatedRun(replicated, "rep-base", tmp_path_factory.mktemp("rep-base")) as run:
-        run.start_pipeline()
-        led = _finish_and_read(run)
-        assert run.dlq_counts() == {} and run.late_count() == 0
-        _assert_replicated(replicated, run)
-        yield led
-
-
 def _assert_replicated(stack: ReplicatedStack, run: PipelineRun) -> None:
     """Every topic of the run has three replicas on the broker (the catalogue's and the changelog)."""
     admin = AdminClient({"bootstrap.servers": stack.bootstrap})
@@ -137,15 +116,8 @@ def _assert_replicated(stack: ReplicatedStack, run: PipelineRun) -> None:
         assert all(len(p.replicas) == 3 for p in t.partitions.values()), name
 
 
-def test_undisturbed_run_on_three_nodes_matches_the_simulator(baseline: Ledger) -> None:
-    check_consistent(baseline)
-    assert baseline.jobs == expected_jobs()
-    totals = baseline.totals()
-    assert all(totals[f] > 0 for f in LEDGER_FIELDS), totals
-
-
 def test_one_node_of_three_killed_9_and_restarted_mid_run(
-    replicated: ReplicatedStack, baseline: Ledger, tmp_path: Any
+    replicated: ReplicatedStack, baseline: Baseline, tmp_path: Any
 ) -> None:
     with ReplicatedRun(replicated, "rep-kill", tmp_path) as run:
         run.start_pipeline()
@@ -172,10 +144,12 @@ def test_one_node_of_three_killed_9_and_restarted_mid_run(
             run.kill(proc)
         log(f"rep-kill: {[p.name for p in joining]} joined, {[p.name for p in victims]} killed -9 "
             f"after {run.samples_published()} of {total} samples published")  # fmt: skip
-        led = _finish_and_read(run)
+        led = finish_and_read(run)
+        _assert_replicated(replicated, run)
         assert run.samples_published() == total
         assert run.dlq_counts() == {}, "records were dead-lettered"
         assert run.late_count() == 0
         run.assert_reemitted_identical()
-        assert_same_ledger(led, baseline)
-        assert led.jobs == expected_jobs()
+        check_consistent(led)
+        assert_same_ledger(led, baseline.ledger)
+        assert led.jobs == baseline.expected
