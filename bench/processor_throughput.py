@@ -32,160 +32,30 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _common import (
+    GPUS,
+    GRACE_MS,
+    ScrapeTemplate,
+    create_topics,
+    kind_of,
+    node_devices,
+    node_name,
+    produce_backlog,
+    read_stats,
+    setup_cluster,
+    start_broker,
+    worker,
+)
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from base.processor_settings import ProcessorSettings  # noqa: E402
-from base.settings import KafkaSettings  # noqa: E402
-from processors.stages import NodePartition  # noqa: E402
-from processors.testing import T0, device, inventory, job_event, scrape  # noqa: E402
-from schemas.codec import AvroCodec  # noqa: E402
-from schemas.publish import RecordPublisher  # noqa: E402
-from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key  # noqa: E402
-
-GPUS = 8
-GRACE_MS = 10_000
-COVERAGE_TIMEOUT_MS = 20_000
-CLI = "from gpuledger.cli import main; main()"
-
+from base.processor_settings import ProcessorSettings
+from processors.stages import NodePartition
+from processors.testing import T0, inventory, job_event, scrape
+from schemas.codec import AvroCodec
+from schemas.topics import DEVICE_SAMPLES, node_key
 
 # ------------------------------------------------------------------------------------------ helpers
-def start_broker(tmp: Path) -> tuple[Any, str]:
-    from base.settings import Settings
-    from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
-
-    port, cport = free_ports(2)
-    cfg = BrokerConfig(
-        data_dir=tmp / "kafka", port=port, controller_port=cport, kafka_version=Settings().broker.kafka_version
-    )
-    broker = LocalBroker(cfg, log_path=tmp / "broker.log").start()
-    return broker, broker.bootstrap
-
-
-def create_topics(bootstrap: str, prefix: str, partitions: int = 4) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    names = [prefix + t.name for t in CATALOGUE] + [prefix + t.dlq for t in (DEVICE_SAMPLES, JOB_EVENTS, INVENTORY)]
-    cfg = {prefix + INVENTORY.name: {"cleanup.policy": "compact"}}
-    new = [NewTopic(n, partitions, 1, config=cfg.get(n, {})) for n in names]
-    for fut in admin.create_topics(new).values():
-        fut.result(timeout=30)
-
-
-def node_name(i: int) -> str:
-    return f"bn-{i:05d}"
-
-
-def node_devices(i: int, idle: bool, starved: bool) -> list[dict[str, Any]]:
-    out = []
-    for g in range(GPUS):
-        sm = 0.0 if idle else (0.12 if starved else 0.6 + 0.03 * g)
-        out.append(device(f"GPU-{i:05d}-{g}", g, sm=sm, fb_mib=8192.0 if not idle or g else 2048.0, power_w=300.0))
-    return out
-
-
-def kind_of(i: int) -> tuple[bool, bool]:
-    """(idle, starved): every 10th node idle, every 7th starved, the rest busy."""
-    return i % 10 == 3, i % 7 == 5
-
-
-def setup_cluster(bootstrap: str, prefix: str, nodes: int, start_ms: int) -> None:
-    pub = RecordPublisher(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix))
-    for i in range(nodes):
-        n = node_name(i)
-        pub.publish(
-            INVENTORY, node_key("bench", n), inventory(n, [f"GPU-{i:05d}-{g}" for g in range(GPUS)], start_ms, "bench")
-        )
-    for i in range(nodes):
-        idle, _ = kind_of(i)
-        n = node_name(i)
-        ev = job_event(
-            "STARTED",
-            f"j{i}",
-            start_ms,
-            {n: [f"GPU-{i:05d}-{g}" for g in range(GPUS)]},
-            cluster="bench",
-            interactive=idle,
-        )
-        pub.publish(JOB_EVENTS, job_key("bench", f"j{i}"), ev)
-    pub.flush()
-
-
-class ScrapeTemplate:
-    """Pre-encoded NodeScrape per node with the event time spliced in (exact Avro, fast to produce)."""
-
-    def __init__(self, codec: AvroCodec, i: int) -> None:
-        idle, starved = kind_of(i)
-        marker = 7_777_777_777_777
-        body = codec.encode(
-            DEVICE_SAMPLES.subject, scrape(node_name(i), marker, node_devices(i, idle, starved), "bench")
-        )
-        enc = _zigzag(marker)
-        at = body.index(enc)
-        self.head, self.tail = body[:at], body[at + len(enc) :]
-
-    def at(self, ts_ms: int) -> bytes:
-        return self.head + _zigzag(ts_ms) + self.tail
-
-
-def _zigzag(v: int) -> bytes:
-    n = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 ALL_LOOP_STAGES = ("--stage", "rekey", "--stage", "node", "--stage", "job")
-
-
-def worker(
-    bootstrap: str,
-    prefix: str,
-    state: Path,
-    realtime: bool,
-    core: int,
-    *extra: str,
-    name: str = "stats",
-    command: str = "run",
-) -> subprocess.Popen[bytes]:
-    """`processors run` (or `processors agents`, the job stage on faust) pinned to `core` (-1: floats)."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "GPULEDGER_CONFIG": str(state / "none.toml"),
-            "GPULEDGER_STATE_DIR": str(state),
-            "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-            "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix,
-            "GPULEDGER_PROCESSOR__GROUP_ID": prefix + "processors",
-            "GPULEDGER_PROCESSOR__REALTIME": "true" if realtime else "false",
-            "GPULEDGER_PROCESSOR__GRACE_MS": str(GRACE_MS),
-            "GPULEDGER_PROCESSOR__COVERAGE_TIMEOUT_MS": str(COVERAGE_TIMEOUT_MS),
-            "GPULEDGER_PROCESSOR__IDLE__IDLE_AFTER_MIN_INTERACTIVE": "1",
-            "GPULEDGER_PROCESSOR__IDLE__GRACE_MIN": "1",
-        }
-    )
-    cores = os.sched_getaffinity(0)
-    pin = {core} if core in cores else None
-    return subprocess.Popen(
-        [sys.executable, "-c", CLI, "processors", command, "--stats-file", str(state / f"{name}.json"), *extra],
-        env=env,
-        cwd=REPO,
-        stdout=open(state / f"{name}.log", "ab"),
-        stderr=subprocess.STDOUT,
-        preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None,
-    )
-
-
-def read_stats(state: Path, name: str = "stats") -> dict[str, Any]:
-    try:
-        return json.loads((state / f"{name}.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def rss_mib(pid: int) -> float | None:
@@ -212,21 +82,7 @@ def part_backlog(bootstrap: str, tmp: Path, samples: int) -> dict[str, Any]:
     nodes = 500
     start = T0
     setup_cluster(bootstrap, prefix, nodes, start)
-    codec = AvroCodec()
-    templates = [ScrapeTemplate(codec, i) for i in range(nodes)]
-    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
-    topic = prefix + DEVICE_SAMPLES.name
-    scrapes = samples // GPUS
-    for k in range(scrapes):
-        sec, i = divmod(k, nodes)
-        while True:
-            try:
-                prod.produce(topic, templates[i].at(start + sec * 1000), node_key("bench", node_name(i)))
-                break
-            except BufferError:
-                prod.poll(0.05)
-        prod.poll(0)
-    prod.flush(60)
+    produce_backlog(bootstrap, prefix, nodes, samples // GPUS, start)
     state = tmp / prefix
     state.mkdir()
     # Every stage on the loop in one process (the job stage's loop is kept for comparison): the figure
