@@ -252,32 +252,30 @@ def _broker_node(node: int) -> Component:
 BROKER_NODES = (1, 2, 3)
 
 
-def _instance_name(name: str, k: int) -> str:
-    return name if k == 1 else f"{name}-{k}"
+# The processor kinds `up` starts processor.instances of: (description, argv, sub-command).
+PROCESSOR_KINDS = {
+    "processors": (
+        "stream processors: allocations (rekey), node windows, attribution, classification, coverage",
+        _processors_argv,
+        ("processors", "run"),
+    ),
+    "agents": (
+        "the job stage as faust agents: job-minutes, idle detection, alerts, reclaim actions",
+        _agents_argv,
+        ("processors", "agents"),
+    ),
+}
 
 
-def _processors_instance(k: int) -> Component:
-    """Process `k` of `processors run` (processor.instances): "processors", "processors-2", ..."""
+def _processor_process(kind: str, k: int) -> Component:
+    """Process `k` of a processor kind (processor.instances): "processors", "processors-2", ..., "agents", ..."""
+    description, argv, command = PROCESSOR_KINDS[kind]
     return Component(
-        name=_instance_name("processors", k),
-        description="stream processors: allocations (rekey), node windows, attribution, classification, coverage"
-        + ("" if k == 1 else f" (process {k} of processor.instances)"),
-        argv=_processors_argv,
+        name=kind if k == 1 else f"{kind}-{k}",
+        description=description + ("" if k == 1 else f" (process {k} of processor.instances)"),
+        argv=argv,
         enabled=lambda s: s.processor.instances >= k,
-        command=("processors", "run"),
-        kafka_principal="processors",
-    )
-
-
-def _agents_instance(k: int) -> Component:
-    """Process `k` of `processors agents` (processor.instances): "agents", "agents-2", ..."""
-    return Component(
-        name=_instance_name("agents", k),
-        description="the job stage as faust agents: job-minutes, idle detection, alerts, reclaim actions"
-        + ("" if k == 1 else f" (process {k} of processor.instances)"),
-        argv=_agents_argv,
-        enabled=lambda s: s.processor.instances >= k,
-        command=("processors", "agents"),
+        command=command,
         kafka_principal="processors",
     )
 
@@ -318,8 +316,7 @@ COMPONENTS: list[Component] = [
         command=("schemas", "register"),
         oneshot=True,
     ),
-    *(_processors_instance(k) for k in PROCESSOR_INSTANCES),
-    *(_agents_instance(k) for k in PROCESSOR_INSTANCES),
+    *(_processor_process(kind, k) for kind in PROCESSOR_KINDS for k in PROCESSOR_INSTANCES),
     Component(
         name="db-migrate",
         description="apply the ClickHouse migrations",
