@@ -239,6 +239,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax.plot(xs, ys, marker=marker, label=label)
             for x, y in zip(xs, ys, strict=True):
                 ax.annotate(fmt.format(y), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax_cpu.axhline(1.0, linestyle="--", color="grey", linewidth=0.8, label="one core (a process's Python is one)")
     for ax, title, unit in (
         (ax_cpu, "CPU at 1 Hz (after start-up)", "cores"),
         (ax_mem, "peak RSS", "MiB"),
