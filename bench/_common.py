@@ -10,16 +10,17 @@ start-up benchmarks that only want `machine()` do not load them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpuledger.stack.broker import LocalBroker
     from schemas.codec import AvroCodec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +45,12 @@ def machine() -> str:
 
 
 # ------------------------------------------------------------------------------------------ broker, topics
-def start_broker(tmp: Path) -> tuple[LocalBroker, str]:
-    """A one-node local broker with its data under `tmp`; (broker, bootstrap)."""
+@contextlib.contextmanager
+def broker_for(bootstrap: str | None, tmp: Path) -> Iterator[str]:
+    """`bootstrap` when given; else a one-node local broker with its data under `tmp`, stopped after the block."""
+    if bootstrap:
+        yield bootstrap
+        return
     from base.settings import Settings
     from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
 
@@ -54,7 +59,10 @@ def start_broker(tmp: Path) -> tuple[LocalBroker, str]:
         data_dir=tmp / "kafka", port=port, controller_port=cport, kafka_version=Settings().broker.kafka_version
     )
     broker = LocalBroker(cfg, log_path=tmp / "broker.log").start()
-    return broker, broker.bootstrap
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 def create_topics(bootstrap: str, prefix: str, partitions: int = 4) -> None:

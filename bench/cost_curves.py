@@ -34,12 +34,12 @@ from typing import Any
 from _common import (
     GPUS,
     REPO,
+    broker_for,
     create_topics,
     machine,
     produce_backlog,
     read_stats,
     setup_cluster,
-    start_broker,
     worker,
 )
 from confluent_kafka.admin import AdminClient
@@ -292,11 +292,7 @@ def main() -> None:
         print(f"# {machine()}; load average at start {os.getloadavg()[0]:.2f}", flush=True)
         with tempfile.TemporaryDirectory(prefix="gpuledger-cost-") as tmpdir:
             tmp = Path(tmpdir)
-            broker = None
-            bootstrap = args.bootstrap
-            if not bootstrap:
-                broker, bootstrap = start_broker(tmp)
-            try:
+            with broker_for(args.bootstrap, tmp) as bootstrap:
                 for gpus in args.sizes:
                     r = one_size(
                         bootstrap, tmp, gpus, args.minutes, not args.no_agents, args.timeout, args.fetch_queue_kib
@@ -306,9 +302,6 @@ def main() -> None:
                         with args.results.open("a") as f:
                             f.write(json.dumps(r) + "\n")
                     rows.append(r)
-            finally:
-                if broker is not None:
-                    broker.stop()
     if args.results and args.results.exists():
         rows = load(args.results)
     if not rows:

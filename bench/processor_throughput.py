@@ -36,6 +36,7 @@ from _common import (
     GPUS,
     GRACE_MS,
     ScrapeTemplate,
+    broker_for,
     create_topics,
     kind_of,
     node_devices,
@@ -43,7 +44,6 @@ from _common import (
     produce_backlog,
     read_stats,
     setup_cluster,
-    start_broker,
     worker,
 )
 from confluent_kafka import Consumer, Producer
@@ -274,11 +274,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpuledger-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        broker = None
-        bootstrap = args.bootstrap
-        if not bootstrap:
-            broker, bootstrap = start_broker(tmp)
-        try:
+        with broker_for(args.bootstrap, tmp) as bootstrap:
             if "memory" not in args.skip:
                 results.append(part_memory())
                 print(json.dumps(results[-1]), flush=True)
@@ -288,9 +284,6 @@ def main() -> None:
             if "realtime" not in args.skip:
                 results.append(part_realtime(bootstrap, tmp, args.rate, duration, not args.one_process))
                 print(json.dumps(results[-1]), flush=True)
-        finally:
-            if broker is not None:
-                broker.stop()
     load = os.getloadavg()
     print(f"# cores: {os.cpu_count()}, load average at end: {load[0]:.2f} (machine shared; figures are as measured)")
     for r in results:
