@@ -14,6 +14,11 @@ once the server has no merge of the fresh month's parts running (a month on a re
 
     .venv/bin/python bench/web_page.py --gpus 1000 --requests 10
     .venv/bin/python bench/web_page.py --gpus 10000 --requests 20 --data-dir /tmp/web10k   # generated once, kept
+    .venv/bin/python bench/web_page.py --gpus 1000 --months 12   # April 2025 .. March 2026, the pages on March
+
+With --months N the history is N consecutive months ending with March 2026, each generated as March is (its days
+numbered from 2026-03-01, so job ids and event times of two months never meet); the pages still show March.
+bench/history_curve.py grows one database from 1 to 6 to 12 months and times March's chargeback and team page.
 """
 
 from __future__ import annotations
@@ -41,13 +46,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _common import machine  # noqa: E402
 
 PERIOD = "2026-03"
-START = dt.date(2026, 3, 1)
-DAYS = 31
+START = dt.date(2026, 3, 1)  # the latest month generated, the one the pages and reports show
 TEAMS = (("vision", ("vision-detect", "vision-seg")), ("nlp", ("llm-pretrain", "llm-eval")), ("speech", ("asr",)),
          ("research", ("rl-agents", "diffusion")), ("platform", ("infra-bench",)))  # fmt: skip
 GPUS_PER_NODE = 8
 
-# One day of device-minutes for {gpus} GPUs: row n is GPU intDiv(n, 1440) at minute n % 1440 of the day.
+# One day of device-minutes for {gpus} GPUs: row n is GPU intDiv(n, 1440) at minute n % 1440 of the day. {day} is
+# the day's number from START (negative before March 2026): jobs are named by it, so no two days share a job id.
 _DAY_SQL = """
 INSERT INTO device_minutes (cluster, node, device_uuid, mig_instance_id, minute_start_ms, model, generation, job_id,
     user, project, team, cost_centre, preemptible, pricing_tier, unallocated_s, allocated_s, active_s, starved_s,
@@ -63,17 +68,17 @@ SELECT 'sim', concat('node-', toString(node)), concat('GPU-', toString(gpu)), -1
     if(cls >= 95, NULL, 40000.0), if(cls >= 95, NULL, 350.0), 'bench-1', 'bench-1'
 FROM (
     SELECT intDiv(number, 1440) AS gpu, number % 1440 AS m, intDiv(gpu, 8) AS node, intDiv(m, 720) AS half,
-        cityHash64(node, {day:UInt32}, half) % 10 != 0 AS alloc,
-        concat('j', toString(node), '-', toString({day:UInt32}), '-', toString(half)) AS job,
+        cityHash64(node, {day:Int32}, half) % 10 != 0 AS alloc,
+        concat('j', toString(node), '-', toString({day:Int32}), '-', toString(half)) AS job,
         {teams:Array(String)}[1 + node % length({teams:Array(String)})] AS team,
         {projects:Array(String)}[1 + node % length({projects:Array(String)})] AS project,
-        cityHash64(gpu, {day:UInt32}, intDiv(m, 30)) % 100 AS cls
+        cityHash64(gpu, {day:Int32}, intDiv(m, 30)) % 100 AS cls
     FROM numbers({rows:UInt64})
 )
 """
 
 # SUBMITTED, STARTED and ENDED per job of the month (the producers' event types: v_job_lives reads STARTED), from
-# the device-minutes just written (one row per job).
+# the month's device-minutes just written (one row per job; a job is half a day, so never in two months).
 _EVENTS_SQL = """
 INSERT INTO job_events (event_id, event_type, ts_ms, scheduler, cluster, job_id, job_name, user, project,
     project_source, project_validation, team, cost_centre, preemptible, interactive, checkpointable, gang_size,
@@ -85,25 +90,46 @@ SELECT concat(job_id, '-', ev), ev, multiIf(ev = 'SUBMITTED', s - 60000, ev = 'S
 FROM (SELECT job_id, any(node) AS node, any(user) AS user, any(project) AS project, any(team) AS team,
              min(minute_start_ms) AS s,
              max(minute_start_ms) + 60000 AS e
-      FROM device_minutes WHERE job_id != '' GROUP BY job_id)
+      FROM device_minutes WHERE job_id != '' AND day >= {first:Date} AND day < {end:Date} GROUP BY job_id)
 ARRAY JOIN ['SUBMITTED', 'STARTED', 'ENDED'] AS ev
 """
 
 
-def seed(client: Any, gpus: int) -> dict[str, float]:
+def month_starts(months: int, last: dt.date = START) -> list[dt.date]:
+    """The first days of `months` consecutive months ending with `last`'s, oldest first."""
+    index = last.year * 12 + last.month - 1
+    return [dt.date(i // 12, i % 12 + 1, 1) for i in range(index - months + 1, index + 1)]
+
+
+def next_month(first: dt.date) -> dt.date:
+    return dt.date(first.year + first.month // 12, first.month % 12 + 1, 1)
+
+
+def seed_month(client: Any, gpus: int, first: dt.date) -> dict[str, float]:
+    """Generate the month that begins on `first`: its device-minutes day by day, then its jobs' events."""
     teams = [t for t, ps in TEAMS for _ in ps]
     projects = [p for _, ps in TEAMS for p in ps]
+    end = next_month(first)
     began = time.perf_counter()
-    for d in range(DAYS):
-        day = START + dt.timedelta(days=d)
+    for d in range((end - first).days):
+        day = first + dt.timedelta(days=d)
         day_ms = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp() * 1000)
-        client.command(_DAY_SQL, parameters={"day_ms": day_ms, "day": d, "rows": gpus * 1440, "teams": teams,
-                                             "projects": projects})  # fmt: skip
+        client.command(_DAY_SQL, parameters={"day_ms": day_ms, "day": (day - START).days, "rows": gpus * 1440,
+                                             "teams": teams, "projects": projects})  # fmt: skip
     minutes_s = time.perf_counter() - began
     began = time.perf_counter()
-    client.command(_EVENTS_SQL)
+    client.command(_EVENTS_SQL, parameters={"first": first, "end": end})
     events_s = time.perf_counter() - began
     return {"device_minutes_s": minutes_s, "job_events_s": events_s}
+
+
+def seed(client: Any, gpus: int, months: list[dt.date] | None = None) -> dict[str, float]:
+    """Generate `months` (their first days; default March 2026 alone); the seconds spent, summed over them."""
+    total = {"device_minutes_s": 0.0, "job_events_s": 0.0}
+    for first in months or [START]:
+        for key, seconds in seed_month(client, gpus, first).items():
+            total[key] += seconds
+    return total
 
 
 def settle(client: Any, database: str, limit_s: float = 600) -> float:
@@ -117,6 +143,26 @@ def settle(client: Any, database: str, limit_s: float = 600) -> float:
             break
         time.sleep(2)
     return time.perf_counter() - began
+
+
+def merged(client: Any, database: str) -> float:
+    """settle, then merge the small rollups whose fresh parts a server merges over time (timed merged); the
+    seconds waited for the background merges."""
+    waited = settle(client, database)
+    for table in ROLLUPS:
+        client.command(f"OPTIMIZE TABLE {table} FINAL")
+    return waited
+
+
+def getter(web: Any, url: str) -> Callable[[], Any]:
+    """A GET of `url` through the app's TestClient `web`, as an operator, that must answer 200."""
+
+    def call() -> Any:
+        resp = web.get(url, headers={"X-Forwarded-User": "ops00"})
+        assert resp.status_code == 200, (url, resp.status_code, resp.text[:300])
+        return resp
+
+    return call
 
 
 def timed(fn: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
@@ -177,40 +223,51 @@ REPORTS = (
 )
 
 
-def reports(ch: Any, gpus: int, runs: int = 3) -> None:
-    """The month's reports as a user runs them: the CLI in its own process (its start included), as the analyst."""
+def cli_seconds(ch: Any, argv: tuple[str, ...], runs: int) -> list[float]:
+    """`gpuledger *argv` as a user runs it, `runs` times: the CLI in its own process (its start included), as the
+    analyst; the seconds of each run."""
     from fixtures_web import cli_env
 
     env = {**os.environ, **cli_env(ch)}
+    samples = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        subprocess.run([str(ROOT / ".venv" / "bin" / "gpuledger"), *argv], env=env, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
+def reports(ch: Any, gpus: int, runs: int = 3) -> None:
+    """The month's reports as a user runs them (cli_seconds)."""
     print(f"\n| command ({gpus} GPUs, {runs} runs, the CLI's start included) | median s | max s |")
     print("|---|---:|---:|")
     for argv in REPORTS:
-        samples = []
-        for _ in range(runs):
-            began = time.perf_counter()
-            subprocess.run([str(ROOT / ".venv" / "bin" / "gpuledger"), *argv], env=env, check=True,
-                           stdout=subprocess.DEVNULL)  # fmt: skip
-            samples.append(time.perf_counter() - began)
+        samples = cli_seconds(ch, argv, runs)
         print(f"| `gpuledger {' '.join(argv)}` | {statistics.median(samples):.2f} | {max(samples):.2f} |")
 
 
-def storage(client: Any, database: str, gpus: int) -> None:
-    """Bytes on disk per GPU-month, per table (active parts; the month is one month of `gpus` GPUs)."""
+def storage(client: Any, database: str, gpus: int, months: int = 1) -> None:
+    """Bytes on disk per GPU-month, per table (active parts; `months` months of `gpus` GPUs)."""
     rows = client.query(
         "SELECT table, sum(rows), sum(data_compressed_bytes), sum(data_uncompressed_bytes) FROM system.parts "
-        "WHERE active AND database = {db:String} GROUP BY table ORDER BY 3 DESC", parameters={"db": database},
+        "WHERE active AND database = {db:String} GROUP BY table ORDER BY 3 DESC",
+        parameters={"db": database},
     ).result_rows
-    print(f"\n| table ({gpus} GPUs, one month) | rows | compressed bytes | per GPU-month | uncompressed per "
-          "GPU-month |")
+    print(
+        f"\n| table ({gpus} GPUs, {months} month(s)) | rows | compressed bytes | per GPU-month | uncompressed "
+        "per GPU-month |"
+    )
     print("|---|---:|---:|---:|---:|")
     for table, n, packed, raw in rows:
-        print(f"| {table} | {n:,} | {packed:,} | {packed / gpus:,.0f} | {raw / gpus:,.0f} |")
+        print(f"| {table} | {n:,} | {packed:,} | {packed / gpus / months:,.0f} | {raw / gpus / months:,.0f} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=10000, help="GPUs in the fleet (default 10000)")
     ap.add_argument("--requests", type=int, default=10, help="timed warm requests per page")
+    ap.add_argument("--months", type=int, default=1, help="months of history, ending with March 2026 (default 1)")
     ap.add_argument("--data-dir", type=Path, help="keep the generated month in this directory and reuse it on a "
                     "later run with the same --gpus (10,000 GPUs take ~15 min to generate); pending migrations are "
                     "applied to it, with their backfills")  # fmt: skip
@@ -230,8 +287,9 @@ def main() -> None:
           else contextlib.nullcontext(str(args.data_dir))) as tmp:  # fmt: skip
         marker = Path(tmp) / "seeded.json"
         kept = json.loads(marker.read_text()) if marker.exists() else None
-        if kept is not None and kept["gpus"] != args.gpus:
-            sys.exit(f"{tmp} holds a month of {kept['gpus']} GPUs, not {args.gpus}: use another --data-dir")
+        if kept is not None and (kept["gpus"], kept.get("months", 1)) != (args.gpus, args.months):
+            sys.exit(f"{tmp} holds {kept.get('months', 1)} month(s) of {kept['gpus']} GPUs, not {args.months} of "
+                     f"{args.gpus}: use another --data-dir")  # fmt: skip
         server = start_server(Path(tmp) / "data")
         try:
             database = kept["database"] if kept else "bench_" + uuid.uuid4().hex[:8]
@@ -245,34 +303,23 @@ def main() -> None:
             migrate(client, ch)
             if kept is None:
                 client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
-                seeded = seed(client, args.gpus)
+                seeded = seed(client, args.gpus, month_starts(args.months))
                 print(f"generated: device-minutes {seeded['device_minutes_s']:.1f} s, job_events "
                       f"{seeded['job_events_s']:.1f} s")  # fmt: skip
             rows = client.query("SELECT count(), uniqExact(job_id) FROM device_minutes").result_rows[0]
             daily = client.query("SELECT count() FROM usage_daily").result_rows[0][0]
             print(f"gpus {args.gpus}: {rows[0]:,} device-minutes, {rows[1] - 1:,} jobs, {daily:,} usage_daily rows"
                   + (f" (kept in {tmp})" if kept else ""))  # fmt: skip
-            print(f"waited {settle(client, database):.0f} s for the server's background merges of the fresh month")
-            for table in ROLLUPS:  # small tables whose fresh parts a server merges over time; timed merged
-                client.command(f"OPTIMIZE TABLE {table} FINAL")
+            print(f"waited {merged(client, database):.0f} s for the server's background merges of the fresh month")
             if args.data_dir is not None and kept is None:
-                marker.write_text(json.dumps({"gpus": args.gpus, "database": database}))
+                marker.write_text(json.dumps({"gpus": args.gpus, "database": database, "months": args.months}))
             end_ms = int(dt.datetime(2026, 4, 1, tzinfo=dt.UTC).timestamp() * 1000)
             settings = Settings(state_dir=Path(tmp) / "state", cluster="sim", clickhouse=ch,
                                 broker=BrokerSettings(enabled=False), web=WebSettings(demo=False))  # fmt: skip
             web = make_client(settings, Published(), now_ms=end_ms)
-            headers = {"X-Forwarded-User": "ops00"}
             team = "vision"
             job_id = client.query("SELECT job_id FROM device_minutes WHERE team = 'vision' AND day = '2026-03-15' "
                                   "LIMIT 1").result_rows[0][0]  # fmt: skip
-
-            def get(url: str) -> Callable[[], Any]:
-                def call() -> Any:
-                    resp = web.get(url, headers=headers)
-                    assert resp.status_code == 200, (url, resp.status_code, resp.text[:300])
-                    return resp
-
-                return call
 
             pages = [
                 ("team page", f"/teams/{team}?period={PERIOD}"),
@@ -283,7 +330,7 @@ def main() -> None:
             print(f"\n| page ({args.gpus} GPUs, {args.requests} warm requests) | median ms | p95 ms | bytes |")
             print("|---|---:|---:|---:|")
             for name, url in pages:
-                med, p95, resp = timed(get(url), args.requests)
+                med, p95, resp = timed(getter(web, url), args.requests)
                 print(f"| {name} `{url}` | {med:.0f} | {p95:.0f} | {len(resp.content):,} |")
             wh = Warehouse(connect(ch, analyst=True))
             print("\n| query alone | median ms | p95 ms |")
@@ -293,7 +340,7 @@ def main() -> None:
             ):
                 print(f"| {name} | {med:.0f} | {p95:.0f} |")
             reports(ch, args.gpus)
-            storage(client, database, args.gpus)
+            storage(client, database, args.gpus, args.months)
             client.close()
         finally:
             stop_server(server)
