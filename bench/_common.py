@@ -231,3 +231,25 @@ def read_stats(state: Path, name: str = "stats") -> dict[str, Any]:
         return json.loads((state / f"{name}.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+# ------------------------------------------------------------------------------------------ ClickHouse
+def migrated_database(server: Any, database: str | None = None) -> tuple[Any, Any]:
+    """(writer client, its ClickHouseSettings) of a migrated database on `server` (the embedded server the tests
+    start, `tests/fixtures_clickhouse.start_server`): a new `bench_<random>` one unless `database` names a kept
+    one. Pending migrations are applied either way."""
+    import uuid
+
+    from base.settings import ClickHouseSettings
+    from sinks.db import connect, migrate
+
+    if database is None:
+        database = "bench_" + uuid.uuid4().hex[:8]
+        admin = server.client()
+        admin.command(f"CREATE DATABASE {database}")
+        admin.close()
+    ch = ClickHouseSettings(url=server.url, database=database, password=server.password,
+                            analyst_password=server.analyst_password)  # fmt: skip
+    client = connect(ch, send_receive_timeout=600)
+    migrate(client, ch)
+    return client, ch

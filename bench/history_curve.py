@@ -21,7 +21,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine  # noqa: E402
+from _common import machine, migrated_database  # noqa: E402
 from web_page import PERIOD, cli_seconds, getter, merged, month_starts, seed_month, timed  # noqa: E402
 
 CHARGEBACK = ("report", "chargeback", "--period", PERIOD)
@@ -93,8 +92,7 @@ def main() -> None:
     from fixtures_clickhouse import start_server, stop_server
     from fixtures_web import Published, make_client
 
-    from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
-    from sinks.db import connect, migrate
+    from base.settings import BrokerSettings, Settings, WebSettings
     from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
 
     print(f"machine: {machine()}; {args.gpus} GPUs; {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
@@ -102,14 +100,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
         server = start_server(Path(tmp) / "data")
         try:
-            database = "bench_" + uuid.uuid4().hex[:8]
-            admin = server.client()
-            admin.command(f"CREATE DATABASE {database}")
-            admin.close()
-            ch = ClickHouseSettings(url=server.url, database=database, password=server.password,
-                                    analyst_password=server.analyst_password)  # fmt: skip
-            client = connect(ch, send_receive_timeout=600)
-            migrate(client, ch)
+            client, ch = migrated_database(server)
+            database = ch.database
             client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
             end_ms = int(dt.datetime(2026, 4, 1, tzinfo=dt.UTC).timestamp() * 1000)
             settings = Settings(state_dir=Path(tmp) / "state", cluster="sim", clickhouse=ch,

@@ -17,7 +17,6 @@ import argparse
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine  # noqa: E402
+from _common import machine, migrated_database  # noqa: E402
 
 MONTH_S = 30 * 24 * 3600
 BATCH_ROWS = 200_000
@@ -41,11 +40,9 @@ def main() -> None:
 
     from fixtures_clickhouse import start_server, stop_server
 
-    from base.settings import ClickHouseSettings
     from producers.simulator import SimConfig, simulate
     from schemas.records import NodeScrape
     from schemas.topics import DEVICE_SAMPLES
-    from sinks.db import connect, migrate
     from sinks.rows import RAW_SAMPLE_COLUMNS, raw_sample_rows
 
     print(f"machine: {machine()}")
@@ -56,14 +53,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-raw-") as tmp:
         server = start_server(Path(tmp) / "data")
         try:
-            database = "bench_raw_" + uuid.uuid4().hex[:8]
-            admin = server.client()
-            admin.command(f"CREATE DATABASE {database}")
-            admin.close()
-            ch = ClickHouseSettings(url=server.url, database=database, password=server.password,
-                                    analyst_password=server.analyst_password)  # fmt: skip
-            client = connect(ch, send_receive_timeout=600)
-            migrate(client, ch)
+            client, ch = migrated_database(server)
+            database = ch.database
             t0 = time.monotonic()
             batch: list[list[object]] = []
             rows = 0

@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine  # noqa: E402
+from _common import machine, migrated_database  # noqa: E402
 
 PERIOD = "2026-03"
 START = dt.date(2026, 3, 1)  # the latest month generated, the one the pages and reports show
@@ -276,10 +275,10 @@ def main() -> None:
     from fixtures_clickhouse import start_server, stop_server
     from fixtures_web import Published, make_client
 
-    from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
+    from base.settings import BrokerSettings, Settings, WebSettings
     from gpuledger.web import params
     from gpuledger.web.queries import Warehouse
-    from sinks.db import connect, migrate
+    from sinks.db import connect
     from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
 
     print(f"machine: {machine()}")
@@ -292,15 +291,8 @@ def main() -> None:
                      f"{args.gpus}: use another --data-dir")  # fmt: skip
         server = start_server(Path(tmp) / "data")
         try:
-            database = kept["database"] if kept else "bench_" + uuid.uuid4().hex[:8]
-            if kept is None:
-                admin = server.client()
-                admin.command(f"CREATE DATABASE {database}")
-                admin.close()
-            ch = ClickHouseSettings(url=server.url, database=database, password=server.password,
-                                    analyst_password=server.analyst_password)  # fmt: skip
-            client = connect(ch, send_receive_timeout=600)
-            migrate(client, ch)
+            client, ch = migrated_database(server, kept["database"] if kept else None)
+            database = ch.database
             if kept is None:
                 client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
                 seeded = seed(client, args.gpus, month_starts(args.months))
