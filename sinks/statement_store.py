@@ -269,6 +269,17 @@ class StatementStore:
 ChargeSource = Callable[[], Iterable[Charge]]
 
 
+def _owed(
+    store: StatementStore, source: str, card: str, team: str | None = None
+) -> tuple[list[tuple[str, StatementLine]], list[StatementLine]]:
+    """Closed month `source`'s adjustments already posted ((the month whose statement holds it, line), oldest
+    first) and what it owes or is owed now (`pending_adjustments`); with `team`, from the jobs that touch it."""
+    posted = store.posted_adjustments(source, team)
+    pending = pending_adjustments(source, store.frozen_lines(source, team), [line for _, line in posted],
+                                  store.segments(source, team), card)  # fmt: skip
+    return posted, pending
+
+
 def _carried(
     store: StatementStore, period: str, charges: Iterable[Charge], team: str | None = None
 ) -> tuple[list[StatementLine], list[Charge], str]:
@@ -285,9 +296,7 @@ def _carried(
     adjustments: list[StatementLine] = []
     if not open_before:
         for source in sorted(p for p in closes if p < period):
-            posted = [line for _, line in store.posted_adjustments(source, team)]
-            adjustments += pending_adjustments(source, store.frozen_lines(source, team), posted,
-                                               store.segments(source, team), card)  # fmt: skip
+            adjustments += _owed(store, source, card, team)[1]
     done = store.posted_refs()
     routed = [
         c for c in charges
@@ -332,9 +341,7 @@ def adjustments_since(store: StatementStore, period: str, team: str | None = Non
     """The adjustments to closed month `period`: (the month whose statement holds it, line) for those posted
     in later closed statements, then ("open", line) for those the next open month would post now. With `team`,
     its lines only, from its jobs' figures only (the team page), as `pending_lines`."""
-    posted = store.posted_adjustments(period, team)
-    pending = pending_adjustments(period, store.frozen_lines(period, team), [line for _, line in posted],
-                                  store.segments(period, team), store.card_version())  # fmt: skip
+    posted, pending = _owed(store, period, store.card_version(), team)
     return [(where, line) for where, line in [*posted, *(("open", line) for line in pending)]
             if team in (None, line.team)]  # fmt: skip
 
