@@ -174,10 +174,10 @@ class GroupRekeyed:
 
     def rekeyed(self, partitions: frozenset[int], since: float, now: float) -> bool:
         """True once a question asked at or after `since` found every one of `partitions` re-keyed to its log end."""
-        if not partitions or (self.confirmed_at >= since and partitions <= self.confirmed_for):
+        if not partitions or self._confirmed(partitions, since):
             return True
         self._collect(now)
-        if self.confirmed_at >= since and partitions <= self.confirmed_for:
+        if self._confirmed(partitions, since):
             return True
         if self._asked is None:
             self._ask(partitions, now)
@@ -186,6 +186,9 @@ class GroupRekeyed:
             log.info("minutes wait for job events another process has not re-keyed yet (partition: re-keyed "
                      "below, log end): %s", dict(sorted(self.behind.items())))  # fmt: skip
         return False
+
+    def _confirmed(self, partitions: frozenset[int], since: float) -> bool:
+        return self.confirmed_at >= since and partitions <= self.confirmed_for
 
     def _ask(self, partitions: frozenset[int], now: float) -> None:
         admin = self._admin()
@@ -217,5 +220,5 @@ class GroupRekeyed:
             log.debug("how far the group re-keyed job events: no answer (%s)", exc)
             return
         self.behind = {p: (done.get(p, 0), e) for p, e in end.items() if done.get(p, 0) < e}
-        if not self.behind and set(end) == partitions:
+        if not self.behind:  # the log ends were asked for exactly `partitions`
             self.confirmed_at, self.confirmed_for = at, partitions
