@@ -261,6 +261,19 @@ def port_file(settings: Settings, component_name: str) -> Path:
     return metrics_dir(settings) / f"{component_name}.port"
 
 
+def endpoint_name(settings: Settings, component_name: str) -> str:
+    """The name this process's endpoint of `component_name` is recorded under: the component's own, or
+    "<component>-<k>" for process k > 1 of a kind that runs several (`metrics.instance`)."""
+    k = settings.metrics.instance
+    return component_name if k == 1 else f"{component_name}-{k}"
+
+
+def kind_of(name: str) -> str:
+    """The component kind an endpoint name is of: "processors-2" is of "processors"."""
+    head, _, k = name.rpartition("-")
+    return head if head and k.isdigit() else name
+
+
 def configured_port(settings: Settings, component_name: str) -> int:
     """The port a component asks for: base_port + its offset; 0 (any free port) without either."""
     base = settings.metrics.base_port
@@ -283,7 +296,8 @@ def start_metrics_server(
             return _SERVERS[component_name]
     if registry is REGISTRY:
         collector()
-    wanted = configured_port(settings, component_name)
+    name = endpoint_name(settings, component_name)
+    wanted = configured_port(settings, name)
     try:
         try:
             httpd, _ = start_http_server(wanted, addr=cfg.host, registry=registry)
@@ -296,7 +310,7 @@ def start_metrics_server(
         log.warning("metrics endpoint not started: %s", exc)
         return None
     port = int(httpd.server_address[1])
-    path: Path | None = port_file(settings, component_name)
+    path: Path | None = port_file(settings, name)
     try:
         assert path is not None
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -309,7 +323,7 @@ def start_metrics_server(
     server = MetricsServer(component_name, cfg.host, port, path, httpd)
     with _GLOBAL_LOCK:
         _SERVERS[component_name] = server
-    log.info("metrics for %s on %s", component_name, server.url)
+    log.info("metrics for %s on %s", name, server.url)
     return server
 
 

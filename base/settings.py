@@ -315,6 +315,9 @@ class MetricsSettings(BaseModel):
     # simulator +5, dcgm +6); 0: any free port. The port bound is in <state_dir>/metrics/<component>.port.
     base_port: int = 9470
     lag_refresh_s: float = 2.0
+    # Which process of its kind this is (processor.instances): process k > 1 of "processors" records its port as
+    # "processors-k" on any free port, so `status` finds each. `up` sets it; 1 otherwise.
+    instance: int = Field(default=1, ge=1, le=64)
 
 
 class WebSettings(BaseModel):

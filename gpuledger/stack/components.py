@@ -65,14 +65,18 @@ class Component:
     # With broker.security = sasl_ssl, the Kafka principal the process logs in as (gpuledger/stack/security.py
     # PRINCIPALS: producers, processors, sinks, chat, reclaim, admin); None: the default login.
     kafka_principal: str | None = None
+    # Which process of its kind this is (processor.instances): its metrics endpoint is recorded under its own name.
+    instance: int = 1
 
     def env(self, settings: Settings) -> dict[str, str]:
-        """What this component's process gets on top of `up`'s environment: its Kafka login, and the
-        local registry's URL when that is the stack's registry (so every component writes Confluent's
-        wire format and resolves the ids it reads)."""
+        """What this component's process gets on top of `up`'s environment: its Kafka login, the local
+        registry's URL when that is the stack's registry (so every component writes Confluent's wire format
+        and resolves the ids it reads), and which process of its kind it is."""
         env = security.component_env(settings, self.kafka_principal)
         if settings.registry_local:
             env["GPULEDGER_KAFKA__SCHEMA_REGISTRY_URL"] = settings.registry.url
+        if self.instance > 1:
+            env["GPULEDGER_METRICS__INSTANCE"] = str(self.instance)
         return env
 
 
@@ -277,6 +281,7 @@ def _processor_process(kind: str, k: int) -> Component:
         enabled=lambda s: s.processor.instances >= k,
         command=command,
         kafka_principal="processors",
+        instance=k,
     )
 
 

@@ -428,7 +428,8 @@ def _probe_pipeline(settings: Settings, result: StackStatus) -> None:
     """Scrape the metrics endpoint of every running component that serves one; never raises."""
     from base import metrics
 
-    live = [c.name for c in result.components if c.state in ("running", "ready") and c.name in metrics.PORT_OFFSETS]
+    live = [c.name for c in result.components
+            if c.state in ("running", "ready") and metrics.kind_of(c.name) in metrics.PORT_OFFSETS]
     try:
         result.pipeline = [asdict(e) for e in metrics.pipeline_summary(settings, live, timeout_s=1.5)]
     except Exception as exc:  # status reports, it does not fail

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from base import metrics
 from base.processor_settings import ProcessorSettings
-from base.settings import Settings
+from base.settings import MetricsSettings, Settings
 from gpuledger.stack.components import COMPONENTS
 from schemas.topics import CATALOGUE
 
@@ -52,3 +54,25 @@ def test_compose_can_scale_the_processor_services() -> None:
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     for name in ("processors", "agents"):
         assert "container_name" not in services[name] and "ports" not in services[name], name
+
+
+def test_each_processor_process_records_its_own_metrics_endpoint(tmp_path: Path) -> None:
+    """Process k > 1 of a kind is told which it is (`up` sets GPULEDGER_METRICS__INSTANCE), records its metrics port
+    under its own name on any free port, and `status` scrapes it: no process overwrites another's port file."""
+    settings = Settings(state_dir=tmp_path, cluster="sim", processor=ProcessorSettings(instances=3))
+    envs = {c.name: c.env(settings) for c in COMPONENTS if c.enabled(settings)}
+    assert "GPULEDGER_METRICS__INSTANCE" not in envs["processors"]
+    assert envs["processors-3"]["GPULEDGER_METRICS__INSTANCE"] == "3"
+    assert envs["agents-2"]["GPULEDGER_METRICS__INSTANCE"] == "2"
+
+    third = Settings(state_dir=tmp_path, cluster="sim", metrics=MetricsSettings(instance=3))
+    assert metrics.configured_port(third, metrics.endpoint_name(third, "processors")) == 0, "not the first's port"
+    server = metrics.start_metrics_server(third, "processors", registry=CollectorRegistry())
+    assert server is not None
+    try:
+        assert metrics.read_port(settings, "processors-3") == server.port
+        assert metrics.read_port(settings, "processors") is None
+        assert [metrics.kind_of(n) for n in ("processors-3", "processors", "sim-k8s", "broker-2")] == [
+            "processors", "processors", "sim-k8s", "broker"]
+    finally:
+        server.close()
