@@ -284,6 +284,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     with (tempfile.TemporaryDirectory(prefix="bench-web-") if args.data_dir is None
           else contextlib.nullcontext(str(args.data_dir))) as tmp:  # fmt: skip
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         marker = Path(tmp) / "seeded.json"
         kept = json.loads(marker.read_text()) if marker.exists() else None
         if kept is not None and (kept["gpus"], kept.get("months", 1)) != (args.gpus, args.months):
