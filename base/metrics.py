@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "gpuledger_"
 # Fixed offsets from `metrics.base_port`, one per long-running component (0: any free port).
-PORT_OFFSETS = {"processors": 1, "sinks": 2, "chat": 3, "reclaim": 4, "simulator": 5, "dcgm": 6}
+PORT_OFFSETS = {"processors": 1, "sinks": 2, "chat": 3, "reclaim": 4, "simulator": 5, "dcgm": 6, "agents": 7}
 # Seconds; alerts can be due long before they are emitted when history is replayed (event time).
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 10800.0)
 IDLE_ALERT_KINDS = ("IDLE_WARNING", "RECLAIM_NOTICE", "IDLE_RESOLVED")

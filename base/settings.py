@@ -312,7 +312,7 @@ class MetricsSettings(BaseModel):
     enabled: bool = True
     host: str = "127.0.0.1"
     # Component ports are base_port + a fixed offset (processors +1, sinks +2, chat +3, reclaim +4,
-    # simulator +5, dcgm +6); 0: any free port. The port bound is in <state_dir>/metrics/<component>.port.
+    # simulator +5, dcgm +6, agents +7); 0: any free port. The port bound is in <state_dir>/metrics/<component>.port.
     base_port: int = 9470
     lag_refresh_s: float = 2.0
     # Which process of its kind this is (processor.instances): process k > 1 of "processors" records its port as

@@ -51,6 +51,7 @@ from faust.streams import _current_event
 from mode import CrashingSupervisor
 from mode.signals import BaseSignalT
 
+from base import metrics
 from base.settings import KafkaSettings, Settings
 from base.shutdown import StopSignal
 from processors.dlq import Decoder, FutureTimestamp
@@ -151,6 +152,7 @@ class JobStageAgents:
         self.out_jm = raw_topic(app, k.topic(JOB_MINUTES.name))
         self.out_alerts = raw_topic(app, k.topic(ALERTS.name))
         self.out_actions = raw_topic(app, k.topic(RECLAIM_ACTIONS.name))
+        self.out_names = (k.topic(JOB_MINUTES.name), k.topic(ALERTS.name), k.topic(RECLAIM_ACTIONS.name))
         state_name = state_topic or k.topic(IDLE_STATE_TOPIC)
         changelog = raw_topic(
             app,
@@ -175,6 +177,7 @@ class JobStageAgents:
         self.unacked: dict[tuple[str, int], list[Any]] = {}
         self.order = InOrder(app)
         self.stats = AgentStats()
+        self.meter = AgentsMeter(app_id(settings), settings.processor.grace_ms) if settings.metrics.enabled else None
         self.lock = asyncio.Lock()
         self.last_input = time.monotonic()  # when a batch last arrived (`--exit-when-idle`)
 
@@ -231,6 +234,8 @@ class JobStageAgents:
                 part.horizon.observe_clock(now_ms)
             for event in events:
                 self._feed(event)
+            if self.meter is not None:
+                self.meter.read(events, self.app.consumer.highwater)
             self._log_skipped()
             dirty: dict[str, JobState] = {**self.granted_states}
             self.granted_states.clear()
@@ -305,6 +310,8 @@ class JobStageAgents:
         self.stats.job_minutes += len(out.job_minutes)
         self.stats.alerts += len(out.alerts)
         self.stats.actions += len(out.actions)
+        if self.meter is not None:
+            self.meter.sent(out, self.out_names)
 
     async def _checkpoint(self, stream: Any, dirty: Mapping[str, JobState]) -> None:
         """Outputs delivered, then the states they imply written, then the inputs no longer needed acked
@@ -330,6 +337,54 @@ class JobStageAgents:
                     keep.append(event)
             pending[:] = keep
         self.stats.batches += 1
+
+
+class AgentsMeter:
+    """The agents' /metrics (component "agents", `gpuledger status`): records read per topic and their lag
+    behind the partitions' high watermarks, records sent per topic, and each alert's latency past when it was due
+    (an idle alert's window end plus the grace, as the runtime's `ProcessorObserver` counts it)."""
+
+    def __init__(self, group: str, grace_ms: int) -> None:
+        self.m = metrics.component("agents")
+        self.group = group
+        self.grace_ms = grace_ms
+        self.lag: dict[str, dict[int, int]] = {}  # topic -> partition -> records behind, as of the last batch
+
+    def read(self, events: Iterable[Any], highwater: Any) -> None:
+        """A batch read: `highwater(tp)` is the consumer's high watermark of a partition (None: unknown yet)."""
+        try:
+            self._read(events, highwater)
+        except Exception as exc:  # metrics never stop the job stage
+            log.debug("agents metrics: %s", exc)
+
+    def _read(self, events: Iterable[Any], highwater: Any) -> None:
+        last: dict[Any, int] = {}
+        for event in events:
+            msg = event.message
+            self.m.records_in(msg.topic)
+            last[msg.tp] = max(last.get(msg.tp, -1), msg.offset)
+        for tp, offset in last.items():
+            high = highwater(tp)
+            if high is not None:
+                self.lag.setdefault(tp.topic, {})[tp.partition] = max(0, int(high) - offset - 1)
+        for topic in {tp.topic for tp in last}:
+            self.m.set_lag(self.group, topic, sum(self.lag[topic].values()) if topic in self.lag else 0)
+
+    def sent(self, out: JobOutputs, topics: tuple[str, str, str]) -> None:
+        """What one drain sent: job-minutes, alerts and reclaim actions, to those `topics` in that order."""
+        try:
+            self._sent(out, topics)
+        except Exception as exc:
+            log.debug("agents metrics: %s", exc)
+
+    def _sent(self, out: JobOutputs, topics: tuple[str, str, str]) -> None:
+        for topic, records in zip(topics, (out.job_minutes, out.alerts, out.actions), strict=True):
+            if records:
+                self.m.records_out(topic, len(records))
+        for alert in out.alerts:
+            kind = str(alert.get("kind") or "")
+            due_ms = alert["ts_ms"] + (self.grace_ms if kind in metrics.IDLE_ALERT_KINDS else 0)
+            self.m.alert_latency(kind, max(0.0, (alert["emitted_ts_ms"] - due_ms) / 1000))
 
 
 def build_app(settings: Settings, *, partitions: int | None = None, state_topic: str | None = None) -> faust.App:
@@ -462,6 +517,8 @@ def run_agents(
     `exit_when_idle_s`, once its input is read to the end and quiet that long. Raises `ServiceError` when
     the app failed more often than `policy` allows; before that, a failed app is replaced in-process by a
     fresh one, as a restart would (`schemas.agents.run_replacing`, with the runtime's `RecoveryPolicy`)."""
+
+    metrics.start_metrics_server(settings, "agents")
 
     def run_once() -> AgentStats:
         return run_loop(_serve(settings, shutdown, exit_when_idle_s, stats_path), shutdown)

@@ -280,3 +280,51 @@ def test_faust_job_stage_matches_the_runtime_and_survives_kill_9(kafka_bootstrap
     print(f"\nreference raw counts {want_raw}; faust raw counts after 2 x kill -9 {got_raw}")
     print(f"job-minute records out at each kill -9: {at_kill} of {n_jm}")
     assert "restored" in log.read_text(), "the restarted worker restored no idle state from the changelog"
+
+
+def test_the_agents_serve_their_metrics_records_lag_and_alert_latency(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """`processors agents` serves /metrics (component "agents", what `gpuledger status` reads): every input record
+    read, every output sent, each alert's latency, and the lag back to 0 once the input is read."""
+    import httpx
+
+    from base.metrics import parse_exposition
+
+    _, prefix = _prefixes()
+    create_topics(kafka_bootstrap, prefix, PARTITIONS)
+    records = [r for c in workload(jobs=8, minutes=12) for r in c]
+    publish(kafka_bootstrap, prefix, records)
+    env, log = faust_env(kafka_bootstrap, prefix, tmp_path / "state"), tmp_path / "agents.log"
+    env["GPULEDGER_METRICS__BASE_PORT"] = "0"
+    proc = start_faust(env, log)
+    try:
+        until(lambda: count(kafka_bootstrap, prefix, JOB_MINUTES) >= 8 * 12, "every job-minute", 180, log)
+        port_file = tmp_path / "state" / "metrics" / "agents.port"
+        until(port_file.exists, "the agents' metrics port file", 30, log)
+        url = f"http://127.0.0.1:{int(port_file.read_text())}/metrics"
+
+        def scraped() -> dict[tuple[str, str], float]:
+            out: dict[tuple[str, str], float] = {}
+            for s in parse_exposition(httpx.get(url, timeout=5).text):
+                if s.labels.get("component") == "agents":
+                    key = (s.name.removeprefix("gpuledger_"), s.labels.get("topic") or s.labels.get("kind") or "")
+                    out[key] = out.get(key, 0.0) + s.value
+            return out
+
+        dm, jm, alerts = prefix + DEVICE_MINUTES.name, prefix + JOB_MINUTES.name, prefix + ALERTS.name
+        n_dm = sum(1 for topic, _, _ in records if topic is DEVICE_MINUTES)
+
+        def read_all_of_it() -> bool:
+            now = scraped()
+            return now.get(("records_in_total", dm), 0) >= n_dm and now.get(("consumer_lag_records", dm)) == 0
+
+        until(read_all_of_it, "every device-minute read and no lag", 60, log)
+        got = scraped()
+    finally:
+        stop(proc)
+    n_alerts = count(kafka_bootstrap, prefix, ALERTS)
+    assert n_alerts > 0
+    assert got[("records_out_total", jm)] == count(kafka_bootstrap, prefix, JOB_MINUTES)
+    assert got[("records_out_total", alerts)] == n_alerts
+    assert got[("records_in_total", prefix + JOB_EVENTS.name)] >= 16  # 8 starts and 8 ends
+    latencies = sum(v for (name, _), v in got.items() if name == "alert_latency_seconds_count")
+    assert latencies == n_alerts, got
