@@ -39,7 +39,15 @@ def test_processors_write_and_read_confluent_framing_through_the_registry(
     registered = RecordPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
                                                schema_registry_url=registry_url))  # fmt: skip
     plain = RecordPublisher(KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix))
+    # Two producers have two queues: a partition's log interleaves their batches, not their records. Both are
+    # flushed at each new second of event time, so no record lands behind a later second's and is read as late.
+    second = None
     for i, (topic, key, record) in enumerate(records):
+        ts = record.get("ts_ms")
+        if ts is not None and ts // 1000 != second:
+            registered.flush()
+            plain.flush()
+            second = ts // 1000
         (registered if i % 2 else plain).publish(topic, key, record)
     registered.flush()
     plain.flush()
