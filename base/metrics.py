@@ -112,6 +112,16 @@ class ComponentMetrics:
             hist = self.latency_[kind] = _Histogram()
         hist.observe(seconds)
 
+    def alert_emitted(self, alert: Mapping[str, Any], grace_ms: int) -> None:
+        """An alert sent: its latency is emitted minus due, due being its time plus the grace for an idle alert
+        (the window that completed the idle period, then the grace) and its time for any other."""
+        emitted, ts = alert.get("emitted_ts_ms"), alert.get("ts_ms")
+        if emitted is None or ts is None:
+            return
+        kind = str(alert.get("kind") or "")
+        due_ms = ts + (grace_ms if kind in IDLE_ALERT_KINDS else 0)
+        self.alert_latency(kind, max(0.0, (emitted - due_ms) / 1000))
+
     def add_source(self, source: Source) -> None:
         """Counters the component already keeps, read at scrape time (nothing on the hot path)."""
         self.sources.append(source)
@@ -475,12 +485,7 @@ class ProcessorObserver:
             log.debug("metrics refresh: %s", exc)
 
     def _alert(self, alert: Mapping[str, Any]) -> None:
-        emitted, ts = alert.get("emitted_ts_ms"), alert.get("ts_ms")
-        if emitted is None or ts is None:
-            return
-        kind = str(alert.get("kind") or "")
-        due_ms = ts + (self.rt.ps.grace_ms if kind in IDLE_ALERT_KINDS else 0)
-        self.m.alert_latency(kind, max(0.0, (emitted - due_ms) / 1000))
+        self.m.alert_emitted(alert, self.rt.ps.grace_ms)
 
     def _coverage(self, rows: list[dict[str, Any]]) -> None:
         """Coverage minutes just closed (one partition's nodes per call): summed per cluster and minute

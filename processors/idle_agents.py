@@ -382,9 +382,7 @@ class AgentsMeter:
             if records:
                 self.m.records_out(topic, len(records))
         for alert in out.alerts:
-            kind = str(alert.get("kind") or "")
-            due_ms = alert["ts_ms"] + (self.grace_ms if kind in metrics.IDLE_ALERT_KINDS else 0)
-            self.m.alert_latency(kind, max(0.0, (alert["emitted_ts_ms"] - due_ms) / 1000))
+            self.m.alert_emitted(alert, self.grace_ms)
 
 
 def build_app(settings: Settings, *, partitions: int | None = None, state_topic: str | None = None) -> faust.App:

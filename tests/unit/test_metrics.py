@@ -323,3 +323,20 @@ def test_status_summarises_a_live_endpoint(tmp_path: Path) -> None:
         assert "chat" in text and "3" in text
     finally:
         server.close()
+
+
+def test_an_alerts_latency_counts_from_when_it_was_due() -> None:
+    """Due: an idle alert's time (the end of the window that completed the idle period) plus the grace; any other
+    alert's time. The runtime's observer and the faust agents both count it so (`alert_emitted`)."""
+    coll = metrics.PipelineCollector()
+    m = coll.component("agents")
+    t = 1_700_000_000_000
+    m.alert_emitted({"kind": "IDLE_WARNING", "ts_ms": t, "emitted_ts_ms": t + 60_000 + 2_000}, grace_ms=60_000)
+    m.alert_emitted({"kind": "RECLAIM_NOTICE", "ts_ms": t, "emitted_ts_ms": t + 30_000}, grace_ms=60_000)
+    m.alert_emitted({"kind": "COVERAGE_GAP", "ts_ms": t, "emitted_ts_ms": t + 500}, grace_ms=60_000)
+    m.alert_emitted({"kind": "IDLE_WARNING", "ts_ms": t}, grace_ms=60_000)  # never emitted: not observed
+    s = _exposed(coll)
+    assert _value(s, P + "alert_latency_seconds_sum", kind="IDLE_WARNING") == pytest.approx(2.0)
+    assert _value(s, P + "alert_latency_seconds_count", kind="IDLE_WARNING") == 1
+    assert _value(s, P + "alert_latency_seconds_sum", kind="RECLAIM_NOTICE") == 0.0  # before due: 0, not negative
+    assert _value(s, P + "alert_latency_seconds_sum", kind="COVERAGE_GAP") == pytest.approx(0.5)
