@@ -286,8 +286,7 @@ def test_the_agents_serve_their_metrics_records_lag_and_alert_latency(kafka_boot
     """`processors agents` serves /metrics (component "agents", what `gpuledger status` reads): every input record
     read, every output sent, each alert's latency, and the lag back to 0 once the input is read."""
     import httpx
-
-    from base.metrics import parse_exposition
+    from prometheus_client.parser import text_string_to_metric_families
 
     _, prefix = _prefixes()
     create_topics(kafka_bootstrap, prefix, PARTITIONS)
@@ -303,11 +302,13 @@ def test_the_agents_serve_their_metrics_records_lag_and_alert_latency(kafka_boot
         url = f"http://127.0.0.1:{int(port_file.read_text())}/metrics"
 
         def scraped() -> dict[tuple[str, str], float]:
+            """The endpoint as Prometheus's own client library parses the exposition format."""
             out: dict[tuple[str, str], float] = {}
-            for s in parse_exposition(httpx.get(url, timeout=5).text):
-                if s.labels.get("component") == "agents":
-                    key = (s.name.removeprefix("gpuledger_"), s.labels.get("topic") or s.labels.get("kind") or "")
-                    out[key] = out.get(key, 0.0) + s.value
+            for family in text_string_to_metric_families(httpx.get(url, timeout=5).text):
+                for s in family.samples:
+                    if s.labels.get("component") == "agents":
+                        key = (s.name.removeprefix("gpuledger_"), s.labels.get("topic") or s.labels.get("kind") or "")
+                        out[key] = out.get(key, 0.0) + s.value
             return out
 
         dm, jm, alerts = prefix + DEVICE_MINUTES.name, prefix + JOB_MINUTES.name, prefix + ALERTS.name
