@@ -253,3 +253,24 @@ def migrated_database(server: Any, database: str | None = None) -> tuple[Any, An
     client = connect(ch, send_receive_timeout=600)
     migrate(client, ch)
     return client, ch
+
+
+@contextlib.contextmanager
+def kept_month(data_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """A month bench/web_page.py kept in `data_dir` (--data-dir): its embedded server started, then (its
+    database's ClickHouseSettings, what the marker says was generated); the server stopped after. Exits with one
+    line when the directory holds no month."""
+    from fixtures_clickhouse import start_server, stop_server
+
+    from base.settings import ClickHouseSettings
+
+    marker = data_dir / "seeded.json"
+    if not marker.exists():
+        sys.exit(f"{data_dir} holds no month: generate one with bench/web_page.py --data-dir {data_dir}")
+    kept = json.loads(marker.read_text())
+    server = start_server(data_dir / "data")
+    try:
+        yield ClickHouseSettings(url=server.url, database=kept["database"], password=server.password,
+                                 analyst_password=server.analyst_password), kept  # fmt: skip
+    finally:
+        stop_server(server)

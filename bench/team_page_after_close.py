@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine  # noqa: E402
+from _common import kept_month, machine  # noqa: E402
 from web_page import PERIOD, TEAMS, timed  # noqa: E402
 
 NEXT = "2026-04"
@@ -59,22 +58,14 @@ def main() -> None:
     ap.add_argument("--team", default="vision", help="the page's team")
     args = ap.parse_args()
 
-    from fixtures_clickhouse import start_server, stop_server
     from fixtures_web import Published, make_client
 
-    from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
+    from base.settings import BrokerSettings, Settings, WebSettings
     from sinks.db import connect, migrate
     from sinks.statement_store import StatementStore, adjustments_since, close_period, pending_lines
 
-    marker = args.data_dir / "seeded.json"
-    if not marker.exists():
-        sys.exit(f"{args.data_dir} holds no month: generate one with bench/web_page.py --data-dir {args.data_dir}")
-    kept = json.loads(marker.read_text())
-    print(f"machine: {machine()}; {kept['gpus']} GPUs, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
-    server = start_server(args.data_dir / "data")
-    try:
-        ch = ClickHouseSettings(url=server.url, database=kept["database"], password=server.password,
-                                analyst_password=server.analyst_password)  # fmt: skip
+    with kept_month(args.data_dir) as (ch, kept):
+        print(f"machine: {machine()}; {kept['gpus']} GPUs, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
         client = connect(ch, send_receive_timeout=600)
         migrate(client, ch)
         end_ms = int(dt.datetime(2026, 4, 2, tzinfo=dt.UTC).timestamp() * 1000)
@@ -144,8 +135,6 @@ def main() -> None:
             med, p95, _ = timed(fn, args.requests)
             print(f"| {name} | {med:.0f} | {p95:.0f} |")
         client.close()
-    finally:
-        stop_server(server)
 
 
 if __name__ == "__main__":

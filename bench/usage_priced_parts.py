@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine  # noqa: E402
+from _common import kept_month, machine  # noqa: E402
 from web_page import PERIOD, timed  # noqa: E402
 
 MONTH = "day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1)"
@@ -81,28 +80,16 @@ def main() -> None:
     ap.add_argument("--team", default="vision")
     args = ap.parse_args()
 
-    from fixtures_clickhouse import start_server, stop_server
-
-    from base.settings import ClickHouseSettings
     from sinks.db import connect
 
-    marker = args.data_dir / "seeded.json"
-    if not marker.exists():
-        sys.exit(f"{args.data_dir} holds no month: generate one with bench/web_page.py --data-dir {args.data_dir}")
-    kept = json.loads(marker.read_text())
-    print(f"machine: {machine()}; {kept['gpus']} GPUs, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
-    server = start_server(args.data_dir / "data")
-    try:
-        ch = ClickHouseSettings(url=server.url, database=kept["database"], password=server.password,
-                                analyst_password=server.analyst_password)  # fmt: skip
+    with kept_month(args.data_dir) as (ch, kept):
+        print(f"machine: {machine()}; {kept['gpus']} GPUs, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
         client = connect(ch, analyst=True, send_receive_timeout=600)
         values = {"p": PERIOD, "team": args.team}
         print(f"\n| read (team `{args.team}`, {PERIOD}, {args.runs} warm runs) | median ms | p95 ms |\n|---|---:|---:|")
         for name, sql in PARTS:
             median, p95, _ = timed(lambda sql=sql: client.query(sql, parameters=values).result_rows, args.runs)
             print(f"| {name} | {median:.0f} | {p95:.0f} |", flush=True)
-    finally:
-        stop_server(server)
 
 
 if __name__ == "__main__":
