@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from base.settings import KafkaSettings, Settings
@@ -38,16 +38,36 @@ def own_broker(root: Path) -> Iterator[LocalBroker]:
         b.stop()
 
 
-def create_topics(bootstrap: str, prefix: str, partitions: int) -> None:
+def create_topics(bootstrap: str, prefix: str, partitions: int, timeout_s: float = 120.0) -> None:
+    """Every topic of the catalogue under `prefix`. Creations that fail or time out are tried again until
+    `timeout_s`: a single KRaft node thawed after a freeze may answer one creation and then fence itself
+    for a while (a clean-clone CI run timed out here right after a probe topic had been created)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     names = [prefix + t.name for t in CATALOGUE] + [prefix + t.dlq for t in (DEVICE_SAMPLES, JOB_EVENTS, INVENTORY)]
     names += [prefix + "sched.allocations.v1.dlq", prefix + "usage.device-minutes.v1.dlq"]
-    new = [
-        NewTopic(n, partitions, 1, config={"cleanup.policy": "compact"} if n == prefix + INVENTORY.name else {})
-        for n in names
-    ]
-    for fut in admin.create_topics(new).values():
-        fut.result(timeout=30)
+    missing = set(names)
+    deadline = time.monotonic() + timeout_s
+    while missing:
+        new = [
+            NewTopic(n, partitions, 1, config={"cleanup.policy": "compact"} if n == prefix + INVENTORY.name else {})
+            for n in sorted(missing)
+        ]
+        failure: BaseException | None = None
+        for name, fut in admin.create_topics(new, request_timeout=15).items():
+            try:
+                fut.result(timeout=30)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    failure = e
+                    continue
+            except TimeoutError as e:
+                failure = e
+                continue
+            missing.discard(name)
+        if missing and time.monotonic() > deadline:
+            raise RuntimeError(f"{len(missing)} topics not created in {timeout_s:.0f} s: {failure!r}")
+        if missing:
+            time.sleep(1.0)
 
 
 def publish(bootstrap: str, prefix: str, records: Iterable[tuple[Topic, bytes, dict[str, Any]]]) -> int:
