@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from contract_records import job_event
 from test_chargeback_ledger import device_minute, ledger_settings, ms, run_cli  # noqa: F401  (fixture)
 
@@ -43,23 +44,32 @@ def rows_of(life: tuple[Any, ...]) -> list[dict[str, Any]]:
     return out
 
 
-def write(ch: ClickHouseSettings, *, events: bool = True) -> None:
+def write(ch: ClickHouseSettings, *, events: bool = True, lives_order: list[int] | None = None) -> None:
+    """The lives' device-minutes and job events, in one insert; with `lives_order`, each life's events in an insert
+    of their own, in that order, after the minutes."""
     (dm,) = SINKS[topics.DEVICE_MINUTES.name]
     ev_spec, _identities = SINKS[topics.JOB_EVENTS.name]
     pending = [Pending(dm, row, Origin("m", 0, i)) for i, r in enumerate(r for life in LIVES for r in rows_of(life))
                for row in dm.rows(r)]  # fmt: skip
-    for n, (job, user, _t, project, _cc, submit, start, end, uuid, _cls, _n) in enumerate(LIVES if events else ()):
-        alloc = [{"node": "n1", "devices": [{"index": 0, "uuid": uuid, "mig_instance_id": None, "mig_profile": None}]}]
-        common = {"job_id": job, "user": user, "project": project, "submit_ts_ms": ms(submit), "allocations": alloc}
-        started = job_event("STARTED", ms(start), event_id=f"start-{n}", start_ts_ms=ms(start), **common)
-        ended = job_event("ENDED", ms(end), event_id=f"end-{n}", start_ts_ms=ms(start), end_ts_ms=ms(end), **common)
-        pending += [Pending(ev_spec, row, Origin("e", 0, 2 * n + k)) for k, ev in enumerate((started, ended))
-                    for row in ev_spec.rows(ev)]  # fmt: skip
+    if events and lives_order is None:
+        pending += [p for n in range(len(LIVES)) for p in _life_events(ev_spec, n)]
+    inserts = [pending] + [_life_events(ev_spec, n) for n in (lives_order or ()) if events]
     client = connect(ch)
     try:
-        assert not LedgerWriter(client).write(pending).rejected
+        for batch in inserts:
+            assert not LedgerWriter(client).write(batch).rejected
     finally:
         client.close()
+
+
+def _life_events(ev_spec: Any, n: int) -> list[Pending]:
+    job, user, _team, project, _cc, submit, start, end, uuid, _cls, _minutes = LIVES[n]
+    alloc = [{"node": "n1", "devices": [{"index": 0, "uuid": uuid, "mig_instance_id": None, "mig_profile": None}]}]
+    common = {"job_id": job, "user": user, "project": project, "submit_ts_ms": ms(submit), "allocations": alloc}
+    started = job_event("STARTED", ms(start), event_id=f"start-{n}", start_ts_ms=ms(start), **common)
+    ended = job_event("ENDED", ms(end), event_id=f"end-{n}", start_ts_ms=ms(start), end_ts_ms=ms(end), **common)
+    return [Pending(ev_spec, row, Origin("e", 0, 2 * n + k)) for k, ev in enumerate((started, ended))
+            for row in ev_spec.rows(ev)]  # fmt: skip
 
 
 def explain(ch: ClickHouseSettings, project: str) -> list[tuple[Any, ...]]:
@@ -111,6 +121,25 @@ def test_two_jobs_sharing_an_id_are_two_explain_lines_and_totals_are_unchanged(
     ]
     # The days a later life of id 7 started on: read from device-minutes; 11-20 (life 3's last) from usage_daily.
     assert shared.result_rows == [("7", "2026-11-10"), ("7", "2026-11-19")]
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [2, 3, 1, 0]], ids=["in-order", "latest-life-first"])
+def test_lives_of_an_id_in_inserts_of_their_own_are_told_apart_the_same(
+    ledger_settings: ClickHouseSettings, order: list[int]  # noqa: F811
+) -> None:
+    """Migration 029: only ids with two or more started lives (`job_ids_reused`, fed on insert) take the ASOF path.
+    Each life's events in an insert of its own, in either order, mark id 7 as one insert holding both lives does;
+    the explain lines are the by-hand ones above."""
+    ch = ledger_settings
+    write(ch, lives_order=order)
+    assert explain(ch, "p-vision") == EXPECTED_VISION
+    assert explain(ch, "p-nlp") == EXPECTED_NLP
+    analyst = connect(ch, analyst=True)
+    try:
+        reused = analyst.query("SELECT DISTINCT job_id FROM job_ids_reused").result_rows
+    finally:
+        analyst.close()
+    assert reused == [("7",)]
 
 
 def test_usage_whose_job_events_never_arrived_is_one_line_of_unknown_start(
