@@ -16,9 +16,10 @@ team may be charged to another now), so each job is read whole, and only the res
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass, fields
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from base.errors import ConfigError
 from sinks.chargeback import check_period
@@ -214,31 +215,41 @@ class StatementStore:
                           "GROUP BY cluster, job_id", ids=sorted({j for _, j in wanted}))  # fmt: skip
         return {(str(c), str(j)): str(cc) for c, j, cc in rows if (str(c), str(j)) in wanted}
 
-    def statements(self, period: str) -> list[StoredStatement]:
-        """The closed statements of `period` with their lines, as stored."""
-        rows = self._rows(
+    def statements(self, period: str, team: str | None = None, *,
+                   lines: Literal["all", "other", "none"] = "all") -> list[StoredStatement]:  # fmt: skip
+        """The closed statements of `period` with their lines, as stored; with `team`, its statement alone (a page
+        of one team need not read every team's lines). `lines`: "other", only the lines that are not usage (the
+        few a page lists, without the thousands of usage lines); "none", only the heads and data-quality tallies.
+        A statement read with some lines left out is for showing, not for `verify` (its hash covers them all)."""
+        scope = {} if team is None else {"team": team}
+        heads = self._rows(
             "SELECT statement_id, period, team, closed_ms, closed_by, content_hash, card_version, total_charge "
-            "FROM v_statements WHERE period = {p:String} ORDER BY team",
-            p=period,
-        )
-        lines: dict[str, list[StatementLine]] = {}
-        for row in self._rows(f"SELECT {', '.join(LINE_COLUMNS)} FROM v_statement_lines WHERE period = {{p:String}}",
-                              p=period):  # fmt: skip
-            values = dict(zip(LINE_COLUMNS, row, strict=True))
-            lines.setdefault(str(values["statement_id"]), []).append(_line_from_row(values))
+            "FROM v_statements WHERE period = {p:String}" + ("" if team is None else " AND team = {team:String}")
+            + " ORDER BY team",
+            p=period, **scope,
+        )  # fmt: skip
+        ids = sorted({str(r[0]) for r in heads})
+        held: dict[str, list[StatementLine]] = {}
+        if lines != "none" and ids:
+            kinds = " AND kind != 'usage'" if lines == "other" else ""
+            for row in self._rows(f"SELECT {', '.join(LINE_COLUMNS)} FROM v_statement_lines WHERE period = {{p:String}}"
+                                  " AND statement_id IN {ids:Array(String)}" + kinds, p=period, ids=ids):  # fmt: skip
+                values = dict(zip(LINE_COLUMNS, row, strict=True))
+                held.setdefault(str(values["statement_id"]), []).append(_line_from_row(values))
         quality = {str(r[0]): Tally(*(int(v) for v in r[1:]))
                    for r in self._rows(f"SELECT statement_id, {', '.join(TALLY_FIELDS)} FROM v_statement_data_quality "
-                                       "WHERE period = {p:String}", p=period)}  # fmt: skip
+                                       "WHERE period = {p:String} AND statement_id IN {ids:Array(String)}",
+                                       p=period, ids=ids)} if ids else {}  # fmt: skip
         return [
             StoredStatement(str(sid), str(per), str(team), int(ms), str(by), str(h), str(card), Decimal(total),
-                            tuple(sorted(lines.get(str(sid), []), key=lambda x: x.line_id)), quality.get(str(sid)))
-            for sid, per, team, ms, by, h, card, total in rows
+                            tuple(sorted(held.get(str(sid), []), key=lambda x: x.line_id)), quality.get(str(sid)))
+            for sid, per, team, ms, by, h, card, total in heads
         ]  # fmt: skip
 
     def frozen_quality(self, period: str) -> DataQuality | None:
         """The data-quality figure closed month `period` froze (the sum of its statements' tallies); None when it
         is not closed or was closed before the figure was frozen with its statements."""
-        return frozen_figure(period, (s.quality for s in self.statements(check_period(period))))
+        return frozen_figure(period, (s.quality for s in self.statements(check_period(period), lines="none")))
 
     # -- the write --
 
@@ -274,10 +285,14 @@ def _owed(
 ) -> tuple[list[tuple[str, StatementLine]], list[StatementLine]]:
     """Closed month `source`'s adjustments already posted ((the month whose statement holds it, line), oldest
     first) and what it owes or is owed now (`pending_adjustments`); with `team`, from the jobs that touch it."""
-    posted = store.posted_adjustments(source, team)
-    pending = pending_adjustments(source, store.frozen_lines(source, team), [line for _, line in posted],
-                                  store.segments(source, team), card)  # fmt: skip
-    return posted, pending
+    # Three reads that do not depend on each other, sent at once (the client has no session: it serves
+    # concurrent queries from its pool): the caller waits for the slowest, not the sum.
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="owed-reads") as reads:
+        posted_read = reads.submit(store.posted_adjustments, source, team)
+        frozen_read = reads.submit(store.frozen_lines, source, team)
+        now_read = reads.submit(store.segments, source, team)
+        posted, frozen, now = posted_read.result(), frozen_read.result(), now_read.result()
+    return posted, pending_adjustments(source, frozen, [line for _, line in posted], now, card)
 
 
 def _carried(

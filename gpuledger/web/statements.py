@@ -82,7 +82,7 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
         note = "Changes to months already closed, and credits, land in the next open month."
         out.tables.append(Table("pending", title, LINE_COLUMNS_SHOWN, pending, note=note))
         return out
-    stored = next((s for s in store.statements(period) if s.team == team), None)
+    stored = next(iter(store.statements(period, team, lines="other")), None)
     held = _rows(stored.lines, team, cluster) if stored is not None else []
     since = [line_row(line, posted_in=where) for where, line in adjustments_since(store, period, team)
              if cluster in (None, line.cluster)]  # fmt: skip

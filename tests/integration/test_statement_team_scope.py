@@ -86,3 +86,26 @@ def test_a_teams_pending_lines_are_the_unscoped_ones_of_its_jobs(small_ledger: C
     # The reads are the team's jobs, not the month's: fewer segments and frozen lines than the whole month.
     assert len(store.segments(PERIOD, team_b)) < len(store.segments(PERIOD))
     assert len(store.frozen_lines(PERIOD, team_b)) < len(store.frozen_lines(PERIOD))
+
+
+def test_a_teams_closed_statement_read_alone_is_its_line_of_every_teams(small_ledger: ClickHouseSettings) -> None:
+    """`StatementStore.statements(period, team, lines=...)`: the team page reads its team's statement alone, and
+    of its lines only those that are not usage (or none): the same statement as the unscoped read's, less the
+    lines left out."""
+    from dataclasses import replace
+
+    from sinks.db import connect
+    from sinks.statement_store import StatementStore
+
+    run_cli(small_ledger, "period", "close", PERIOD, "--by", "finance-tester")
+    store = StatementStore(connect(small_ledger, analyst=True))
+    everyone = store.statements(PERIOD)
+    assert len(everyone) > 1 and all(s.lines for s in everyone)
+    for whole in everyone:
+        assert store.statements(PERIOD, whole.team) == [whole]
+        (other,) = store.statements(PERIOD, whole.team, lines="other")
+        assert other == replace(whole, lines=tuple(line for line in whole.lines if line.kind != "usage"))
+        (bare,) = store.statements(PERIOD, whole.team, lines="none")
+        assert bare == replace(whole, lines=()) and bare.quality is not None
+    assert store.statements(PERIOD, "no-such-team") == []
+    assert store.frozen_quality(PERIOD) is not None
