@@ -291,7 +291,10 @@ def pending_adjustments(
     sums: dict[tuple[Any, ...], _Sums] = {}
 
     def at(key: tuple[Any, ...]) -> _Sums:
-        return sums.setdefault(key, _Sums())
+        found = sums.get(key)
+        if found is None:
+            found = sums[key] = _Sums()
+        return found
 
     # The correction each job's figures already reflect: the frozen one, then any a posted adjustment named.
     accounted: dict[tuple[str, str], str] = {}
@@ -309,10 +312,8 @@ def pending_adjustments(
         at(tuple(getattr(seg, name) for name in ADJUSTMENT_KEY)).add(seg)
         now_correction[(seg.cluster, seg.job_id)] = seg.correction_id  # one per job (the latest correction)
     out = []
-    for key, delta in sorted(sums.items(), key=lambda kv: [str(k) for k in kv[0]]):
-        d: dict[str, Any] = delta.values
-        if not any(d.values()):
-            continue
+    changed = [(key, delta.values) for key, delta in sums.items() if any(delta.values.values())]
+    for key, d in sorted(changed, key=lambda kv: [str(k) for k in kv[0]]):
         fields_: dict[str, Any] = dict(zip(ADJUSTMENT_KEY, key, strict=True))
         job = (fields_["cluster"], fields_["job_id"])
         corrected = now_correction.get(job, "")
