@@ -312,8 +312,9 @@ def pending_adjustments(
         at(tuple(getattr(seg, name) for name in ADJUSTMENT_KEY)).add(seg)
         now_correction[(seg.cluster, seg.job_id)] = seg.correction_id  # one per job (the latest correction)
     out = []
-    changed = [(key, delta.values) for key, delta in sums.items() if any(delta.values.values())]
-    for key, d in sorted(changed, key=lambda kv: [str(k) for k in kv[0]]):
+    changed = [(key, delta) for key, delta in sums.items() if any(delta.values.values())]
+    for key, delta in sorted(changed, key=lambda kv: [str(k) for k in kv[0]]):
+        d: dict[str, Any] = delta.values
         fields_: dict[str, Any] = dict(zip(ADJUSTMENT_KEY, key, strict=True))
         job = (fields_["cluster"], fields_["job_id"])
         corrected = now_correction.get(job, "")
