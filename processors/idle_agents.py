@@ -359,16 +359,20 @@ class AgentsMeter:
 
     def _read(self, events: Iterable[Any], highwater: Any) -> None:
         last: dict[Any, int] = {}
+        read: dict[str, int] = {}
         for event in events:
             msg = event.message
-            self.m.records_in(msg.topic)
+            read[msg.topic] = read.get(msg.topic, 0) + 1
             last[msg.tp] = max(last.get(msg.tp, -1), msg.offset)
+        for topic, n in read.items():
+            self.m.records_in(topic, n)
         for tp, offset in last.items():
             high = highwater(tp)
             if high is not None:
                 self.lag.setdefault(tp.topic, {})[tp.partition] = max(0, int(high) - offset - 1)
-        for topic in {tp.topic for tp in last}:
-            self.m.set_lag(self.group, topic, sum(self.lag[topic].values()) if topic in self.lag else 0)
+        # A topic whose high watermark is not known yet has no lag sample (not 0: "caught up" would be a claim).
+        for topic in {tp.topic for tp in last} & self.lag.keys():
+            self.m.set_lag(self.group, topic, sum(self.lag[topic].values()))
 
     def sent(self, out: JobOutputs, topics: tuple[str, str, str]) -> None:
         """What one drain sent: job-minutes, alerts and reclaim actions, to those `topics` in that order."""
