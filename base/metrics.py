@@ -271,15 +271,19 @@ def port_file(settings: Settings, component_name: str) -> Path:
     return metrics_dir(settings) / f"{component_name}.port"
 
 
+def instance_name(kind: str, k: int) -> str:
+    """Process `k` of a kind that runs several: the kind's own name for the first, "<kind>-<k>" after it (the
+    name the stack's process, its log and its metrics endpoint go by; `kind_of` reverses it)."""
+    return kind if k == 1 else f"{kind}-{k}"
+
+
 def endpoint_name(settings: Settings, component_name: str) -> str:
-    """The name this process's endpoint of `component_name` is recorded under: the component's own, or
-    "<component>-<k>" for process k > 1 of a kind that runs several (`metrics.instance`)."""
-    k = settings.metrics.instance
-    return component_name if k == 1 else f"{component_name}-{k}"
+    """The name this process's endpoint of `component_name` is recorded under (`metrics.instance`)."""
+    return instance_name(component_name, settings.metrics.instance)
 
 
 def kind_of(name: str) -> str:
-    """The component kind an endpoint name is of: "processors-2" is of "processors"."""
+    """The component kind an endpoint name is of (`instance_name` reversed): "processors-2" is of "processors"."""
     head, _, k = name.rpartition("-")
     return head if head and k.isdigit() else name
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from base.metrics import instance_name
 from base.outputs import mask_text
 from base.settings import Settings
 from gpuledger.stack import broker, registry, security
@@ -275,7 +276,7 @@ def _processor_process(kind: str, k: int) -> Component:
     """Process `k` of a processor kind (processor.instances): "processors", "processors-2", ..., "agents", ..."""
     description, argv, command = PROCESSOR_KINDS[kind]
     return Component(
-        name=kind if k == 1 else f"{kind}-{k}",
+        name=instance_name(kind, k),
         description=description + ("" if k == 1 else f" (process {k} of processor.instances)"),
         argv=argv,
         enabled=lambda s: s.processor.instances >= k,
