@@ -224,7 +224,8 @@ def project(request: Request) -> Response:
     period = params.period(request.query_params.get("period"), ctx.now_ms())
     only = params.cluster_filter(request.query_params.get("cluster"))
     _need_team(_need_viewer(request), name)
-    page = pages.project_page(ctx.warehouse(), name, pid, period, only)
+    page = pages.project_page(ctx.warehouse(), name, pid, period, only, params.page(request.query_params.get("page")),
+                              "csv" in request.query_params)  # fmt: skip
     return page_response(request, page, "project.html", name, pid, *((only,) if only else ()), period.text)
 
 

@@ -22,6 +22,7 @@ from gpuledger.web.queries import Statement, Warehouse
 
 WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
 DEVICE_MINUTES_PAGE = 1000
+PROJECT_JOBS_PAGE = 200  # a project's jobs a page (a month of a big project is thousands: megabytes of HTML)
 DEVICE_MINUTES_CSV_MAX = 200_000
 # The team page's reads, sent together (a clickhouse-connect client without a session serves concurrent queries
 # from its connection pool). Shared by every request: a busy server queues reads here rather than opening more.
@@ -195,21 +196,29 @@ def _quota(quota: Mapping[str, Mapping[str, int]] | None, team: str, period: Per
              "quota_used_pct": q.quota_used_pct} for q in lines]  # fmt: skip
 
 
-def project_page(wh: Warehouse, team: str, project: str, period: Period, only: str | None = None) -> Page:
-    """The project's jobs in the month; `only`: those on that cluster (the filtered team page's drill-down)."""
+def project_page(wh: Warehouse, team: str, project: str, period: Period, only: str | None = None, page_no: int = 1,
+                 whole: bool = False) -> Page:  # fmt: skip
+    """The project's jobs in the month, most charged first, PROJECT_JOBS_PAGE a page (`page_no`; `whole`: all of
+    them, for the CSV); `only`: those on that cluster (the filtered team page's drill-down). The figures are the
+    whole month's whatever the page."""
     closed = wh.closed(period)
     jobs = wh.team_jobs(period, team, project, closed=closed, cluster=only)
     page = Page(f"{team} / {project}: {period.text}" + (f" on {only}" if only is not None else ""))
     rows = m.job_lines(jobs)
     rows.sort(key=lambda r: (-r["charge"], r["cluster"], r["job_id"]))
-    page.add(Table("jobs", f"Jobs charged to {project}", JOB_COLUMNS, _with_links(rows, period, team, only),
+    first = (page_no - 1) * PROJECT_JOBS_PAGE
+    shown = rows if whole else rows[first:first + PROJECT_JOBS_PAGE]
+    span = f"jobs {first + 1}-{first + len(shown)} of {len(rows)}" if shown else f"none of {len(rows)} on this page"
+    page.add(Table("jobs", f"Jobs charged to {project}", JOB_COLUMNS, _with_links(shown, period, team, only),
                    links={"job_id": "_job_url"},
-                   note="Each job's charge is rounded to the cent on its own line; the project's line in the "
-                        "team page splits the team's statement to the cent."))  # fmt: skip
+                   note=f"Most charged first: {span} ({PROJECT_JOBS_PAGE} a page; the CSV has them all). Each "
+                        "job's charge is rounded to the cent on its own line; the project's line in the team page "
+                        "splits the team's statement to the cent."))  # fmt: skip
     sums = m.total(jobs)
     page.context.update(team=team, project=project, period=period, figures=sums.figures(), closed=closed,
                         charge=m.money(sums.charge_num), team_url=team_url(team, period, only), only=only,
-                        here_url=project_url(team, project, period, only))  # fmt: skip
+                        here_url=project_url(team, project, period, only), page_no=page_no,
+                        pages=max(1, -(-len(rows) // PROJECT_JOBS_PAGE)))  # fmt: skip
     return page
 
 

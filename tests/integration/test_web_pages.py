@@ -160,6 +160,36 @@ def test_drill_down_project_to_job_to_device_minutes_matches_the_expected_ledger
     assert len(devices) == job.gpus
 
 
+def test_a_projects_jobs_come_a_page_at_a_time_and_the_csv_holds_them_all(
+    web_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuledger.web import pages
+
+    ledger = expected_ledger(SIM)
+    counts: dict[str, int] = defaultdict(int)
+    for j in ledger.values():
+        if j.team == "vision":
+            counts[j.project] += 1
+    project = max(counts, key=lambda p: counts[p])
+    assert counts[project] >= 3
+    monkeypatch.setattr(pages, "PROJECT_JOBS_PAGE", 2)
+    url = f"/teams/vision/projects/{project}?period={PERIOD}"
+    whole = [r["job_id"] for r in csv_rows(web_app.get(f"{url}&csv=jobs", headers=as_user(LEAD)).text)]
+    assert len(whole) == counts[project]  # the CSV: every job, whatever the page
+    n_pages = -(-len(whole) // 2)
+    seen: list[str] = []
+    for n in range(1, n_pages + 2):
+        html = web_app.get(f"{url}&page={n}", headers=as_user(LEAD)).text
+        shown = re.findall(r'<a href="/jobs/sim/([^"?]+)\?', html)
+        assert len(shown) == (2 if n < n_pages else len(whole) - 2 * (n_pages - 1) if n == n_pages else 0), n
+        assert figures(html)["allocated_gpu_h"] == figures(web_app.get(url, headers=as_user(LEAD)).text)[
+            "allocated_gpu_h"]  # the month's figures on every page
+        assert 'id="job-pages"' in html and (f"<strong>{n}</strong>" in html) == (n <= n_pages)
+        seen += shown
+    assert seen == whole  # most charged first, each job on one page
+    assert web_app.get(f"{url}&page=0", headers=as_user(LEAD)).status_code == 400
+
+
 def test_open_idle_warnings_show_when_the_action_is_due(web_app: Any, web_ledger: Any) -> None:
     ch, _ = web_ledger
     from sinks.db import connect
