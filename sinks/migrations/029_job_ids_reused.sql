@@ -11,7 +11,9 @@
 -- STARTED event whose submit time differs from a started life already stored (the second; whether or not
 -- job_lives_mv has stored the block's own lives by then, they carry the block's submit times). A job's events
 -- share its partition and so one sink, which inserts them in order: two lives of an id are never in two
--- concurrent inserts. A replayed event is checked again. Marking an id that had one life is harmless (its rows
+-- concurrent inserts. A replayed event is checked again. In a materialized view every reference to job_events is
+-- the inserted block, so the second view reads job_lives only for the block's ids (its sorting key's prefix): an
+-- insert's cost does not grow with the history kept. Marking an id that had one life is harmless (its rows
 -- take the general path, which gives them the same start).
 
 CREATE TABLE IF NOT EXISTS job_ids_reused
@@ -39,8 +41,11 @@ FROM
 (
     SELECT cluster, job_id, ifNull(submit_ts_ms, toInt64(0)) AS submit_ms FROM job_events WHERE event_type = 'STARTED'
 ) AS e
-INNER JOIN (SELECT cluster, job_id, submit_ms FROM job_lives WHERE starts > 0) AS l
-    ON e.cluster = l.cluster AND e.job_id = l.job_id
+INNER JOIN
+(
+    SELECT cluster, job_id, submit_ms FROM job_lives
+    WHERE starts > 0 AND (cluster, job_id) IN (SELECT cluster, job_id FROM job_events WHERE event_type = 'STARTED')
+) AS l ON e.cluster = l.cluster AND e.job_id = l.job_id
 WHERE l.submit_ms != e.submit_ms;
 
 -- v_job_lives' rows of the reused ids (an id of one life is never `later`).
