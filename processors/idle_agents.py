@@ -149,10 +149,8 @@ class JobStageAgents:
         self.source = raw_topic(app, *inputs)
         self.appeal_steps: dict[str, dict[str, dict[str, Any]]] = {}  # by job, by event id
         self.granted_states: dict[str, IdleState] = {}  # changed by an appeal, to write
-        self.out_jm = raw_topic(app, k.topic(JOB_MINUTES.name))
-        self.out_alerts = raw_topic(app, k.topic(ALERTS.name))
-        self.out_actions = raw_topic(app, k.topic(RECLAIM_ACTIONS.name))
         self.out_names = (k.topic(JOB_MINUTES.name), k.topic(ALERTS.name), k.topic(RECLAIM_ACTIONS.name))
+        self.out_jm, self.out_alerts, self.out_actions = (raw_topic(app, name) for name in self.out_names)
         state_name = state_topic or k.topic(IDLE_STATE_TOPIC)
         changelog = raw_topic(
             app,
