@@ -49,6 +49,16 @@ def team_url(team: str, period: Period, only: str | None = None) -> str:
     return f"/teams/{quote(team, safe='')}?{_query(period, only)}"
 
 
+def page_count(rows: int, size: int) -> int:
+    """Pages of `size` rows that `rows` fill (one, however few)."""
+    return max(1, -(-rows // size))
+
+
+def one_page(rows: list[Any], page_no: int, size: int) -> list[Any]:
+    """Page `page_no` (from 1) of `rows`, `size` a page; past the last, none."""
+    return rows[(page_no - 1) * size: page_no * size]
+
+
 def project_url(team: str, project: str, period: Period, only: str | None = None) -> str:
     return f"/teams/{quote(team, safe='')}/projects/{quote(project, safe='')}?{_query(period, only)}"
 
@@ -207,7 +217,7 @@ def project_page(wh: Warehouse, team: str, project: str, period: Period, only: s
     rows = m.job_lines(jobs)
     rows.sort(key=lambda r: (-r["charge"], r["cluster"], r["job_id"]))
     first = (page_no - 1) * PROJECT_JOBS_PAGE
-    shown = rows if whole else rows[first:first + PROJECT_JOBS_PAGE]
+    shown = rows if whole else one_page(rows, page_no, PROJECT_JOBS_PAGE)
     span = f"jobs {first + 1}-{first + len(shown)} of {len(rows)}" if shown else f"none of {len(rows)} on this page"
     page.add(Table("jobs", f"Jobs charged to {project}", JOB_COLUMNS, _with_links(shown, period, team, only),
                    links={"job_id": "_job_url"},
@@ -218,7 +228,7 @@ def project_page(wh: Warehouse, team: str, project: str, period: Period, only: s
     page.context.update(team=team, project=project, period=period, figures=sums.figures(), closed=closed,
                         charge=m.money(sums.charge_num), team_url=team_url(team, period, only), only=only,
                         here_url=project_url(team, project, period, only), page_no=page_no,
-                        pages=max(1, -(-len(rows) // PROJECT_JOBS_PAGE)))  # fmt: skip
+                        pages=page_count(len(rows), PROJECT_JOBS_PAGE))  # fmt: skip
     return page
 
 
@@ -276,7 +286,7 @@ def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | 
         raw = wh.device_minutes(cluster, job_id, start, end, DEVICE_MINUTES_CSV_MAX)
         minutes = [_minute_row(r) for r in raw]
         timeline = _timeline(minutes, start, end)
-    shown = minutes if view.csv else minutes[(view.page - 1) * DEVICE_MINUTES_PAGE: view.page * DEVICE_MINUTES_PAGE]
+    shown = minutes if view.csv else one_page(minutes, view.page, DEVICE_MINUTES_PAGE)
     page.add(Table("minutes", f"Device-minutes on {day.isoformat() if day else '-'}", MINUTE_COLUMNS, shown,
                    note=f"{len(minutes)} device-minutes that day; {DEVICE_MINUTES_PAGE} a page, the CSV has them all."))
     corrections = [{**c, "when": m.utc_minute(int(c["ts_ms"]))} for c in wh.corrections(cluster, job_id)]
@@ -288,7 +298,7 @@ def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | 
         project=job.project if job else str((info or {}).get("project") or ""),
         figures=sums.figures(), charge=m.money(sums.charge_num), timeline=timeline, day=day,
         days=[(d, job_url(cluster, job_id, period, view.only, day=d.isoformat())) for d in days if period.contains(d)],
-        pages=max(1, -(-len(minutes) // DEVICE_MINUTES_PAGE)), page_no=view.page, only=view.only,
+        pages=page_count(len(minutes), DEVICE_MINUTES_PAGE), page_no=view.page, only=view.only,
         team_url=team_url(team, period, view.only) if team else "",
         project_url=project_url(team, job.project, period, view.only) if job and team else "",
         start=_when((info or {}).get("start_ts_ms")), end=_when((info or {}).get("end_ts_ms")),
