@@ -94,13 +94,21 @@ def render(alert: dict[str, Any], destination: Destination, default_appeal: str)
     """Title and body: what happened, the evidence, what happens next, and how to appeal."""
     kind = str(alert.get("kind", "ALERT"))
     title = f"[gpuledger] {_TITLES.get(kind, kind)}"
-    if alert.get("job_id"):
+    if alert.get("gang_id"):
+        title += f": gang {alert['gang_id']} on {alert.get('cluster', '?')}"
+    elif alert.get("job_id"):
         title += f": job {alert['job_id']} on {alert.get('cluster', '?')}"
     devices = alert.get("device_uuids") or []
     evidence = [
         f"channel: {destination.channel}",
         f"alert: {alert.get('alert_id')} ({kind}) at {_when(alert.get('ts_ms'))}",
         f"job: {alert.get('job_id') or '-'}  cluster: {alert.get('cluster') or '-'}  node: {alert.get('node') or '-'}",
+    ]
+    if alert.get("members"):
+        members = list(alert["members"])
+        more = " ..." if len(members) > 8 else ""
+        evidence.append(f"gang members: {len(members)} pod(s) {', '.join(members[:8])}{more}")
+    evidence += [
         f"owner: user {alert.get('user') or '-'}, team {alert.get('team') or '-'}, "
         f"project {alert.get('project') or '-'}",
         f"evidence: {len(devices)} device(s) {', '.join(devices[:8])}{' ...' if len(devices) > 8 else ''}",
@@ -134,6 +142,9 @@ class Deduper:
             self._seen.popitem(last=False)
         return True
 
+    def __contains__(self, alert_id: str) -> bool:
+        return alert_id in self._seen
+
 
 class RateLimiter:
     """At most `per_minute` messages per destination in any 60 s window (clock in ms, injected)."""
@@ -160,6 +171,11 @@ class Delivery:
     channel: str = ""
     thread_ts: str = ""  # the id the chat gave the post (format slack), its thread's for the replies to it
     reply_to: str = ""  # a reply's: the alert whose thread it went to
+    # a gang's post: its members' own alerts, journalled as delivered in it (an appeal of one is answered there)
+    members: tuple[str, ...] = ()
+
+
+GangAlerts = Callable[[dict[str, Any]], tuple[bool, dict[str, Any] | None]]  # alert -> (in a gang, the gang's)
 
 
 Sender = Callable[[str, str, str], bool]  # (url, title, body) -> delivered
@@ -235,8 +251,11 @@ class ChatNotifier:
         sender: Sender = apprise_send,
         already_sent: Iterable[str] = (),
         slack_sender: SlackSender = slack_post,
+        gangs: GangAlerts | None = None,
     ) -> None:
         self._chat = chat
+        # a gang member's idle alert -> the gang's alert it completes, or None (held): sinks/gang.py
+        self._gangs = gangs
         self._clock_ms = clock_ms
         self._send = sender
         self._slack_send = slack_sender
@@ -249,6 +268,14 @@ class ChatNotifier:
         alert_id = str(alert.get("alert_id") or "")
         if self._chat.kinds and str(alert.get("kind")) not in self._chat.kinds:
             return Delivery(alert_id, "skipped-kind")
+        members: tuple[str, ...] = ()
+        if self._gangs is not None and alert_id not in self._dedupe:
+            in_gang, gang_alert = self._gangs(alert)
+            if in_gang and gang_alert is None:
+                return Delivery(alert_id, "gang-held")
+            if gang_alert is not None:
+                members = tuple(m for m in gang_alert["member_alert_ids"] if m != gang_alert["alert_id"])
+                alert, alert_id = gang_alert, str(gang_alert["alert_id"])
         if not self._dedupe.first_time(alert_id):
             return Delivery(alert_id, "duplicate")
         dest = resolve(alert, self._chat)
@@ -261,16 +288,21 @@ class ChatNotifier:
         title, body = render(alert, dest, self._chat.appeal_route)
         if self._chat.dry_run:
             log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
-            return Delivery(alert_id, "dry-run", dest.masked, dest.channel)
+            for m in members:
+                self._dedupe.first_time(m)
+            return Delivery(alert_id, "dry-run", dest.masked, dest.channel, members=members)
+        for m in members:  # delivered in the gang's post
+            self._dedupe.first_time(m)
         ok, ts = post(dest, title, body, "", self._send, self._slack_send)
         log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
-        return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel, ts)
+        return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel, ts,
+                        members=members if ok else ())  # fmt: skip
 
 
 # -- the delivery journal (ClickHouse `chat_deliveries`) ---------------------------------------------
 
 # Outcomes worth a row: a send attempt or a routing problem; duplicates and skipped kinds are not.
-RECORDED_STATUSES = frozenset({"sent", "dry-run", "failed", "rate-limited", "no-route", "no-policy"})
+RECORDED_STATUSES = frozenset({"sent", "dry-run", "failed", "rate-limited", "no-route", "no-policy", "gang-held"})
 DELIVERY_COLUMNS = ["alert_id", "ts_ms", "status", "channel", "destination", "thread_ts", "reply_to"]
 
 
@@ -286,12 +318,15 @@ def recently_delivered(client: Any, window: int) -> list[str]:
 
 
 def record_delivery(client: Any, delivery: Delivery, ts_ms: int) -> bool:
-    """Journal one delivery outcome in `chat_deliveries` when it is worth a row; True when written."""
+    """Journal one delivery outcome in `chat_deliveries` when it is worth a row; True when written. A gang's
+    post is journalled under each member's alert too (in the post's thread, `reply_to` the gang's alert)."""
     if delivery.status not in RECORDED_STATUSES:
         return False
-    row = [delivery.alert_id, ts_ms, delivery.status, delivery.channel, delivery.destination, delivery.thread_ts,
-           delivery.reply_to]  # fmt: skip
-    client.insert("chat_deliveries", [row], column_names=DELIVERY_COLUMNS)
+    rows = [[delivery.alert_id, ts_ms, delivery.status, delivery.channel, delivery.destination, delivery.thread_ts,
+             delivery.reply_to]]  # fmt: skip
+    rows += [[m, ts_ms, delivery.status, delivery.channel, delivery.destination, delivery.thread_ts, delivery.alert_id]
+             for m in delivery.members]  # fmt: skip
+    client.insert("chat_deliveries", rows, column_names=DELIVERY_COLUMNS)
     return True
 
 

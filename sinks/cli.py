@@ -417,6 +417,7 @@ def chat_run(
     from schemas.topics import ALERTS, APPEALS
     from sinks.chat import ChatNotifier, local_receiver_routes, recently_delivered, record_delivery
     from sinks.chat_appeals import appeal_notifier
+    from sinks.gang import ClickHouseGangs
     from sinks.streams import consume_records
 
     settings = start_service(state_dir)
@@ -425,7 +426,7 @@ def chat_run(
     if local_receiver is not None:
         chat = local_receiver_routes(chat, local_receiver)
     recent = recently_delivered(client, chat.dedupe_window)
-    notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=recent)
+    notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=recent, gangs=ClickHouseGangs(client).alert)
     policy = None if settings.policy_path is None else load_policy(settings.policy_path)
     appeals = appeal_notifier(chat, client, settings.kafka, policy, recent)
 
@@ -452,7 +453,7 @@ def chat_run(
 def _executor(settings: Settings, execute: bool, *, recheck: bool = True) -> Any:
     """`recheck`: before acting, confirm in ClickHouse that the job is still allocated and idle (the
     actions the processors decided); a manual `reclaim exec` names its job itself and is not re-checked."""
-    from sinks.gang import ClickHouseGang
+    from sinks.gang import ClickHouseGangs
     from sinks.kube_owner import kubernetes_owner
     from sinks.reclaim import ClickHouseJobState, ClickHouseRecorder, ReclaimExecutor
 
@@ -466,7 +467,7 @@ def _executor(settings: Settings, execute: bool, *, recheck: bool = True) -> Any
         clock_ms=_now_ms,
         job_state=state if recheck else None,
         kueue_owner=kubernetes_owner,  # a Kubernetes job is a pod: deactivate the Workload that owns it
-        gang_check=ClickHouseGang(client, state) if recheck else None,  # a gang is reclaimed only when all idle
+        gang_check=ClickHouseGangs(client, state) if recheck else None,  # a gang is reclaimed once, all idle and due
     )
 
 

@@ -23,7 +23,7 @@ import re
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -161,7 +161,7 @@ def recheck(now: JobNow) -> Recheck:
 
 
 JobState = Callable[[str, str], JobNow]  # (cluster, job_id) -> JobNow
-GangCheck = Callable[[str, str], Recheck]  # (cluster, job_id) -> may its whole gang be reclaimed
+GangCheck = Callable[[Mapping[str, Any]], Recheck]  # the action -> may its job's whole gang be reclaimed
 
 
 class ClickHouseJobState:
@@ -279,8 +279,8 @@ class ReclaimExecutor:
         # (namespace, job name) -> the Workload owning the pod (sinks/kube_owner.py); None: the job id names
         # the Workload itself
         self._kueue_owner = kueue_owner
-        # (cluster, job_id) -> whether the job's whole gang may be reclaimed (sinks/gang.py); asked only
-        # after the job's own re-check passed
+        # the action -> whether its job's whole gang may be reclaimed now (sinks/gang.py); asked only after the
+        # job's own re-check passed
         self._gang_check = gang_check
         self._owner_patch = owner_patch
         self._owner_create = owner_create
@@ -321,7 +321,7 @@ class ReclaimExecutor:
             outcomes = [outcome(0, "", "failed", str(exc))]
             self._recorder.record(outcomes)
             return outcomes
-        verdict = self._recheck(base["cluster"], base["job_id"])
+        verdict = self._recheck(base["cluster"], base["job_id"], action)
         if not verdict.ok:
             outcomes = [outcome(0, "", "skipped", f"re-check: {verdict.reason}: {verdict.detail}")]
             self._recorder.record(outcomes)
@@ -348,13 +348,13 @@ class ReclaimExecutor:
             outcomes.append(done)
         return outcomes
 
-    def _recheck(self, cluster: str, job_id: str) -> Recheck:
+    def _recheck(self, cluster: str, job_id: str, action: Mapping[str, Any]) -> Recheck:
         if self._job_state is None:
             return Recheck(True, "ok", "not re-checked")
         try:
             verdict = recheck(self._job_state(cluster, job_id))
             if verdict.ok and self._gang_check is not None:
-                verdict = self._gang_check(cluster, job_id)
+                verdict = self._gang_check(action)
         except Exception as exc:  # the warehouse is unreachable or refused: do not act blind
             verdict = Recheck(False, "check-failed", f"{type(exc).__name__}: {exc}"[:500])
         if not verdict.ok:

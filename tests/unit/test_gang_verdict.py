@@ -27,3 +27,11 @@ def test_one_busy_or_dark_member_keeps_the_gang() -> None:
 
 def test_the_job_itself_is_not_judged_again() -> None:
     assert gang_verdict("g", "a", {"a": BUSY, "b": IDLE}).ok
+
+
+def test_an_idle_member_whose_grace_is_not_over_keeps_the_gang_until_it_is() -> None:
+    v = gang_verdict("g", "a", {"b": IDLE, "c": ENDED}, due={"b": False})
+    assert (v.ok, v.reason) == (False, "gang-not-due") and "member b" in v.detail
+    assert gang_verdict("g", "a", {"b": IDLE, "c": ENDED}, due={"b": True}).ok  # an ended member need not be due
+    v = gang_verdict("g", "a", {"b": BUSY}, due={"b": True})
+    assert v.reason == "gang-busy"  # busy outranks due: it woke up since its notice
