@@ -248,6 +248,6 @@ class ClickHouseGangs:
         if gang is None or len(gang.members) <= 1:
             return Recheck(True, "ok", "not in a gang")
         others = [m for m in gang.members if m != job_id]
-        latest = self.latest(cluster, others)
+        latest = self.latest(cluster, others, int(action.get("ts_ms") or 2**62))  # the gang when it was decided
         due = {m: m in latest and latest[m].kind == "RECLAIM_NOTICE" for m in others}
         return gang_verdict(gang.gang_id, job_id, {m: self._job_state(cluster, m) for m in others}, due)
