@@ -274,10 +274,17 @@ class AlertRow:
     dry_run: bool
 
 
-def open_warnings(alerts: Iterable[AlertRow], job_states: Mapping[tuple[str, str], str],
-                  now_ms: int) -> list[dict[str, Any]]:  # fmt: skip
+Gangs = Mapping[tuple[str, str], Mapping[str, str]]  # (cluster, gang id) -> member job -> its latest event
+
+
+def open_warnings(alerts: Iterable[AlertRow], job_states: Mapping[tuple[str, str], str], now_ms: int,
+                  gangs: Gangs | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The idle warnings still open: a job's latest idle alert is a warning (not resolved, not reclaimed)
-    and the job has not ended. Each with when its action is due, relative to `now_ms` (soonest first)."""
+    and the job has not ended. Each with when its action is due, relative to `now_ms` (soonest first).
+
+    `gangs`: (cluster, gang id) -> each member pod -> its latest event. A gang is one line, as chat warns it
+    (`sinks/gang.py`): open once every member still holding devices is warned and not all of them reclaimed; due
+    when its latest member's action is; its pods' own warnings are not lines of their own."""
     latest: dict[tuple[str, str], AlertRow] = {}
     for alert in alerts:
         if alert.kind not in WARNING_KINDS:
@@ -286,21 +293,42 @@ def open_warnings(alerts: Iterable[AlertRow], job_states: Mapping[tuple[str, str
         seen = latest.get(key)
         if seen is None or _order(alert) > _order(seen):
             latest[key] = alert
+    in_gang = {(cluster, job) for (cluster, _), members in (gangs or {}).items() if len(members) > 1 for job in members}
     out = []
     for key, alert in latest.items():
-        if alert.kind != "IDLE_WARNING" or job_states.get(key) in ENDED_STATES:
+        if key in in_gang or alert.kind != "IDLE_WARNING" or job_states.get(key) in ENDED_STATES:
             continue
-        due = alert.action_at_ms
-        out.append({
-            "cluster": alert.cluster, "job_id": alert.job_id, "user": alert.user, "project": alert.project,
-            "idle_minutes": alert.idle_minutes, "warned_at": _utc(alert.ts_ms), "action": alert.action or "",
-            "due_at": _utc(due) if due is not None else "", "due": due_text(due, now_ms),
-            "dry_run": alert.dry_run,
-            "cost_so_far": None if alert.cost_so_far is None else Decimal(str(alert.cost_so_far)).quantize(CENT),
-            "_due_ms": due if due is not None else 1 << 62,
-        })  # fmt: skip
+        out.append(_warning_line(alert.cluster, alert.job_id, [alert], now_ms, gang=False))
+    for (cluster, gang), members in sorted((gangs or {}).items()):
+        live = [latest.get((cluster, job)) for job, state in sorted(members.items()) if state not in ENDED_STATES]
+        if len(members) <= 1 or not live or any(a is None or a.kind == "IDLE_RESOLVED" for a in live):
+            continue
+        warned = [a for a in live if a is not None]
+        if any(a.kind == "IDLE_WARNING" for a in warned):
+            out.append(_warning_line(cluster, gang, warned, now_ms, gang=True))
     out.sort(key=lambda r: (r["_due_ms"], r["cluster"], r["job_id"]))
     return out
+
+
+def _warning_line(cluster: str, job_id: str, warned: list[AlertRow], now_ms: int, *, gang: bool) -> dict[str, Any]:
+    """One open warning: a job's, or a gang's from its members' latest alerts (the last warned names the owner and
+    the time; the grace is one for all, so a pod past its notice was warned before; due at the latest member's
+    action; the cost theirs together)."""
+    last = max(warned, key=lambda a: (a.kind == "IDLE_WARNING", a.ts_ms))  # the gang's warning: its last pod's
+    due_all = [a.action_at_ms for a in warned if a.action_at_ms is not None]
+    due = max(due_all) if due_all else None
+    costs = [a.cost_so_far for a in warned]
+    cost = None if any(c is None for c in costs) else sum((Decimal(str(c)) for c in costs if c is not None), Decimal(0))
+    line = {
+        "cluster": cluster, "job_id": job_id, "user": last.user, "project": last.project,
+        "idle_minutes": min((a.idle_minutes for a in warned if a.idle_minutes is not None), default=None),
+        "warned_at": _utc(last.ts_ms), "action": last.action or "",
+        "due_at": _utc(due) if due is not None else "", "due": due_text(due, now_ms), "dry_run": last.dry_run,
+        "cost_so_far": None if cost is None else cost.quantize(CENT), "_due_ms": due if due is not None else 1 << 62,
+    }  # fmt: skip
+    if gang:
+        line["_gang"] = True
+    return line
 
 
 def _order(alert: AlertRow) -> tuple[int, int]:

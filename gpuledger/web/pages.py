@@ -152,11 +152,15 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
                    _with_links(m.most_idle_cost(usage.most_idle), period, team, only), links=links,
                    note="Idle: held, with telemetry, and neither active nor starved."))  # fmt: skip
     alerts = alerts_read.result()
-    states = wh.job_states(sorted({(a.cluster, a.job_id) for a in alerts}))
-    page.add(Table("warnings", "Open idle warnings", WARNING_COLUMNS,
-                   _with_links(m.open_warnings(alerts, states, now_ms), period, team, only), links=links,
+    keys = sorted({(a.cluster, a.job_id) for a in alerts})
+    states, gangs = wh.job_states(keys), wh.gangs(keys)
+    warnings = _with_links(m.open_warnings(alerts, states, now_ms, gangs), period, team, only)
+    for row in warnings:
+        if row.pop("_gang", False):
+            row.pop("_job_url", None)  # a gang is no job of its own: its pods' pages are the evidence
+    page.add(Table("warnings", "Open idle warnings", WARNING_COLUMNS, warnings, links=links,
                    note="Warnings of the last 14 days whose job still holds its devices and was neither resolved "
-                        "nor reclaimed."))  # fmt: skip
+                        "nor reclaimed. A Kubernetes gang is one line, open once all its pods are idle."))  # fmt: skip
     days = m.daily_series(days_read.result() if days_read is not None else usage.days or [], period.start,
                           period.days)  # fmt: skip
     sums = usage.total

@@ -348,6 +348,24 @@ class Warehouse(_FleetReads):
         )
         return {(str(c), str(j)): str(s) for c, j, s in rows}
 
+    def gangs(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
+        """The gangs of these jobs: (cluster, gang id) -> each member (a job whose events named devices) -> its
+        latest event. Jobs in no gang are in none."""
+        if not keys:
+            return {}
+        rows = self._rows(
+            "SELECT cluster, gang_id, job_id, argMax(event_type, (ts_ms, event_id)) FROM job_events "
+            "WHERE (cluster, gang_id) IN (SELECT cluster, assumeNotNull(gang_id) FROM job_events "
+            "WHERE (cluster, job_id) IN {keys:Array(Tuple(String, String))} AND gang_id IS NOT NULL) "
+            "GROUP BY cluster, gang_id, job_id "
+            "HAVING countIf(event_type IN ('STARTED', 'RESUMED', 'UPDATED') AND allocations != '[]') > 0",
+            keys=keys,
+        )
+        out: dict[tuple[str, str], dict[str, str]] = {}
+        for cluster, gang, job, state in rows:
+            out.setdefault((str(cluster), str(gang)), {})[str(job)] = str(state)
+        return out
+
     def job(self, cluster: str, job_id: str) -> dict[str, Any] | None:
         cols = ("state", "user", "project", "team", "cost_centre", "job_name", "pricing_tier", "preemptible",
                 "gang_size", "start_ts_ms", "end_ts_ms")  # fmt: skip

@@ -1,13 +1,14 @@
 """A Kubernetes gang warned once and reclaimed once, through the real parts (issue 18): the job stage
 (`processors run --stage job`) judges each pod of gang `kueue:ml/wl` on its own and emits its alerts and
-action; `sink run` writes the job events, job-minutes, alerts and actions into ClickHouse; `chat run` posts to the local webhook
-receiver (apprise, real HTTP); `reclaim run` plans the actions (dry run).
+action; `sink run` writes the job events, job-minutes, alerts and actions into ClickHouse; `chat run` posts to
+the local webhook receiver (apprise, real HTTP); `reclaim run` plans the actions (dry run).
 
 Pod p0 is idle from its start; p1 computes for two minutes, then is idle. Each pod gets its warning, notice
 and action from the processors, but people get one warning naming the gang, when p1 (the last) is warned, and
 one reclaim notice when p1's grace is over; the executor skips p0's action (p1's grace is not over then) and
 plans p1's, the gang's one reclaim. The chat and the executor run after the sink wrote everything, so each
-alert and action is judged against the gang as it was when it was made, not as the warehouse holds it now."""
+alert and action is judged against the gang as it was when it was made, not as the warehouse holds it now. The
+team page's read, as the analyst, shows the gang as one open warning between p1's warning and its action."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from fixtures_cli import run_gpuledger
 from test_processor_harness import REPO, create_topics, publish, start_worker, wait, worker_env
 
 from base.settings import ClickHouseSettings
+from gpuledger.web.model import open_warnings
+from gpuledger.web.queries import Warehouse
 from processors.testing import T0, job_event
 from schemas.topics import ALERTS, DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
 from sinks.chat import WebhookReceiver
@@ -69,7 +72,8 @@ def test_a_gang_is_warned_once_and_reclaimed_once_end_to_end(
     assert wait(worker, 300) == 0, log.read_text()[-3000:]
 
     ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password)  # fmt: skip
+                            password=clickhouse_server.password,
+                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
     client = connect(ch)
     migrate(client, ch)
     receiver = WebhookReceiver(port=0).start()
@@ -113,6 +117,17 @@ def test_a_gang_is_warned_once_and_reclaimed_once_end_to_end(
                                 "ORDER BY job_id, step").result_rows  # fmt: skip
         assert [(j, s) for j, s, _ in outcomes] == [("ml/p0", "skipped"), ("ml/p1", "planned")]
         assert outcomes[0][2] == f"re-check: gang-not-due: gang {GANG}: member ml/p1: idle, its grace not over yet"
+
+        # The team page (as the analyst reads it): between p1's warning and its action, one line, the gang's
+        wh = Warehouse(connect(ch, analyst=True))
+        alerts = wh.team_alerts("vision", T0)
+        keys = sorted({(a.cluster, a.job_id) for a in alerts})
+        gangs = wh.gangs(keys)
+        assert gangs == {("c1", GANG): {"ml/p0": "STARTED", "ml/p1": "STARTED"}}
+        before = [a for a in alerts if a.ts_ms <= T0 + 6 * MIN]
+        [line] = open_warnings(before, wh.job_states(keys), T0 + 6 * MIN, gangs)
+        assert (line["job_id"], line["due"], line["warned_at"]) == (GANG, "in 1 min", "2026-03-02 11:25 UTC")
+        assert open_warnings(alerts, wh.job_states(keys), T0 + 8 * MIN, gangs) == []  # reclaimed
     finally:
         receiver.stop()
         client.close()

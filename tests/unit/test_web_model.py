@@ -121,6 +121,26 @@ def test_open_warnings_soonest_first_and_other_kinds_ignored() -> None:
     assert [r["job_id"] for r in m.open_warnings(rows, {}, T0)] == ["b", "a"]
 
 
+def test_a_gang_is_one_warning_once_all_its_pods_are_idle_due_at_its_latest_pods_action() -> None:
+    gang = {("c1", "kueue:ml/wl"): {"ml/p0": "STARTED", "ml/p1": "STARTED"}}
+    p0 = alert("IDLE_WARNING", 30, "ml/p0", due=45)
+    assert m.open_warnings([p0], {}, T0, gang) == []  # p1 is not idle: the gang is not warned, nor is p0 alone
+    p1 = alert("IDLE_WARNING", 40, "ml/p1", due=55)
+    solo = alert("IDLE_WARNING", 41, "9", due=50)
+    rows = m.open_warnings([p0, alert("RECLAIM_NOTICE", 45, "ml/p0"), p1, solo], {}, T0 + 46 * 60_000, gang)
+    assert [(r["job_id"], r["due_at"], r.get("_gang", False)) for r in rows] == [
+        ("9", "2026-11-10 12:50 UTC", False), ("kueue:ml/wl", "2026-11-10 12:55 UTC", True)]
+    line = rows[1]
+    assert line["warned_at"] == "2026-11-10 12:40 UTC" and line["cost_so_far"] == Decimal("3.00")
+    assert line["due"] == "in 9 min" and line["idle_minutes"] == 30
+    # every pod reclaimed, or one awake: no open warning; a pod that ended does not hold the gang's
+    done = [p0, alert("RECLAIM_NOTICE", 45, "ml/p0"), p1, alert("RECLAIM_NOTICE", 55, "ml/p1")]
+    assert m.open_warnings(done, {}, T0, gang) == []
+    assert m.open_warnings([p0, p1, alert("IDLE_RESOLVED", 42, "ml/p1")], {}, T0, gang) == []
+    ended = {("c1", "kueue:ml/wl"): {"ml/p0": "STARTED", "ml/p1": "ENDED"}}
+    assert [r["job_id"] for r in m.open_warnings([p0], {}, T0, ended)] == ["kueue:ml/wl"]
+
+
 def test_durations_in_words() -> None:
     assert m.due_text(None, T0) == "no action set"
     assert m.due_text(T0 + 3 * 3_600_000 + 60_000, T0) == "in 3 h 1 min"
