@@ -112,7 +112,7 @@ def _gang_record(gang: Gang, alert: Mapping[str, Any], kind: str, spell: Mapping
     cost = None if any(c is None for c in costs) else round(sum(float(c) for c in costs if c is not None), 6)
     due = [int(a.record["action_at_ms"]) for a in spell.values() if a.record.get("action_at_ms") is not None]
     idle = min(int(a.record.get("idle_minutes") or 0) for a in spell.values())
-    names = ", ".join(spell)
+    names = ", ".join(list(spell)[:8]) + (f" and {len(spell) - 8} more" if len(spell) > 8 else "")
     if kind == "IDLE_WARNING":
         message = (f"Gang {gang.gang_id}: all {len(spell)} pods ({len(devices)} devices) are idle, the whole gang "
                    f"for {idle} minutes: {names}. The gang is judged, warned and reclaimed as one.")  # fmt: skip
