@@ -10,8 +10,10 @@ Model:
   a node (devices from `PodDeviceSource`: kubelet PodResources where reachable, else dcgm-exporter's pod
   labels), UPDATED when device UUIDs become known later, ENDED when it finishes or is deleted
   (exit_state PREEMPTED when it was evicted/preempted).
-- a gang is the pods of one Kueue Workload, Volcano PodGroup or JobSet: `gang_id` names it
-  (`kueue:ns/workload`, `volcano:ns/podgroup`, `jobset:ns/name`); `gang_size` is the gang's device total.
+- a gang is the pods of one Kueue Workload, Volcano PodGroup, JobSet, Kubeflow training job (PyTorchJob, MPIJob,
+  ...) or coscheduling PodGroup: `gang_id` names it (`kueue:ns/workload`, `volcano:ns/podgroup`, `jobset:ns/name`,
+  `kubeflow:ns/job`, `coscheduling:ns/podgroup`; a Kueue Workload owning the job wins over the last two);
+  `gang_size` is the gang's device total.
 - Kueue Workloads and Volcano PodGroups are jobs of their own kind (scheduler KUEUE/VOLCANO) carrying the
   gang's queue-level life: admission (UPDATED), eviction by preemption (PREEMPTED), deactivation via
   `spec.active=false` (SUSPENDED, then RESUMED), other evictions/requeues (REQUEUED), finish (ENDED).
@@ -47,6 +49,8 @@ USER_KEYS = ("gpuledger.io/user", "kueue.x-k8s.io/user")
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUBEFLOW_JOB = "training.kubeflow.org/job-name"  # the pods of a PyTorchJob, MPIJob, TFJob (training and MPI operators)
+COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins' coscheduling PodGroup
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
 PREEMPT_REASONS = frozenset(
@@ -236,6 +240,10 @@ class GangBook:
         for uid in [m.get("uid"), *(o.get("uid") for o in m.get("ownerReferences") or ())]:
             if uid and uid in self.workload_by_owner_uid:
                 return self.workload_by_owner_uid[uid]
+        if labels.get(KUBEFLOW_JOB):
+            return f"kubeflow:{ns}/{labels[KUBEFLOW_JOB]}"
+        if labels.get(COSCHEDULING_GROUP):
+            return f"coscheduling:{ns}/{labels[COSCHEDULING_GROUP]}"
         return None
 
     def state(self, gang: str | None) -> _GangState | None:

@@ -277,6 +277,22 @@ def test_pods_of_a_preempted_workload_end_as_preempted():
     assert (ended["event_type"], ended["exit_state"]) == ("ENDED", "PREEMPTED")
 
 
+def test_kubeflow_and_coscheduling_gangs_from_pod_labels_unless_a_workload_owns_the_job():
+    tracker = KubeTracker(EventContext("c"))
+    pod = copy.deepcopy(_pod_lifecycle()[1][1])
+    pod["metadata"]["labels"].pop("kueue.x-k8s.io/pod-group-name", None)
+    pod["metadata"]["labels"]["training.kubeflow.org/job-name"] = "bert"
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert",
+                                           "uid": "pt-1", "controller": True}]
+    assert tracker.gang_of(pod) == "kubeflow:kueue-dws/bert"
+    tracker.book.workload_by_owner_uid["pt-1"] = "kueue:kueue-dws/pytorchjob-bert-1a2b3"  # Kueue admits the job
+    assert tracker.gang_of(pod) == "kueue:kueue-dws/pytorchjob-bert-1a2b3"
+    plain = copy.deepcopy(_pod_lifecycle()[1][1])
+    plain["metadata"]["labels"].pop("kueue.x-k8s.io/pod-group-name", None)
+    plain["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "pg-7"
+    assert tracker.gang_of(plain) == "coscheduling:kueue-dws/pg-7"
+
+
 def test_jobset_gang_size_sums_its_running_pods():
     tracker = KubeTracker(EventContext("c"))
     sizes = []
