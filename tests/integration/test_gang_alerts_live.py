@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from fixtures_cli import run_gpuledger
+from fixtures_web import cli_env
 from test_processor_harness import REPO, create_topics, publish, start_worker, wait, worker_env
 
 from base.settings import ClickHouseSettings
@@ -79,14 +80,11 @@ def test_a_gang_is_warned_once_and_reclaimed_once_end_to_end(
     receiver = WebhookReceiver(port=0).start()
     route = f"json://127.0.0.1:{receiver.port}/v"
     env = {
-        **os.environ,
-        "GPULEDGER_CONFIG": str(REPO / "tests" / "no-such-gpuledger.toml"),
+        **{k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")},
+        **cli_env(ch),
         "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
         "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix,
         "GPULEDGER_SINKS__GROUP_ID": prefix + "sinks",
-        "GPULEDGER_CLICKHOUSE__URL": ch.url,
-        "GPULEDGER_CLICKHOUSE__DATABASE": ch.database,
-        "GPULEDGER_CLICKHOUSE__PASSWORD": ch.password.get_secret_value(),
         "GPULEDGER_SINKS__CHAT__TEAMS": json.dumps({"vision": {"url": route, "channel": "#vision-gpu"}}),
     }
     try:
