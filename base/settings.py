@@ -234,6 +234,8 @@ class SinksSettings(BaseModel):
     topics: list[str] = Field(default_factory=list)  # empty: every topic the sinks know
     batch_max_records: int = 5000
     batch_max_wait_s: float = 1.0
+    # Raw samples handed to ClickHouse as one Avro container per batch (sinks/bulk_samples.py); false: record by record.
+    bulk_raw_samples: bool = True
     retry_initial_s: float = 0.5
     retry_max_s: float = 10.0
     ratecard_path: Path | None = None  # default: the card shipped in sinks/ratecard.toml

@@ -133,28 +133,20 @@ class ScrapeTemplate:
     def __init__(self, codec: AvroCodec, i: int) -> None:
         from processors.testing import scrape
         from schemas.topics import DEVICE_SAMPLES
+        from sinks.bulk_samples import zigzag
 
         idle, starved = kind_of(i)
         marker = 7_777_777_777_777
         body = codec.encode(
             DEVICE_SAMPLES.subject, scrape(node_name(i), marker, node_devices(i, idle, starved), "bench")
         )
-        enc = _zigzag(marker)
+        self._zigzag = zigzag
+        enc = zigzag(marker)
         at = body.index(enc)
         self.head, self.tail = body[:at], body[at + len(enc) :]
 
     def at(self, ts_ms: int) -> bytes:
-        return self.head + _zigzag(ts_ms) + self.tail
-
-
-def _zigzag(v: int) -> bytes:
-    n = (v << 1) ^ (v >> 63)
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+        return self.head + self._zigzag(ts_ms) + self.tail
 
 
 def produce_backlog(bootstrap: str, prefix: str, nodes: int, scrapes: int, start_ms: int) -> None:

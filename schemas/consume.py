@@ -240,6 +240,9 @@ class Refused:
 
 # What a handler returns: the records of the batch it refused (None or empty: it took them all).
 BatchHandler = Callable[[list[Received]], Iterable[Refused] | None]
+# Lands the records it can take without their being decoded here (sinks/bulk_samples.py) and returns the others;
+# it lands all it took or none, and the loop decodes and hands on what it returns.
+BulkLander = Callable[[list[SourceRecord]], list[SourceRecord]]
 
 
 @dataclass(slots=True)
@@ -247,6 +250,7 @@ class LoopStats:
     batches: int = 0
     records: int = 0  # consumed (errors from the client aside)
     decoded: int = 0  # handed to the handler
+    bulk: int = 0  # landed by the bulk lander, not decoded here
     dead_lettered: int = 0  # undecodable, invalid or refused
     commits_failed: int = 0
 
@@ -284,12 +288,14 @@ class ConsumerLoop:
         batch_max_wait_s: float = 0.5,
         clock: Clock = wall_clock_ms,
         config: Mapping[str, Any] | None = None,  # librdkafka keys over the factory's consumer defaults
+        bulk: BulkLander | None = None,
     ) -> None:
         self._kafka = kafka
         self.group_id = group_id
         self.codec = codec or AvroCodec.from_settings(kafka)
         self.publisher = publisher or RecordPublisher(kafka, self.codec)
         self._validate = validate
+        self._bulk = bulk
         self._batch = (batch_max_records, batch_max_wait_s)
         self._clock = clock
         self.consumer: Any = new_consumer(
@@ -340,9 +346,13 @@ class ConsumerLoop:
         if not records:
             self._commit_again()
             return 0
+        sources = [SourceRecord.of(m) for m in records]
+        if self._bulk is not None:  # what it lands needs no decoding here
+            left = self._bulk(sources)
+            self.stats.bulk += len(sources) - len(left)
+            sources = left
         good: list[Received] = []
-        for msg in records:
-            source = SourceRecord.of(msg)
+        for source in sources:
             decoded = _decode_or_dead_letter(
                 source, self.codec, self.publisher, None, self._kafka.topic_prefix, self._validate, self._clock
             )

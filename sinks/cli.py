@@ -122,6 +122,11 @@ def _metered_sink_class(settings: Settings) -> Any:
                 m.records_out(table, n)
             return result
 
+        def _bulk_landed(self, rows: int) -> None:
+            super()._bulk_landed(rows)
+            if rows:
+                m.records_out("raw_samples", rows)
+
     return MeteredSink
 
 

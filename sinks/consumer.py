@@ -20,7 +20,8 @@ from base.settings import KafkaSettings, SinksSettings
 from schemas.codec import AvroCodec
 from schemas.consume import ConsumerLoop, Received, Refused, SourceRecord
 from schemas.publish import RecordPublisher
-from schemas.topics import Topic
+from schemas.topics import DEVICE_SAMPLES, Topic
+from sinks.bulk_samples import RawSampleBulk
 from sinks.rows import DEFAULT_TOPICS, SINKS, TOPICS_BY_NAME, TableSpec
 from sinks.writer import ClickHouseUnavailable, LedgerWriter, Origin, Pending, Rejected, WriteResult
 
@@ -76,6 +77,10 @@ class LedgerSink:
             kafka.topic(n): (TOPICS_BY_NAME[n], SINKS[n]) for n in names
         }
         codec = codec or AvroCodec.from_settings(kafka)
+        samples = kafka.topic(DEVICE_SAMPLES.name)
+        self._bulk = (
+            RawSampleBulk(writer.client, codec, samples) if sinks.bulk_raw_samples and samples in self._routes else None
+        )
         self.loop = ConsumerLoop(
             kafka,
             sinks.group_id,
@@ -86,6 +91,7 @@ class LedgerSink:
             batch_max_wait_s=sinks.batch_max_wait_s,
             clock=clock_ms,
             config={"isolation.level": "read_committed"},
+            bulk=self._land_in_bulk if self._bulk is not None else None,
         )
         self._rows_inserted = 0
         self._duplicates_skipped = 0
@@ -128,6 +134,17 @@ class LedgerSink:
         self._rows_inserted += sum(result.inserted.values())
         self._duplicates_skipped += result.skipped_duplicates
         return refused
+
+    def _land_in_bulk(self, records: list[SourceRecord]) -> list[SourceRecord]:
+        """Raw samples straight into ClickHouse (`sinks.bulk_samples`); returns what goes record by record."""
+        assert self._bulk is not None
+        before = self._bulk.stats.rows
+        left = self._bulk(records)
+        self._bulk_landed(self._bulk.stats.rows - before)
+        return left
+
+    def _bulk_landed(self, rows: int) -> None:
+        self._rows_inserted += rows
 
     # -- pieces -----------------------------------------------------------------------------
 

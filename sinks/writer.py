@@ -93,6 +93,10 @@ class LedgerWriter:
     def __init__(self, client: Any) -> None:
         self._client = client
 
+    @property
+    def client(self) -> Any:
+        return self._client
+
     def write(self, pending: Sequence[Pending]) -> WriteResult:
         """Insert a batch. Raises `ClickHouseUnavailable` (nothing to commit: retry the same batch,
         which is safe); otherwise returns counts and the rows ClickHouse rejected."""
