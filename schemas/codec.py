@@ -356,6 +356,11 @@ class AvroCodec:
         self._by_registry_id[schema_id] = writer
         return writer
 
+    def framing(self, data: bytes) -> tuple[WriterSchema, int]:
+        """The writer schema `data`'s framing names (asking the registry for an id not seen yet) and where the body
+        starts; raises as `decode` does for a framing it cannot resolve."""
+        return self._writer(data)
+
     def decode(self, data: bytes, expected_subject: str | None = None) -> Decoded:
         writer, start = self._writer(data)
         if expected_subject is not None and writer.subject != expected_subject:

@@ -8,8 +8,9 @@ holding a record (head, scrape, tail) of `WRAPPER_NAME`, where head and tail are
 `raw_samples`, the same rows as the row path (a test compares them).
 
 What makes it as strict as the row path, without Python reading a body:
-- only a record whose single-object header names the schema version the table was built for
-  (`TABLE_FINGERPRINT`) comes here; any other framing goes record by record;
+- only a record whose header names the schema version the table was built for (`TABLE_FINGERPRINT`) comes here:
+  a single-object header with that fingerprint, or a Confluent header whose registry id the codec resolves to it;
+  any other framing goes record by record;
 - a body is exactly one datum, or the insert fails: a short one ends its block early (the reader's error), a
   long one makes the tail read something other than the head (the view's `throwIf`), and the number is drawn per
   insert, so no record can carry it;
@@ -31,7 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas import DEFAULT_STORE, SchemaStore
-from schemas.codec import SINGLE_OBJECT_HEADER_LEN, SINGLE_OBJECT_MAGIC, AvroCodec, _strip_logical_types
+from schemas.codec import (
+    CONFLUENT_HEADER_LEN,
+    CONFLUENT_MAGIC,
+    SINGLE_OBJECT_HEADER_LEN,
+    SINGLE_OBJECT_MAGIC,
+    AvroCodec,
+    _strip_logical_types,
+)
 from schemas.consume import SourceRecord
 from schemas.topics import DEVICE_SAMPLES
 
@@ -43,6 +51,7 @@ TABLE_FINGERPRINT = bytes.fromhex("1c99069b247bf201")
 WRAPPER_NAME = "gpuledger.bulk.RawScrapeBlock"
 OCF_MAGIC = b"Obj\x01"
 SYNC_LEN = 16
+REGISTRY_IDS_KEPT = 1024  # Confluent headers remembered (a registry holds a few versions of a subject)
 
 
 def zigzag(value: int) -> bytes:
@@ -106,8 +115,10 @@ class RawSampleBulk:
 
     def __init__(self, client: Any, codec: AvroCodec, topic: str, *, store: SchemaStore = DEFAULT_STORE) -> None:
         self._client = client
+        self._codec = codec
         self._topic = topic  # the broker-side name
         self._header = SINGLE_OBJECT_MAGIC + TABLE_FINGERPRINT
+        self._registry_ids: dict[bytes, bool] = {}  # Confluent header -> whether it names the table's version
         self.enabled = codec.fingerprint(DEVICE_SAMPLES.subject) == TABLE_FINGERPRINT
         if not self.enabled:
             log.warning("raw samples go record by record: %s's latest schema is not the one %s was built for",
@@ -116,21 +127,41 @@ class RawSampleBulk:
         self._container_header = container_header(wrapper_schema(store), self._sync)
         self.stats = BulkStats()
 
+    def _header_len(self, value: bytes) -> int:
+        """How long the header of a record this path takes is; 0 for a record it leaves to the row path."""
+        if value[:SINGLE_OBJECT_HEADER_LEN] == self._header:
+            return SINGLE_OBJECT_HEADER_LEN
+        if value[:1] != CONFLUENT_MAGIC or len(value) < CONFLUENT_HEADER_LEN:
+            return 0
+        head = value[:CONFLUENT_HEADER_LEN]
+        ours = self._registry_ids.get(head)
+        if ours is None:
+            try:
+                writer, _ = self._codec.framing(value)
+            except Exception:  # an id the registry cannot say now: the row path decides (and dead-letters)
+                return 0
+            ours = writer.fingerprint == TABLE_FINGERPRINT
+            if len(self._registry_ids) < REGISTRY_IDS_KEPT:
+                self._registry_ids[head] = ours
+        return CONFLUENT_HEADER_LEN if ours else 0
+
     def __call__(self, records: list[SourceRecord]) -> list[SourceRecord]:
         if not self.enabled:
             return records
-        header, topic = self._header, self._topic
+        topic = self._topic
         mine: list[SourceRecord] = []
+        bodies: list[memoryview] = []
         others: list[SourceRecord] = []
         for r in records:
             value = r.value
-            if r.topic == topic and value is not None and value[:SINGLE_OBJECT_HEADER_LEN] == header:
+            start = self._header_len(value) if r.topic == topic and value is not None else 0
+            if start and value is not None:
                 mine.append(r)
+                bodies.append(memoryview(value)[start:])
             else:
                 others.append(r)
         if not mine:
             return records
-        bodies = [memoryview(r.value)[SINGLE_OBJECT_HEADER_LEN:] for r in mine if r.value is not None]
         data = container(self._container_header, self._sync, bodies, secrets.randbits(63))
         try:
             summary = self._client.raw_insert(TABLE, insert_block=data, fmt="Avro")

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from base.settings import ClickHouseSettings, KafkaSettings, SinksSettings
-from processors.testing import device, scrape
+from processors.testing import device, job_event, scrape
 from schemas import topics
 from schemas.codec import AvroCodec, ContractError
 from schemas.consume import HEADER_ERROR_CLASS, SourceRecord
@@ -213,6 +213,25 @@ def test_other_framings_and_topics_are_left_to_the_row_path(migrated: tuple[Any,
     assert bulk(batch) == batch[:4]
     assert bulk.stats.records == 1
     assert client.query("SELECT count() FROM raw_samples").result_rows[0][0] == 8
+
+
+def test_confluent_framing_through_the_registry_lands_in_bulk_too(
+    migrated: tuple[Any, ClickHouseSettings], registry_url: str
+) -> None:
+    client, _ = migrated
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:9", topic_prefix=f"r{uuid.uuid4().hex[:8]}.",
+                          schema_registry_url=registry_url)  # fmt: skip
+    codec = AvroCodec.from_settings(kafka)
+    scrapes = varied_scrapes()[:6]
+    values = [codec.encode(SUBJECT, r) for r in scrapes]
+    assert all(v[:1] == b"\x00" for v in values)  # what a stack with a registry writes
+    event = job_event("STARTED", "j1", NOW_MS, {"n1": ["GPU-1"]})
+    other = codec.encode(topics.JOB_EVENTS.subject, event)  # another subject's id on the samples topic
+    batch = sources([*values, other])
+    bulk = RawSampleBulk(client, codec, TOPIC)
+    assert bulk(batch) == batch[-1:]
+    assert bulk.stats.records == 6 and bulk.stats.fell_back == 0
+    assert client.query("SELECT count() FROM raw_samples").result_rows[0][0] == 6 * 8
 
 
 def test_the_sink_lands_samples_in_bulk_and_dead_letters_the_bad_one_with_its_reason(
