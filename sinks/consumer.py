@@ -45,6 +45,8 @@ class SinkStats:
     dead_lettered: int = 0
     retries: int = 0
     commits_failed: int = 0
+    bulk_records: int = 0  # raw-sample records landed in bulk (sinks/bulk_samples.py), part of `records`
+    bulk_refused: int = 0  # bulk inserts refused, their batch sent record by record
 
 
 def now_ms() -> int:
@@ -109,6 +111,8 @@ class LedgerSink:
             dead_lettered=s.dead_lettered,
             retries=self._retries,
             commits_failed=s.commits_failed,
+            bulk_records=s.bulk,
+            bulk_refused=self._bulk.stats.fell_back if self._bulk is not None else 0,
         )
 
     def run(self, should_stop: Callable[[], bool], *, max_idle_s: float | None = None) -> SinkStats:

@@ -258,7 +258,7 @@ def test_the_sink_lands_samples_in_bulk_and_dead_letters_the_bad_one_with_its_re
         return stats, sink._bulk.stats
 
     stats, bulk = run()
-    assert (bulk.records, bulk.fell_back) == (12, 0)
+    assert (bulk.records, bulk.fell_back) == (12, 0) == (stats.bulk_records, stats.bulk_refused)
     assert stats.rows_inserted == 12 * 8 and stats.dead_lettered == 0
 
     later = [dict(r, ts_ms=r["ts_ms"] + 60_000) for r in scrapes[:3]]
