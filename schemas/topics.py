@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 DAY_MS = 24 * 3600 * 1000
 DLQ_RETENTION_MS = 30 * DAY_MS
@@ -94,14 +95,19 @@ def job_key(cluster: str, job_id: str) -> bytes:
     return qualified_job(cluster, job_id).encode()
 
 
+@cache
 def all_topics() -> tuple[Topic, ...]:
     """The catalogue plus each topic's dead-letter topic: everything `gpuledger topics apply` manages."""
     return tuple(t for topic in CATALOGUE for t in (topic, topic.dead_letter_topic()))
+
+
+@cache
+def _by_name() -> dict[str, Topic]:
+    return {t.name: t for t in reversed(all_topics())}  # reversed: the first of a name wins, as a scan would
 
 
 def topic_named(name: str, prefix: str = "") -> Topic | None:
     """The catalogue entry (or dead-letter topic) of a broker-side topic name, prefix included."""
     if not name.startswith(prefix):
         return None
-    bare = name[len(prefix) :]
-    return next((t for t in all_topics() if t.name == bare), None)
+    return _by_name().get(name[len(prefix) :])
