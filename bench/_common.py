@@ -132,21 +132,21 @@ class ScrapeTemplate:
 
     def __init__(self, codec: AvroCodec, i: int) -> None:
         from processors.testing import scrape
+        from schemas.codec import avro_long
         from schemas.topics import DEVICE_SAMPLES
-        from sinks.bulk_samples import zigzag
 
         idle, starved = kind_of(i)
         marker = 7_777_777_777_777
         body = codec.encode(
             DEVICE_SAMPLES.subject, scrape(node_name(i), marker, node_devices(i, idle, starved), "bench")
         )
-        self._zigzag = zigzag
-        enc = zigzag(marker)
+        self._avro_long = avro_long
+        enc = avro_long(marker)
         at = body.index(enc)
         self.head, self.tail = body[:at], body[at + len(enc) :]
 
     def at(self, ts_ms: int) -> bytes:
-        return self.head + self._zigzag(ts_ms) + self.tail
+        return self.head + self._avro_long(ts_ms) + self.tail
 
 
 def produce_backlog(bootstrap: str, prefix: str, nodes: int, scrapes: int, start_ms: int) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas.codec import avro_long
+
 T0 = 1_772_450_400_000  # 2026-03-02T11:20:00Z, a minute boundary
 
 
@@ -145,17 +147,6 @@ def inventory(node: str, uuids: list[str], ts_ms: int = T0, cluster: str = "c1")
         ],
         "deleted": False,
     }
-
-
-def avro_long(n: int) -> bytes:
-    """`n` as Avro writes a long (zig-zag varint): for hand-made records, hostile ones included."""
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def poison_scrapes(header: bytes, valid_record: bytes) -> dict[str, bytes]:

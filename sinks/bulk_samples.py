@@ -1,9 +1,10 @@
 """Raw samples in bulk: a batch of node scrapes handed to ClickHouse as one Avro container (issue 21, item 4).
 
 The row path decodes each scrape with fastavro, checks it against the contract's model, builds a typed record
-and maps its devices to rows, about 50 us of Python per scrape. ClickHouse reads Avro itself, so this path only
-checks each record's header and copies its body into an Avro object container file: one block per scrape,
-holding a record (head, scrape, tail) of `WRAPPER_NAME`, where head and tail are one random number per insert.
+and maps its devices to rows, about 35 us of Python a row (docs/benchmarks.md). ClickHouse reads Avro itself,
+so this path only checks each record's header and copies its body into an Avro object container file: one block
+per scrape, holding a record (head, scrape, tail) of `WRAPPER_NAME`, where head and tail are one random number
+per insert.
 `raw_scrapes_bulk` (a Null table, migration 030) takes the container and its materialized view writes
 `raw_samples`, the same rows as the row path (a test compares them).
 
@@ -18,8 +19,8 @@ What makes it as strict as the row path, without Python reading a body:
   the model.
 
 A failed insert of any kind returns the batch to the record-by-record path, which dead-letters exactly the bad
-records with their reason and retries while ClickHouse is away. Pure: `container` and `TableFingerprint`; the
-adapter, `RawSampleBulk`, holds the client.
+records with their reason and retries while ClickHouse is away. Pure: `wrapper_schema`, `container_header` and
+`container`; the adapter, `RawSampleBulk`, holds the client.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from schemas.codec import (
     SINGLE_OBJECT_MAGIC,
     AvroCodec,
     _strip_logical_types,
+    avro_long,
 )
 from schemas.consume import SourceRecord
 from schemas.topics import DEVICE_SAMPLES
@@ -54,19 +56,8 @@ SYNC_LEN = 16
 REGISTRY_IDS_KEPT = 1024  # Confluent headers remembered (a registry holds a few versions of a subject)
 
 
-def zigzag(value: int) -> bytes:
-    """An Avro long: zig-zag, then a varint."""
-    n = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _avro_bytes(data: bytes) -> bytes:
-    return zigzag(len(data)) + data
+    return avro_long(len(data)) + data
 
 
 def wrapper_schema(store: SchemaStore = DEFAULT_STORE) -> dict[str, Any]:
@@ -88,16 +79,16 @@ def container_header(schema: dict[str, Any], sync: bytes) -> bytes:
     """An Avro object container file's header (the Avro specification's "Object Container Files")."""
     meta = {"avro.schema": json.dumps(schema, separators=(",", ":")).encode(), "avro.codec": b"null"}
     body = b"".join(_avro_bytes(k.encode()) + _avro_bytes(v) for k, v in meta.items())
-    return OCF_MAGIC + zigzag(len(meta)) + body + zigzag(0) + sync
+    return OCF_MAGIC + avro_long(len(meta)) + body + avro_long(0) + sync
 
 
 def container(header: bytes, sync: bytes, bodies: Sequence[bytes | memoryview], nonce: int) -> bytes:
     """`header` (from `container_header` with `sync`) and one block per body: (nonce, body, nonce)."""
-    mark = zigzag(nonce)
-    one = zigzag(1)
+    mark = avro_long(nonce)
+    one = avro_long(1)
     parts: list[bytes | memoryview] = [header]
     for body in bodies:
-        parts += (one, zigzag(len(body) + 2 * len(mark)), mark, body, mark, sync)
+        parts += (one, avro_long(len(body) + 2 * len(mark)), mark, body, mark, sync)
     return b"".join(parts)
 
 
@@ -155,9 +146,9 @@ class RawSampleBulk:
         for r in records:
             value = r.value
             start = self._header_len(value) if r.topic == topic and value is not None else 0
-            if start and value is not None:
+            if start:
                 mine.append(r)
-                bodies.append(memoryview(value)[start:])
+                bodies.append(memoryview(value)[start:])  # type: ignore[arg-type]  # start > 0: value is bytes
             else:
                 others.append(r)
         if not mine:

@@ -11,9 +11,9 @@ import fastavro
 import pytest
 
 from processors.testing import device, scrape
-from schemas.codec import SINGLE_OBJECT_HEADER_LEN, AvroCodec
+from schemas.codec import SINGLE_OBJECT_HEADER_LEN, AvroCodec, avro_long
 from schemas.topics import DEVICE_SAMPLES
-from sinks.bulk_samples import TABLE_FINGERPRINT, container, container_header, wrapper_schema, zigzag
+from sinks.bulk_samples import TABLE_FINGERPRINT, container, container_header, wrapper_schema
 
 CODEC = AvroCodec()
 
@@ -42,11 +42,11 @@ def test_fastavro_reads_each_block_as_the_scrape_between_the_inserts_number(nonc
     assert [b.num_records for b in blocks] == [1] * len(records)  # one block per scrape
 
 
-def test_zigzag_is_avros_long_encoding() -> None:
+def test_avro_long_is_what_fastavro_writes_for_a_long() -> None:
     for value in (0, -1, 1, 63, -64, 64, 2**31, -(2**40), 2**63 - 1, -(2**63)):
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, fastavro.parse_schema("long"), value)
-        assert zigzag(value) == buf.getvalue()
+        assert avro_long(value) == buf.getvalue()
 
 
 def test_the_table_was_built_for_the_schemas_latest_version() -> None:
