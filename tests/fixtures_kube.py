@@ -24,7 +24,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +143,33 @@ def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == ctype), {})
 
 
-def eventually(probe: Any, what: str, timeout: float = 120) -> Any:
-    """probe()'s first truthy value within `timeout` s (Kueue reacts in ~1 s idle, much later on a loaded CI)."""
+def eventually(probe: Any, what: str, timeout: float = 120, explain: Callable[[], str] | None = None) -> Any:
+    """probe()'s first truthy value within `timeout` s (Kueue reacts in ~1 s idle, much later on a loaded CI);
+    on timeout the error carries explain()'s account of the state."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = probe()
         if value:
             return value
         time.sleep(0.25)
-    raise AssertionError(f"not within {timeout:g} s: {what}")
+    raise AssertionError(f"not within {timeout:g} s: {what}" + (f"\n{explain()}" if explain else ""))
+
+
+def kueue_story(kube: LocalKube, ns: str, log_lines: int = 40) -> str:
+    """What Kueue made of a namespace's jobs: each Workload's conditions, every ClusterQueue's pending and
+    admitted counts, and the tail of the controller's log."""
+    lines = []
+    for w in json.loads(kube.kubectl("-n", ns, "get", "workloads.kueue.x-k8s.io", "-o", "json").stdout)["items"]:
+        conds = "; ".join(f"{c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+                          for c in w.get("status", {}).get("conditions", []))  # fmt: skip
+        lines.append(f"workload {w['metadata']['name']}: {conds or 'no conditions'}")
+    for cq in json.loads(kube.kubectl("get", "clusterqueues.kueue.x-k8s.io", "-o", "json").stdout)["items"]:
+        st = cq.get("status", {})
+        lines.append(f"clusterqueue {cq['metadata']['name']}: pending {st.get('pendingWorkloads')} "
+                     f"admitted {st.get('admittedWorkloads')}")  # fmt: skip
+    log = kube.cfg.log("kueue")
+    tail = log.read_text(errors="replace").splitlines()[-log_lines:] if log.is_file() else ["(no kueue log)"]
+    return "\n".join([*lines, "kueue log:", *tail])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

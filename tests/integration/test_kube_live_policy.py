@@ -52,10 +52,6 @@ def gpu_job(name: str, ns: str, gpus: int, queue: str, priority: str) -> dict[st
     }  # fmt: skip
 
 
-
-
-
-
 def unsuspended(kube: LocalKube, ns: str, job: str) -> bool:
     return get(kube, ns, "job", job).get("spec", {}).get("suspend") is False
 

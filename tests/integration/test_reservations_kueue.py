@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_cli import GPULEDGER, run_gpuledger
-from fixtures_kube import bind_user, make_namespace, rbac_manifests
-from test_kube_live_policy import eventually, get, gpu_job, unsuspended
+from fixtures_kube import bind_user, eventually, get, kueue_story, make_namespace, rbac_manifests
+from test_kube_live_policy import gpu_job, unsuspended
 
 from base.settings import KafkaSettings
 from gpuledger.stack.kube.cluster import LocalKube
@@ -85,7 +85,8 @@ def test_a_reservation_bumps_the_team_quota_while_it_lasts(local_kube: LocalKube
     out = cli("reserve", "reconcile", "--engine", "kueue", "--kubeconfig", service)
     assert f"{rid} rendered KUEUE: ClusterQueue {cq} h100-{s} nominalQuota 3" in out
     assert nominal(local_kube, cq) == "3"
-    eventually(lambda: unsuspended(local_kube, ns, "big"), "the 3-GPU Job admitted on the reserved quota")
+    eventually(lambda: unsuspended(local_kube, ns, "big"), "the 3-GPU Job admitted on the reserved quota",
+               explain=lambda: kueue_story(local_kube, ns))  # fmt: skip
     quota = f"ClusterQueue {cq}: resourceGroups[0].flavors[h100-{s}].resources[nvidia.com/gpu].nominalQuota"
     diff = run_gpuledger(["policy", "diff", "--engine", "kueue", "--kubeconfig", kubeconfig], env, timeout=120)
     assert diff.returncode == 0, diff.stdout + diff.stderr
