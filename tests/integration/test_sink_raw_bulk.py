@@ -13,22 +13,24 @@ import types
 import typing
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from annotated_types import Ge, Le, MinLen
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
+from fixtures_interop import InteropJava
 
 from base.settings import ClickHouseSettings, KafkaSettings, SinksSettings
 from processors.testing import device, job_event, scrape
-from schemas import topics
-from schemas.codec import AvroCodec, ContractError
+from schemas import SCHEMA_DIR, topics
+from schemas.codec import SINGLE_OBJECT_HEADER_LEN, AvroCodec, ContractError
 from schemas.consume import HEADER_ERROR_CLASS, SourceRecord
 from schemas.models import model_for, validate
 from schemas.publish import RecordPublisher
 from schemas.topics import node_key
-from sinks.bulk_samples import RawSampleBulk
+from sinks.bulk_samples import SYNC_LEN, WRAPPER_NAME, RawSampleBulk, container, container_header, wrapper_schema
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.rows import SINKS
@@ -184,6 +186,20 @@ def test_clickhouse_reading_the_container_stores_what_the_row_path_stores(
     assert len(via_rows) == 12 * 8
     assert bulk.stats.rows == len(via_rows)
     assert via_bulk == via_rows
+
+
+def test_the_reference_avro_library_reads_the_container(interop_java: InteropJava, tmp_path: Path) -> None:
+    """Apache Avro Java's DataFileStream reads the container we hand ClickHouse: one block a scrape, its sync
+    marker, head and tail the insert's number, and each scrape, written again by GenericDatumWriter, the very
+    bytes of the record's body."""
+    bodies = [encoded(r)[SINGLE_OBJECT_HEADER_LEN:] for r in varied_scrapes()]
+    sync, nonce = bytes(range(SYNC_LEN)), 0x5EED_F00D_CAFE
+    path = tmp_path / "bulk.avro"
+    path.write_bytes(container(container_header(wrapper_schema(), sync), sync, bodies, nonce))
+    out = interop_java.run("ocf", "--schemas", str(SCHEMA_DIR), "--input", str(path), "--field", "scrape")
+    assert (out["schema"], out["codec"], out["blocks"]) == (WRAPPER_NAME, "null", len(bodies))
+    assert [r["head"] for r in out["records"]] == [r["tail"] for r in out["records"]] == [nonce] * len(bodies)
+    assert [bytes.fromhex(r["scrape_hex"]) for r in out["records"]] == bodies
 
 
 @pytest.mark.parametrize("case", _bad_cases())
