@@ -9,12 +9,21 @@ warm-up run first; web_page.cli_seconds) and the team page `/teams/vision?period
 TestClient (warm; web_page.timed). Median and p95 of each, a markdown table, JSON lines, and a plot (--png).
 
     .venv/bin/python bench/history_curve.py --gpus 1000 --curve 1,6,12 --requests 10 --report-runs 5 --json h.jsonl
+    .venv/bin/python bench/history_curve.py --gpus 10000 --history-stride 30 --requests 20 --json h10k.jsonl
     .venv/bin/python bench/history_curve.py --replot h.jsonl     # the plot again, from a run's JSON lines
+
+--history-stride K generates the months before March with every Kth minute of each GPU's day (March itself always
+has every minute). What March's reads scan of the history keeps its size: every job, its events and its life, and
+every row of the rollups kept per day (usage_daily, device_cluster_days, node_daily, device_clusters); only the
+history's device_minutes hold 1/K of the rows. The timed reads read that table only for a day two lives of a job
+id share or a device two clusters claim, and the generator makes neither. A month of 10,000 GPUs takes ~15 minutes
+to generate here at every minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -30,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import machine, migrated_database  # noqa: E402
-from web_page import PERIOD, cli_seconds, getter, merged, month_starts, seed_month, timed  # noqa: E402
+from web_page import PERIOD, START, cli_seconds, getter, merged, month_starts, seed_month, timed  # noqa: E402
 
 CHARGEBACK = ("report", "chargeback", "--period", PERIOD)
 TEAM_PAGE = f"/teams/vision?period={PERIOD}"
@@ -79,8 +88,12 @@ def main() -> None:
     ap.add_argument("--curve", default="1,6,12", help="the history lengths, in months, ending with March 2026")
     ap.add_argument("--requests", type=int, default=10, help="timed warm team-page requests at each length")
     ap.add_argument("--report-runs", type=int, default=5, help="timed chargeback runs (after one warm-up)")
+    ap.add_argument("--history-stride", type=int, default=1,
+                    help="the months before March: every Kth minute of each GPU's day (default 1, every minute)")
     ap.add_argument("--png", type=Path, default=ROOT / "docs" / "images" / "history-curve.png")
     ap.add_argument("--json", type=Path, help="also write one JSON line per length here")
+    ap.add_argument("--keep", type=Path, help="generate into this (new) directory and keep it: `bench/web_page.py "
+                    "--data-dir DIR --months N --gpus G` then times every page on the longest history")  # fmt: skip
     ap.add_argument("--replot", type=Path, help="only draw --png from the JSON lines of an earlier run")
     args = ap.parse_args()
     if args.replot:
@@ -95,9 +108,14 @@ def main() -> None:
     from base.settings import BrokerSettings, Settings, WebSettings
     from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
 
-    print(f"machine: {machine()}; {args.gpus} GPUs; {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
+    print(f"machine: {machine()}; {args.gpus} GPUs; history every {args.history_stride} minute(s); "
+          f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")  # fmt: skip
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        sys.exit(f"--keep {args.keep}: not empty; give a new directory")
+    with (tempfile.TemporaryDirectory(prefix="bench-history-") if args.keep is None
+          else contextlib.nullcontext(str(args.keep))) as tmp:  # fmt: skip
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         server = start_server(Path(tmp) / "data")
         try:
             client, ch = migrated_database(server)
@@ -114,7 +132,7 @@ def main() -> None:
                 fresh = [m for m in reversed(month_starts(months)) if m not in seeded]  # newest first
                 began = time.perf_counter()
                 for first in fresh:
-                    seed_month(client, args.gpus, first)
+                    seed_month(client, args.gpus, first, 1 if first == START else args.history_stride)
                     seeded.add(first)
                 per_month_s = (time.perf_counter() - began) / max(1, len(fresh))
                 waited_s = merged(client, database)
@@ -131,7 +149,7 @@ def main() -> None:
                        "generated_s_per_month": per_month_s, "merges_waited_s": waited_s,
                        "chargeback_median_ms": report_med, "chargeback_p95_ms": report_p95,
                        "team_page_median_ms": page_med, "team_page_p95_ms": page_p95,
-                       "load_1m": os.getloadavg()[0], "requests": args.requests,
+                       "load_1m": os.getloadavg()[0], "requests": args.requests, "history_stride": args.history_stride,
                        "report_runs": args.report_runs}  # fmt: skip
                 rows.append(row)
                 print(f"| {months} | {per_month_s:.0f} | {waited_s:.0f} | {report_med / 1000:.2f} / "
@@ -140,6 +158,10 @@ def main() -> None:
                 if args.json:
                     with args.json.open("a") as out:
                         out.write(json.dumps(row) + "\n")
+                if args.keep is not None:  # web_page.py's marker of a kept database
+                    (args.keep / "seeded.json").write_text(json.dumps(
+                        {"gpus": args.gpus, "database": database, "months": months,
+                         "history_stride": args.history_stride}))  # fmt: skip
             client.close()
         finally:
             stop_server(server)

@@ -50,8 +50,9 @@ TEAMS = (("vision", ("vision-detect", "vision-seg")), ("nlp", ("llm-pretrain", "
          ("research", ("rl-agents", "diffusion")), ("platform", ("infra-bench",)))  # fmt: skip
 GPUS_PER_NODE = 8
 
-# One day of device-minutes for {gpus} GPUs: row n is GPU intDiv(n, 1440) at minute n % 1440 of the day. {day} is
-# the day's number from START (negative before March 2026): jobs are named by it, so no two days share a job id.
+# One day of device-minutes for {gpus} GPUs, every {stride}th minute of it (1: every minute): row n is GPU
+# intDiv(n, per_gpu) at minute (n % per_gpu) * stride of the day, per_gpu = 1440 / stride. {day} is the day's number
+# from START (negative before March 2026): jobs are named by it, so no two days share a job id.
 _DAY_SQL = """
 INSERT INTO device_minutes (cluster, node, device_uuid, mig_instance_id, minute_start_ms, model, generation, job_id,
     user, project, team, cost_centre, preemptible, pricing_tier, unallocated_s, allocated_s, active_s, starved_s,
@@ -66,7 +67,8 @@ SELECT 'sim', concat('node-', toString(node)), concat('GPU-', toString(gpu)), -1
     if(alloc AND cls < 65, 45.0, 0.0), if(cls >= 95, 0, 6), if(cls >= 95, NULL, cls / 100), if(cls >= 95, NULL, 0.99),
     if(cls >= 95, NULL, 40000.0), if(cls >= 95, NULL, 350.0), 'bench-1', 'bench-1'
 FROM (
-    SELECT intDiv(number, 1440) AS gpu, number % 1440 AS m, intDiv(gpu, 8) AS node, intDiv(m, 720) AS half,
+    SELECT intDiv(number, {per_gpu:UInt32}) AS gpu, (number % {per_gpu:UInt32}) * {stride:UInt32} AS m,
+        intDiv(gpu, 8) AS node, intDiv(m, 720) AS half,
         cityHash64(node, {day:Int32}, half) % 10 != 0 AS alloc,
         concat('j', toString(node), '-', toString({day:Int32}), '-', toString(half)) AS job,
         {teams:Array(String)}[1 + node % length({teams:Array(String)})] AS team,
@@ -104,8 +106,12 @@ def next_month(first: dt.date) -> dt.date:
     return dt.date(first.year + first.month // 12, first.month % 12 + 1, 1)
 
 
-def seed_month(client: Any, gpus: int, first: dt.date) -> dict[str, float]:
-    """Generate the month that begins on `first`: its device-minutes day by day, then its jobs' events."""
+def seed_month(client: Any, gpus: int, first: dt.date, stride: int = 1) -> dict[str, float]:
+    """Generate the month that begins on `first`: its device-minutes day by day (every `stride`th minute of each
+    GPU's day; 1, every minute), then its jobs' events. A sparse month keeps every job, device-day and the rows
+    of every rollup kept per day (usage_daily, device_cluster_days, node_daily), with 1/stride of the minutes."""
+    if stride < 1 or 1440 % stride:
+        raise ValueError(f"stride {stride}: it must divide the 1440 minutes of a day")
     teams = [t for t, ps in TEAMS for _ in ps]
     projects = [p for _, ps in TEAMS for p in ps]
     end = next_month(first)
@@ -113,7 +119,8 @@ def seed_month(client: Any, gpus: int, first: dt.date) -> dict[str, float]:
     for d in range((end - first).days):
         day = first + dt.timedelta(days=d)
         day_ms = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp() * 1000)
-        client.command(_DAY_SQL, parameters={"day_ms": day_ms, "day": (day - START).days, "rows": gpus * 1440,
+        client.command(_DAY_SQL, parameters={"day_ms": day_ms, "day": (day - START).days, "stride": stride,
+                                             "per_gpu": 1440 // stride, "rows": gpus * (1440 // stride),
                                              "teams": teams, "projects": projects})  # fmt: skip
     minutes_s = time.perf_counter() - began
     began = time.perf_counter()
