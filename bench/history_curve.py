@@ -73,7 +73,9 @@ def plot(rows: list[dict[str, Any]], gpus: int, path: Path) -> None:
     ax.set_ylabel("seconds")
     ax.set_xticks(xs)
     ax.set_ylim(bottom=0)
-    ax.set_title(f"March 2026's queries against history, {gpus:,} GPUs", fontsize=10)
+    stride = rows[0].get("history_stride", 1)
+    sparse = f"\n(the months before March generated with every {stride}th minute)" if stride > 1 else ""
+    ax.set_title(f"March 2026's queries against history, {gpus:,} GPUs{sparse}", fontsize=10)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
