@@ -26,6 +26,26 @@ REFUSALS = frozenset(
 )
 
 
+class _Outcome:
+    """What the client's callbacks report. Apart from the publisher: a callback bound to the publisher would make
+    publisher -> producer -> callback -> publisher, a cycle through the C client that the collector cannot see,
+    so a dropped publisher's producer (and its threads) would live and retry for the rest of the process."""
+
+    __slots__ = ("errors", "refused")
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.refused: str | None = None  # why the cluster will not take records however long one waits
+
+    def on_error(self, err: KafkaError) -> None:
+        if is_fatal(err) or err.code() in REFUSALS:
+            self.refused = str(err)
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(f"{msg.topic()}: {err}")
+
+
 class RecordPublisher:
     """Encodes records with their topic's schema and produces them. Used by every producer."""
 
@@ -33,17 +53,11 @@ class RecordPublisher:
         self._kafka = kafka
         # Confluent framing when a Schema Registry is configured, single-object encoding otherwise.
         self.codec = codec or AvroCodec.from_settings(kafka)
-        self._producer = new_producer(kafka, error_cb=self._on_error, **overrides)
-        self._errors: list[str] = []
-        self._refused: str | None = None  # why the cluster will not take records however long one waits
+        self._outcome = _Outcome()
+        self._producer = new_producer(kafka, error_cb=self._outcome.on_error, **overrides)
 
     def _on_error(self, err: KafkaError) -> None:
-        if is_fatal(err) or err.code() in REFUSALS:
-            self._refused = str(err)
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._errors.append(f"{msg.topic()}: {err}")
+        self._outcome.on_error(err)
 
     def publish(self, topic: Topic, key: bytes, record: ContractRecord | dict[str, Any]) -> None:
         """Encode `record` with `topic`'s schema and produce it.
@@ -72,7 +86,7 @@ class RecordPublisher:
         while True:
             try:
                 self._producer.produce(
-                    topic_name, value=value, key=key, headers=headers, on_delivery=self._on_delivery
+                    topic_name, value=value, key=key, headers=headers, on_delivery=self._outcome.on_delivery
                 )
                 break
             except BufferError:
@@ -84,11 +98,12 @@ class RecordPublisher:
             remaining = self._producer.flush(timeout_s)
         except KafkaException as exc:
             raise ServiceError(f"Kafka flush failed: {exc}") from exc
-        if remaining and self._refused is not None:
-            raise ServiceError(f"{remaining} records not delivered: {self._refused}")
+        outcome = self._outcome
+        if remaining and outcome.refused is not None:
+            raise ServiceError(f"{remaining} records not delivered: {outcome.refused}")
         if remaining:
             raise NotDelivered(f"{remaining} records not delivered within {timeout_s:.0f}s")
-        self._refused = None  # all delivered: a refusal seen before (a login not created yet) is over
-        if self._errors:
-            errors, self._errors = self._errors, []
+        outcome.refused = None  # all delivered: a refusal seen before (a login not created yet) is over
+        if outcome.errors:
+            errors, outcome.errors = outcome.errors, []
             raise ServiceError(f"{len(errors)} records failed delivery, first: {errors[0]}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Producer
 
 from base.errors import NotDelivered, ServiceError
 from base.settings import KafkaSettings
@@ -24,5 +26,21 @@ def test_records_behind_a_broker_away_are_not_delivered_yet_and_behind_a_refusal
     with pytest.raises(ServiceError, match=r"records not delivered: .*invalid credentials") as refused:
         pub.flush(0.5)
     assert not isinstance(refused.value, NotDelivered)  # a caller that waits out NotDelivered stops here
-    pub._producer.purge()  # nothing left to retry: the client goes with its last reference (no log after the test)
-    del refused, pub
+    del refused, pub  # the client goes with its last reference (test below): no retries logged after the test
+
+
+def _live_producers() -> int:
+    gc.collect()
+    return sum(isinstance(o, Producer) for o in gc.get_objects())
+
+
+def test_a_dropped_publisher_takes_its_client_with_it() -> None:
+    """No cycle through the C client: a publisher dropped with a record still queued for a broker that is away
+    frees its producer, instead of leaving it (and its threads) retrying for the rest of the process."""
+    (port,) = free_ports(1)
+    before = _live_producers()
+    pub = RecordPublisher(KafkaSettings(bootstrap_servers=f"127.0.0.1:{port}"))
+    pub.publish_raw("t", b"k", b"v")
+    assert _live_producers() == before + 1
+    del pub
+    assert _live_producers() == before
