@@ -174,5 +174,8 @@ def kueue_story(kube: LocalKube, ns: str, log_lines: int = 40) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on the Kubernetes control plane run last, in their order: on a first run `make test` builds its
-    binaries in the background (`dev kube build --detach`) while the other tests run."""
-    items.sort(key=lambda item: "kube_binaries" in getattr(item, "fixturenames", ()))
+    binaries in the background (`dev kube build --detach`) while the other tests run. A test that restarts part
+    of the shared control plane runs after all of them: after the API server's restart, the next test waiting on
+    Kueue to admit a Job (another module's) timed out twice in CI, Kueue having made no Workload for it."""
+    items.sort(key=lambda item: ("kube_binaries" in getattr(item, "fixturenames", ()),
+                                 item.get_closest_marker("restarts_control_plane") is not None))  # fmt: skip

@@ -255,9 +255,10 @@ def test_pods_of_a_jobset_and_a_volcano_job_come_out_as_their_gangs(local_kube: 
     assert (started[f"{ns}/llm-w-0-0"]["gang_size"], started[f"{ns}/vj-t-0"]["gang_size"]) == (2, 4)
 
 
+@pytest.mark.restarts_control_plane
 def test_the_watch_rides_out_an_api_server_restart(local_kube: LocalKube, kube_ns: str) -> None:
-    """Last in the module: Kueue's informers back off for up to 30 s after the restart, so a test after it
-    would wait on Kueue, not on the watcher."""
+    """Last of the session (marker restarts_control_plane): Kueue's informers back off after the restart, so a
+    test after it would wait on Kueue, not on what it tests."""
     ns = kube_ns
     sink = ListSink()
     watcher = watcher_for(local_kube, sink, targets=PODS, timeout_seconds=5)
