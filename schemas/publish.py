@@ -56,9 +56,6 @@ class RecordPublisher:
         self._outcome = _Outcome()
         self._producer = new_producer(kafka, error_cb=self._outcome.on_error, **overrides)
 
-    def _on_error(self, err: KafkaError) -> None:
-        self._outcome.on_error(err)
-
     def publish(self, topic: Topic, key: bytes, record: ContractRecord | dict[str, Any]) -> None:
         """Encode `record` with `topic`'s schema and produce it.
 

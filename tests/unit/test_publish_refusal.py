@@ -19,10 +19,10 @@ def test_records_behind_a_broker_away_are_not_delivered_yet_and_behind_a_refusal
     pub.publish_raw("t", b"k", b"v")
     with pytest.raises(NotDelivered, match="1 records not delivered within 1s"):
         pub.flush(1.0)
-    pub._on_error(KafkaError(KafkaError._TRANSPORT))  # a broker away says nothing permanent
+    pub._outcome.on_error(KafkaError(KafkaError._TRANSPORT))  # a broker away says nothing permanent
     with pytest.raises(NotDelivered):
         pub.flush(0.5)
-    pub._on_error(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: invalid credentials"))
+    pub._outcome.on_error(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: invalid credentials"))
     with pytest.raises(ServiceError, match=r"records not delivered: .*invalid credentials") as refused:
         pub.flush(0.5)
     assert not isinstance(refused.value, NotDelivered)  # a caller that waits out NotDelivered stops here
