@@ -39,7 +39,17 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import machine, migrated_database  # noqa: E402
-from web_page import PERIOD, START, cli_seconds, getter, merged, month_starts, seed_month, timed  # noqa: E402
+from web_page import (  # noqa: E402
+    PERIOD,
+    START,
+    cli_seconds,
+    getter,
+    keep_marker,
+    merged,
+    month_starts,
+    seed_month,
+    timed,
+)
 
 CHARGEBACK = ("report", "chargeback", "--period", PERIOD)
 TEAM_PAGE = f"/teams/vision?period={PERIOD}"
@@ -160,10 +170,8 @@ def main() -> None:
                 if args.json:
                     with args.json.open("a") as out:
                         out.write(json.dumps(row) + "\n")
-                if args.keep is not None:  # web_page.py's marker of a kept database
-                    (args.keep / "seeded.json").write_text(json.dumps(
-                        {"gpus": args.gpus, "database": database, "months": months,
-                         "history_stride": args.history_stride}))  # fmt: skip
+                if args.keep is not None:
+                    keep_marker(args.keep, args.gpus, database, months, args.history_stride)
             client.close()
         finally:
             stop_server(server)

@@ -129,6 +129,12 @@ def seed_month(client: Any, gpus: int, first: dt.date, stride: int = 1) -> dict[
     return {"device_minutes_s": minutes_s, "job_events_s": events_s}
 
 
+def keep_marker(directory: Path, gpus: int, database: str, months: int, history_stride: int = 1) -> None:
+    """What a kept --data-dir holds (seeded.json), read back by `main` on a later run."""
+    (directory / "seeded.json").write_text(json.dumps(
+        {"gpus": gpus, "database": database, "months": months, "history_stride": history_stride}))  # fmt: skip
+
+
 def seed(client: Any, gpus: int, months: list[dt.date] | None = None) -> dict[str, float]:
     """Generate `months` (their first days; default March 2026 alone); the seconds spent, summed over them."""
     total = {"device_minutes_s": 0.0, "job_events_s": 0.0}
@@ -309,10 +315,12 @@ def main() -> None:
             rows = client.query("SELECT count(), uniqExact(job_id) FROM device_minutes").result_rows[0]
             daily = client.query("SELECT count() FROM usage_daily").result_rows[0][0]
             print(f"gpus {args.gpus}: {rows[0]:,} device-minutes, {rows[1] - 1:,} jobs, {daily:,} usage_daily rows"
-                  + (f" (kept in {tmp})" if kept else ""))  # fmt: skip
+                  + (f" (kept in {tmp})" if kept else "")
+                  + (f"; the months before March hold every {kept['history_stride']}th minute"
+                     if kept and kept.get("history_stride", 1) > 1 else ""))  # fmt: skip
             print(f"waited {merged(client, database):.0f} s for the server's background merges of the fresh month")
             if args.data_dir is not None and kept is None:
-                marker.write_text(json.dumps({"gpus": args.gpus, "database": database, "months": args.months}))
+                keep_marker(Path(tmp), args.gpus, database, args.months)
             end_ms = int(dt.datetime(2026, 4, 1, tzinfo=dt.UTC).timestamp() * 1000)
             settings = Settings(state_dir=Path(tmp) / "state", cluster="sim", clickhouse=ch,
                                 broker=BrokerSettings(enabled=False), web=WebSettings(demo=False))  # fmt: skip
