@@ -24,7 +24,7 @@ from fixtures_interop import InteropJava
 
 from base.settings import ClickHouseSettings, KafkaSettings, SinksSettings
 from processors.testing import device, job_event, scrape
-from schemas import SCHEMA_DIR, topics
+from schemas import topics
 from schemas.codec import SINGLE_OBJECT_HEADER_LEN, AvroCodec, ContractError
 from schemas.consume import HEADER_ERROR_CLASS, SourceRecord
 from schemas.models import model_for, validate
@@ -196,7 +196,7 @@ def test_the_reference_avro_library_reads_the_container(interop_java: InteropJav
     sync, nonce = bytes(range(SYNC_LEN)), 0x5EED_F00D_CAFE
     path = tmp_path / "bulk.avro"
     path.write_bytes(container(container_header(wrapper_schema(), sync), sync, bodies, nonce))
-    out = interop_java.run("ocf", "--schemas", str(SCHEMA_DIR), "--input", str(path), "--field", "scrape")
+    out = interop_java.run("ocf", "--input", str(path), "--field", "scrape")
     assert (out["schema"], out["codec"], out["blocks"]) == (WRAPPER_NAME, "null", len(bodies))
     assert [r["head"] for r in out["records"]] == [r["tail"] for r in out["records"]] == [nonce] * len(bodies)
     assert [bytes.fromhex(r["scrape_hex"]) for r in out["records"]] == bodies

@@ -65,7 +65,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * produce --bootstrap HOST:PORT --schemas DIR --topic NAME --subject SUBJECT --input FILE
  *     FILE holds JSON lines {"key": "...", "value": {...}}; each value becomes a GenericRecord of the
  *     subject's latest schema and is written with BinaryMessageEncoder. Prints {"produced": n}.
- * ocf --schemas DIR --input FILE --field NAME
+ * ocf --input FILE --field NAME
  *     FILE is an Avro object container file; DataFileStream reads it with the schema in its header (sync
  *     markers checked per block). Prints the writer schema's full name, the codec, the number of blocks,
  *     and per record every long field, and the field NAME re-encoded by GenericDatumWriter as hex.
@@ -81,11 +81,10 @@ public final class Interop {
             throw new IllegalArgumentException("usage: Interop fingerprints|decode|produce [options]");
         }
         Map<String, List<String>> opts = options(argv);
-        Path schemas = Path.of(one(opts, "schemas"));
         switch (argv[0]) {
-            case "fingerprints" -> System.out.println(JSON.writeValueAsString(fingerprints(schemas)));
-            case "decode" -> System.out.println(JSON.writeValueAsString(decode(opts, schemas)));
-            case "produce" -> System.out.println(JSON.writeValueAsString(produce(opts, schemas)));
+            case "fingerprints" -> System.out.println(JSON.writeValueAsString(fingerprints(schemas(opts))));
+            case "decode" -> System.out.println(JSON.writeValueAsString(decode(opts, schemas(opts))));
+            case "produce" -> System.out.println(JSON.writeValueAsString(produce(opts, schemas(opts))));
             case "ocf" -> System.out.println(JSON.writeValueAsString(ocf(opts)));
             default -> throw new IllegalArgumentException("unknown command " + argv[0]);
         }
@@ -102,6 +101,10 @@ public final class Interop {
             out.computeIfAbsent(argv[i].substring(2), k -> new ArrayList<>()).add(argv[i + 1]);
         }
         return out;
+    }
+
+    private static Path schemas(Map<String, List<String>> opts) {
+        return Path.of(one(opts, "schemas"));
     }
 
     private static String one(Map<String, List<String>> opts, String name) {
