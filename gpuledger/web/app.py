@@ -181,7 +181,7 @@ def home(request: Request) -> Response:
     teams: list[Any] = []
     if viewer is not None:
         wh = ctx.warehouse()
-        statements = wh.statements(period, closed=wh.closed(period))
+        statements = wh.statements(period, closed=wh.closed(period), views=wh.priced_views(period))
         names = set(statements) | viewer.teams | viewer.leads
         teams = [(t, statements.get(t), pages.team_url(t, period)) for t in viewer.visible_teams(names)]
     return render(request, "home.html", period=period, teams=teams,

@@ -380,20 +380,27 @@ class Quality:
     age_text: str
 
 
-def quality(sums: Sums, dark_by_node: Iterable[tuple[str, int]], sources: Iterable[tuple[str, bool]],
+@dataclass(frozen=True, slots=True)
+class ProjectSources:
+    """Of a team's jobs in a period, as their job events recorded them: how many were charged to their user's
+    default project (none given on the job), and how many named a project their user is not a member of."""
+
+    default_project_jobs: int
+    claimed_project_jobs: int
+
+
+def quality(sums: Sums, dark_by_node: Iterable[tuple[str, int]], sources: ProjectSources,
             latest_ms: int | None, now_ms: int, unpriced_s: int) -> Quality:  # fmt: skip
-    """`sources`: per job of the period, (project_source, claimed?) as the job events recorded them."""
     dark = [(node, int(s)) for node, s in dark_by_node if int(s) > 0]
     dark.sort(key=lambda r: (-r[1], r[0]))
     dark_total = sum(s for _, s in dark)
-    listed = list(sources)
     return Quality(
         coverage_pct=pct(sums.allocated_s - sums.dark_s, sums.allocated_s),
         dark_gpu_h=gpu_h(sums.dark_s),
         dark_nodes=[{"node": n, "dark_gpu_h": gpu_h(s), "share_pct": pct(s, dark_total)} for n, s in dark[:10]],
         unpriced_gpu_h=gpu_h(unpriced_s),
-        default_project_jobs=sum(1 for source, _ in listed if source == "DEFAULT"),
-        claimed_project_jobs=sum(1 for _, claimed in listed if claimed),
+        default_project_jobs=sources.default_project_jobs,
+        claimed_project_jobs=sources.claimed_project_jobs,
         jobs=sums.job_count,
         latest_data=_utc(latest_ms) if latest_ms is not None else "no data",
         age_text=age_text(latest_ms, now_ms),

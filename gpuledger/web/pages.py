@@ -18,7 +18,7 @@ from gpuledger.web import charts, statements
 from gpuledger.web import model as m
 from gpuledger.web.model import Column, Table
 from gpuledger.web.params import Period
-from gpuledger.web.queries import Statement, Warehouse
+from gpuledger.web.queries import PricedViews, Statement, Warehouse
 
 WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
 DEVICE_MINUTES_PAGE = 1000
@@ -106,13 +106,13 @@ def statement_figures(statement: Statement | None) -> dict[str, Any]:
     return dict(statement.figures)
 
 
-def _statement_line(wh: Warehouse, period: Period, team: str, closed: bool,
-                    only: str | None) -> tuple[Statement | None, dict[str, Any], list[str] | None]:  # fmt: skip
+def _statement_line(wh: Warehouse, period: Period, team: str, closed: bool, only: str | None,
+                    views: PricedViews) -> tuple[Statement | None, dict[str, Any], list[str] | None]:  # fmt: skip
     """The team's statement line and its figures; filtered to one cluster (`only`), the team's line of `report
     chargeback --by cluster` (none: zeros, and the page says so, when the team has no usage on the cluster this
     month, as the month links carry the filter into such months) and the clusters the team has lines on."""
     if only is None:
-        statement = wh.statements(period, closed=closed).get(team)
+        statement = wh.statements(period, closed=closed, views=views).get(team)
         return statement, statement_figures(statement), None
     lines = wh.cluster_lines(period, team, closed=closed)
     return None, (dict(lines[only]) if only in lines else statement_figures(None)), sorted(lines)
@@ -121,17 +121,19 @@ def _statement_line(wh: Warehouse, period: Period, team: str, closed: bool,
 def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapping[str, Mapping[str, int]] | None,
               credits: Callable[[Any], list[Any]] = lambda _client: [], only: str | None = None) -> Page:  # fmt: skip
     """The team's month; `only`: one cluster's part of it (`?cluster=`), every figure and table restricted to it."""
+    views_read = _READS.submit(wh.priced_views, period)
     closes = wh.closes()
     closed = period.text in closes
+    views = views_read.result()
     # The page's reads do not depend on each other: sent at once, the page waits for the slowest, not the sum.
-    usage_read = _READS.submit(wh.team_usage, period, team, closed=closed, cluster=only)
-    line_read = _READS.submit(_statement_line, wh, period, team, closed, only)
+    usage_read = _READS.submit(wh.team_usage, period, team, closed=closed, cluster=only, views=views)
+    line_read = _READS.submit(_statement_line, wh, period, team, closed, only, views)
     alerts_read = _READS.submit(wh.team_alerts, team, now_ms - WARNINGS_LOOKBACK_MS, only)
     dark_read = _READS.submit(wh.dark_by_node, period, team, only)
     sources_read = _READS.submit(wh.project_sources, period, team, only)
     latest_read = _READS.submit(wh.latest_minute_ms, period.start - dt.timedelta(days=31), only)
     usage = usage_read.result()
-    days_read = _READS.submit(wh.daily, period, team, only) if usage.days is None else None
+    days_read = _READS.submit(wh.daily, period, team, only, views) if usage.days is None else None
     statement, figures, clusters = line_read.result()
     known = sorted(usage.by["cluster"]) if clusters is None else clusters
     page = Page(f"{team}: {period.text}" + (f" on {only}" if only is not None else ""))
@@ -216,7 +218,7 @@ def project_page(wh: Warehouse, team: str, project: str, period: Period, only: s
     them, for the CSV); `only`: those on that cluster (the filtered team page's drill-down). The figures are the
     whole month's whatever the page."""
     closed = wh.closed(period)
-    jobs = wh.team_jobs(period, team, project, closed=closed, cluster=only)
+    jobs = wh.team_jobs(period, team, project, closed=closed, cluster=only, views=wh.priced_views(period))
     page = Page(f"{team} / {project}: {period.text}" + (f" on {only}" if only is not None else ""))
     rows = m.job_lines(jobs)
     rows.sort(key=lambda r: (-r["charge"], r["cluster"], r["job_id"]))
@@ -273,7 +275,7 @@ def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | 
     """None when the warehouse knows no such job (no event, no usage in the period)."""
     period = view.period
     info = wh.job(cluster, job_id)
-    usage = m.merge_segments(wh.job_usage(period, cluster, job_id))
+    usage = m.merge_segments(wh.job_usage(period, cluster, job_id, wh.priced_views(period)))
     if info is None and not usage:
         return None
     job = usage[0] if usage else None
@@ -375,7 +377,8 @@ def fleet_page(wh: Warehouse, period: Period) -> Page:
     from gpuledger.web import fleet
 
     closed = wh.closed(period)
-    statements = wh.statements(period, closed=closed)
+    views = wh.priced_views(period)
+    statements = wh.statements(period, closed=closed, views=views)
     page = Page(f"Fleet: {period.text}")
     teams = [{"team": line, **s.figures, "_team_url": team_url(line, period)} for line, s in statements.items()]
     teams.sort(key=lambda r: (-r["charge"], r["team"]))
@@ -389,7 +392,7 @@ def fleet_page(wh: Warehouse, period: Period) -> Page:
     page.add(Table("trend", "Share of the fleet allocated, and how much of it computed, per day", fleet.TREND_COLUMNS,
                    fleet.trend(days), note="Fleet GPU-h: what the node inventory says is installed (every device "
                    "seen, where no inventory reported). Consumed = active + starved."))  # fmt: skip
-    usage = wh.fleet_usage(period)
+    usage = wh.fleet_usage(period, views)
     page.add(Table("generations", "Allocated vs consumed, and what idle time cost, per generation",
                    fleet.CAPACITY_COLUMNS, fleet.by_generation(usage)))  # fmt: skip
     page.add(Table("queue", "Queue wait from submit to start", fleet.QUEUE_COLUMNS, fleet.queue(wh.queue_waits(period)),
@@ -399,7 +402,7 @@ def fleet_page(wh: Warehouse, period: Period) -> Page:
                    note="Per node: device-seconds the inventory expected and telemetry did not cover "
                         "(a held device with no telemetry is dark, never idle)."))  # fmt: skip
     page.add(Table("unpriced", "Unpriced hours: no rate on the card", fleet.UNPRICED_COLUMNS, fleet.unpriced(usage)))
-    jobs = m.merge_segments(wh.idle_leaders(period, FLEET_IDLE_LEADERS * 2))
+    jobs = m.merge_segments(wh.idle_leaders(period, FLEET_IDLE_LEADERS * 2, views))
     team_of = {j.key: j.team for j in jobs}
     leaders = m.most_idle_cost(jobs, FLEET_IDLE_LEADERS)
     for row in leaders:

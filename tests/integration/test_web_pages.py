@@ -391,3 +391,35 @@ def test_migration_015_rolls_up_the_device_minutes_stored_before_it(small_ledger
         assert after == (before[0] + 1, before[1] + 60, before[2] + 60, before[3] + 60_000)
     finally:
         client.close()
+
+
+def test_the_data_quality_counts_the_jobs_on_default_projects_as_the_simulator_made_them(web_app: Any) -> None:
+    """The page counts, on the server, the team's jobs whose last event says DEFAULT; the simulator's plan says
+    which jobs it gave no project (ground truth, no pipeline code). Its users are members of their projects, so
+    none claimed another's."""
+    from producers.simulator.kube import cluster_plan
+    from producers.simulator.model import clusters
+
+    used = {job_id for job_id, ledger in expected_ledger(SIM).items() if ledger.allocated_s > 0}
+    defaults: dict[str, int] = defaultdict(int)
+    for cfg in clusters(SIM):
+        for job in cluster_plan(cfg).jobs:
+            if job.job_id in used:
+                defaults[job.person.team] += job.project_source == "DEFAULT"
+    assert sum(defaults.values()) > 0 and len(defaults) >= 3
+    for team, count in defaults.items():
+        html = web_app.get(f"/teams/{team}?period={PERIOD}", headers=as_user("ops00")).text
+        shown = re.search(r"default project \(none given\): (\d+) of (\d+)", html)
+        assert shown is not None and int(shown.group(1)) == count, team
+        assert "charged elsewhere): 0." in html, team
+
+
+def test_the_simulators_month_is_read_from_the_single_lives_views(web_ledger: Any) -> None:
+    """No job id of the simulator's month has two lives and no device two clusters' claims, so the pages above,
+    equal to the report (which reads the full views), were read from the single-lives views (migration 031)."""
+    from gpuledger.web import params
+    from gpuledger.web.queries import SINGLE_LIVES_VIEWS, Warehouse
+    from sinks.db import connect
+
+    ch, _ = web_ledger
+    assert Warehouse(connect(ch, analyst=True)).priced_views(params.period(PERIOD, END_MS)) == SINGLE_LIVES_VIEWS

@@ -158,7 +158,7 @@ def test_device_minute_class() -> None:
 
 def test_quality_says_what_lowers_it() -> None:
     sums = m.total([job("1", "p", "u", HOUR, dark=HOUR // 2), job("2", "p", "u", HOUR)])
-    q = m.quality(sums, [("n2", 600), ("n1", 1200), ("n3", 0)], [("DEFAULT", False), ("EXPLICIT", True)],
+    q = m.quality(sums, [("n2", 600), ("n1", 1200), ("n3", 0)], m.ProjectSources(1, 1),
                   T0 - 600_000, T0, 0)  # fmt: skip
     assert q.coverage_pct == 75.0 and q.dark_gpu_h == Decimal("0.5000")
     assert [d["node"] for d in q.dark_nodes] == ["n1", "n2"] and q.dark_nodes[0]["share_pct"] == 66.7
