@@ -56,7 +56,7 @@ SECURITY_HEADERS = {
 class WebContext:
     """What the app needs, built once at its start (gpuledger/web/cli.py) or by a test."""
 
-    warehouse: Callable[[], Warehouse]  # the analyst's warehouse for this thread
+    warehouse: Callable[[], Warehouse]  # the analyst's warehouse
     lookup: Callable[[str], DirectoryEntry | None]
     registry: Registry | None
     publish_correction: Callable[[dict[str, Any]], None] | None
@@ -80,15 +80,18 @@ class WebContext:
         return int(self.clock() * 1000)
 
 
-def thread_local_warehouse(connect: Callable[[], Any]) -> Callable[[], Warehouse]:
-    """One analyst client per server thread. Its connection pool also serves a page's reads sent at once
-    (`pages._READS`): a client with no session id may run concurrent queries."""
-    local = threading.local()
+def shared_warehouse(connect: Callable[[], Any]) -> Callable[[], Warehouse]:
+    """One analyst client for the app, made on first use. It has no session id, so its connection pool serves
+    concurrent queries: every request thread's and a page's reads sent at once (`pages._READS`). One per server
+    thread cost a new connection's handshake queries whenever the server started a thread for a request."""
+    lock = threading.Lock()
+    made: list[Warehouse] = []
 
     def get() -> Warehouse:
-        if getattr(local, "warehouse", None) is None:
-            local.warehouse = Warehouse(connect())
-        return local.warehouse
+        with lock:
+            if not made:
+                made.append(Warehouse(connect()))
+            return made[0]
 
     return get
 

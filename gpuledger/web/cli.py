@@ -41,7 +41,7 @@ def web_cmd(
 
 def build_context(settings: Settings, publisher: Any = None) -> Any:
     """The app's WebContext from the settings (a test passes its own publisher)."""
-    from gpuledger.web.app import WebContext, thread_local_warehouse
+    from gpuledger.web.app import WebContext, shared_warehouse
     from sinks.db import connect
 
     registry, lookup, users = _organisation(settings)
@@ -49,8 +49,8 @@ def build_context(settings: Settings, publisher: Any = None) -> Any:
     policy = _policy(settings)
     publish = _publisher(settings, publisher)
     return WebContext(
-        warehouse=thread_local_warehouse(lambda: connect(settings.clickhouse, analyst=True,
-                                                         send_receive_timeout=int(web.query_timeout_s))),
+        warehouse=shared_warehouse(lambda: connect(settings.clickhouse, analyst=True,
+                                                   send_receive_timeout=int(web.query_timeout_s))),
         lookup=lookup,
         registry=registry,
         publish_correction=_correction_publisher(publish),

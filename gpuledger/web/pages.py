@@ -26,7 +26,7 @@ PROJECT_JOBS_PAGE = 200  # a project's jobs a page (a month of a big project is 
 DEVICE_MINUTES_CSV_MAX = 200_000
 # The team page's reads, sent together (a clickhouse-connect client without a session serves concurrent queries
 # from its connection pool). Shared by every request: a busy server queues reads here rather than opening more.
-_READS = ThreadPoolExecutor(max_workers=6, thread_name_prefix="page-reads")
+_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="page-reads")
 
 
 @dataclass
@@ -121,17 +121,18 @@ def _statement_line(wh: Warehouse, period: Period, team: str, closed: bool, only
 def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapping[str, Mapping[str, int]] | None,
               credits: Callable[[Any], list[Any]] = lambda _client: [], only: str | None = None) -> Page:  # fmt: skip
     """The team's month; `only`: one cluster's part of it (`?cluster=`), every figure and table restricted to it."""
+    # The page's reads do not depend on each other, but for the month's two priced reads, which wait for whether it
+    # is closed and which views price it: sent at once, the page waits for the slowest, not the sum.
     views_read = _READS.submit(wh.priced_views, period)
-    closes = wh.closes()
-    closed = period.text in closes
-    views = views_read.result()
-    # The page's reads do not depend on each other: sent at once, the page waits for the slowest, not the sum.
-    usage_read = _READS.submit(wh.team_usage, period, team, closed=closed, cluster=only, views=views)
-    line_read = _READS.submit(_statement_line, wh, period, team, closed, only, views)
     alerts_read = _READS.submit(wh.team_alerts, team, now_ms - WARNINGS_LOOKBACK_MS, only)
     dark_read = _READS.submit(wh.dark_by_node, period, team, only)
     sources_read = _READS.submit(wh.project_sources, period, team, only)
     latest_read = _READS.submit(wh.latest_minute_ms, period.start - dt.timedelta(days=31), only)
+    closes = wh.closes()
+    closed = period.text in closes
+    views = views_read.result()
+    usage_read = _READS.submit(wh.team_usage, period, team, closed=closed, cluster=only, views=views)
+    line_read = _READS.submit(_statement_line, wh, period, team, closed, only, views)
     usage = usage_read.result()
     days_read = _READS.submit(wh.daily, period, team, only, views) if usage.days is None else None
     statement, figures, clusters = line_read.result()
