@@ -202,23 +202,33 @@ def first_day(wh: Any, period: Any, job: tuple[str, str]) -> tuple[int, int, int
 def per_query(
     wh: Any, period: Any, team: str, job: tuple[str, str], now_ms: int, runs: int
 ) -> list[tuple[str, float, float]]:
-    """Each query the team page and the job page make, alone (median, p95 ms)."""
+    """Each query the team page and the job page make, alone (median, p95 ms); the priced reads from the views the
+    pages pick (`priced_views`), then from the full views."""
+    from gpuledger.web.queries import FULL_VIEWS
+
     since = now_ms - 14 * 86_400_000
+    views = wh.priced_views(period)
     cases: list[tuple[str, Callable[[], Any]]] = [
         ("closes (v_period_closes)", lambda: wh.closes()),
-        ("statements (v_chargeback_month)", lambda: wh.statements(period)),
-        ("team_usage (v_usage_priced grouped, top idle jobs)", lambda: wh.team_usage(period, team)),
-        ("team_jobs (v_usage_priced, the project page's)", lambda: wh.team_jobs(period, team)),
-        ("daily (v_usage_priced)", lambda: wh.daily(period, team)),
+        ("priced_views (v_month_single_lives)", lambda: wh.priced_views(period)),
+        (f"statements ({views.month})", lambda: wh.statements(period, views=views)),
+        (f"team_usage ({views.usage} grouped, top idle jobs)", lambda: wh.team_usage(period, team, views=views)),
+        (f"team_jobs ({views.usage}, the project page's)", lambda: wh.team_jobs(period, team, views=views)),
+        (f"daily ({views.usage})", lambda: wh.daily(period, team, views=views)),
         ("dark_by_node (node_daily)", lambda: wh.dark_by_node(period, team)),
         ("project_sources (job_events IN usage_daily)", lambda: wh.project_sources(period, team)),
         ("latest_minute_ms (node_daily)", lambda: wh.latest_minute_ms(period.start - dt.timedelta(days=31))),
         ("team_alerts", lambda: wh.team_alerts(team, since)),
         ("job (job_events)", lambda: wh.job(*job)),
-        ("job_usage (v_usage_priced)", lambda: wh.job_usage(period, *job)),
+        (f"job_usage ({views.usage})", lambda: wh.job_usage(period, *job, views)),
         ("job_devices (device_minutes FINAL)", lambda: wh.job_devices(period, *job)),
         ("device_minutes, the job's first day (FINAL)", lambda: wh.device_minutes(*job, *first_day(wh, period, job))),
     ]
+    if views != FULL_VIEWS:
+        cases += [
+            ("statements (v_chargeback_month, the full views)", lambda: wh.statements(period)),
+            ("team_usage (v_usage_priced, the full views)", lambda: wh.team_usage(period, team)),
+        ]
     out = []
     for name, fn in cases:
         med, p95, _ = timed(fn, runs)
