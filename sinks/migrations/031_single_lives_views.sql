@@ -11,7 +11,9 @@
 -- then (gpuledger/web/queries.py `priced_views`), and the full views otherwise. The single views are 023's and 022's
 -- text over `v_usage_lives_single`, v_usage_lives' first branch, which v_usage_lives now reads (its rows unchanged).
 -- A page checks and then reads: an id marked reused, or a day contested, between the two is read as at the check
--- (its rows, or its ceded seconds, appear from the next read).
+-- (its rows, or its ceded seconds, appear from the next read). A later change to v_usage_priced or
+-- v_chargeback_month is made to its single twin too: tests/integration/test_priced_views_single.py compares their
+-- rows and lines on a month of one life per id.
 
 CREATE OR REPLACE VIEW v_usage_lives_single AS
 SELECT u.day AS day, u.cluster AS cluster, u.job_id AS job_id, u.user AS user, u.team AS team,
