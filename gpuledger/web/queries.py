@@ -204,6 +204,38 @@ class _FleetReads(_Reads):
                 for g, t, n, p50, p90, top, total in rows]  # fmt: skip
 
 
+class _QualityReads(_Reads):
+    """What the team page's data-quality section reads beside the month's usage."""
+
+    def dark_by_node(self, period: Period, team: str, cluster: str | None = None) -> list[tuple[str, int]]:
+        """Where the team's allocated time had no telemetry, per node (the daily rollup node_daily: one row
+        per team, day and node, so a month of 10,000 GPUs is read in thousands of rows, not millions)."""
+        return [(str(n), int(s)) for n, s in self._rows(
+            "SELECT node, sum(dark_s) FROM node_daily WHERE team = {team:String} AND day >= {start:Date} "
+            "AND day < {end:Date}" + _on(cluster) + " GROUP BY node HAVING sum(dark_s) > 0 ORDER BY 2 DESC, 1 LIMIT 50",
+            start=period.start, end=period.end, team=team, cluster=cluster or "",
+        )]  # fmt: skip
+
+    def project_sources(self, period: Period, team: str, cluster: str | None = None) -> ProjectSources:
+        """Of the team's jobs in the month: how many were charged to their user's default project (the last event
+        says so), and how many claimed a project their user is not a member of. Counted on the server: a job a
+        row would be thousands of rows a page at 10,000 GPUs."""
+        rows = self._rows(
+            "SELECT countIf(source = 'DEFAULT'), countIf(claimed) FROM (SELECT argMax(project_source, ts_ms) AS "
+            "source, max(project_claimed IS NOT NULL) AS claimed FROM job_events WHERE (cluster, job_id) IN "
+            "(SELECT cluster, job_id FROM usage_daily WHERE day >= {start:Date} AND day < {end:Date} "
+            "AND team = {team:String} AND job_id != ''" + _on(cluster) + ") GROUP BY cluster, job_id)",
+            start=period.start, end=period.end, team=team, cluster=cluster or "",
+        )  # fmt: skip
+        return ProjectSources(int(rows[0][0]), int(rows[0][1])) if rows else ProjectSources(0, 0)
+
+    def latest_minute_ms(self, since: dt.date, cluster: str | None = None) -> int | None:
+        """The newest device-minute stored since `since`, any team (node_daily's max per row)."""
+        rows = self._rows("SELECT max(last_minute_ms), count() FROM node_daily WHERE day >= {since:Date}" +
+                          _on(cluster), since=since, cluster=cluster or "")  # fmt: skip
+        return int(rows[0][0]) if rows and rows[0][1] else None
+
+
 DEVICE_MINUTE_COLUMNS = (
     "minute_start_ms", "node", "device_uuid", "mig_instance_id", "model", "generation", "allocated_s", "active_s",
     "starved_s", "idle_s", "dark_s", "sample_count", "activity_mean_ratio", "activity_max_ratio", "fb_used_mib_max",
@@ -211,7 +243,7 @@ DEVICE_MINUTE_COLUMNS = (
 )  # fmt: skip
 
 
-class Warehouse(_FleetReads):
+class Warehouse(_FleetReads, _QualityReads):
     """The analyst's queries; `client` is a clickhouse-connect client logged in as the analyst."""
 
     def closed(self, period: Period) -> bool:
@@ -319,34 +351,6 @@ class Warehouse(_FleetReads):
             start=period.start, end=period.end, team=team, cluster=cluster or "",
         )  # fmt: skip
         return [Day(d, int(a), int(s), int(i), int(k)) for d, a, s, i, k in rows]
-
-    def dark_by_node(self, period: Period, team: str, cluster: str | None = None) -> list[tuple[str, int]]:
-        """Where the team's allocated time had no telemetry, per node (the daily rollup node_daily: one row
-        per team, day and node, so a month of 10,000 GPUs is read in thousands of rows, not millions)."""
-        return [(str(n), int(s)) for n, s in self._rows(
-            "SELECT node, sum(dark_s) FROM node_daily WHERE team = {team:String} AND day >= {start:Date} "
-            "AND day < {end:Date}" + _on(cluster) + " GROUP BY node HAVING sum(dark_s) > 0 ORDER BY 2 DESC, 1 LIMIT 50",
-            start=period.start, end=period.end, team=team, cluster=cluster or "",
-        )]  # fmt: skip
-
-    def project_sources(self, period: Period, team: str, cluster: str | None = None) -> ProjectSources:
-        """Of the team's jobs in the month: how many were charged to their user's default project (the last event
-        says so), and how many claimed a project their user is not a member of. Counted on the server: a job a
-        row would be thousands of rows a page at 10,000 GPUs."""
-        rows = self._rows(
-            "SELECT countIf(source = 'DEFAULT'), countIf(claimed) FROM (SELECT argMax(project_source, ts_ms) AS "
-            "source, max(project_claimed IS NOT NULL) AS claimed FROM job_events WHERE (cluster, job_id) IN "
-            "(SELECT cluster, job_id FROM usage_daily WHERE day >= {start:Date} AND day < {end:Date} "
-            "AND team = {team:String} AND job_id != ''" + _on(cluster) + ") GROUP BY cluster, job_id)",
-            start=period.start, end=period.end, team=team, cluster=cluster or "",
-        )  # fmt: skip
-        return ProjectSources(int(rows[0][0]), int(rows[0][1])) if rows else ProjectSources(0, 0)
-
-    def latest_minute_ms(self, since: dt.date, cluster: str | None = None) -> int | None:
-        """The newest device-minute stored since `since`, any team (node_daily's max per row)."""
-        rows = self._rows("SELECT max(last_minute_ms), count() FROM node_daily WHERE day >= {since:Date}" +
-                          _on(cluster), since=since, cluster=cluster or "")  # fmt: skip
-        return int(rows[0][0]) if rows and rows[0][1] else None
 
     def team_alerts(self, team: str, since_ms: int, cluster: str | None = None) -> list[AlertRow]:
         rows = self._rows(
