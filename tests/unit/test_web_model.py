@@ -7,6 +7,7 @@ import datetime as dt
 import xml.etree.ElementTree as ET
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -359,3 +360,21 @@ def test_figures_read_as_people_write_them() -> None:
 
     assert cell(Decimal("-7.5"), "money") == "-$7.50" and cell(Decimal("1234.5"), "money") == "$1,234.50"
     assert cell(Decimal("0.12345"), "gpu_h") == "0.1235" and cell(None, "pct") == "-" and cell(True) == "yes"
+
+
+def test_every_request_thread_reads_through_one_analyst_client() -> None:
+    """`shared_warehouse` connects once, on first use, whichever threads ask: a client per thread cost each request
+    that landed on a new server thread a connection's handshake queries."""
+    import threading
+
+    from gpuledger.web.app import shared_warehouse
+
+    made: list[object] = []
+    get = shared_warehouse(lambda: made.append(object()) or made[-1])
+    seen: list[Any] = []
+    threads = [threading.Thread(target=lambda: seen.append(get())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len({id(w) for w in seen}) == 1 and seen[0].client is made[0]
