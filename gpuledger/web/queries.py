@@ -19,7 +19,6 @@ from sinks.ratecard import ONPREM
 STATEMENT_COLUMNS = (*LINE_COLUMNS, "allocated_seconds", "dark_seconds")
 
 
-
 @dataclass(frozen=True, slots=True)
 class PricedViews:
     """Where a month's priced usage and statement lines are read: the views every report reads, or, for a month
@@ -42,6 +41,7 @@ def _job_usage_head(views: PricedViews) -> str:
         "sum(dark_s), sum(charge_num), sum(idle_charge_num), sum(unpriced_s), min(day), max(day) "
         f"FROM {views.usage} WHERE day >= {{start:Date}} AND day < {{end:Date}} AND "
     )
+
 
 # A closed month's frozen usage lines (v_statement_lines), in the same shape; idle cost from the frozen rate.
 _FROZEN_USAGE = (
