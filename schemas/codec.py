@@ -41,6 +41,7 @@ from prometheus_client import Counter as PromCounter
 from base.errors import ContractError, ServiceError
 from base.settings import KafkaSettings
 from schemas import DEFAULT_STORE, SchemaStore
+from schemas.lean import Plan, encode_plan
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = b"\x00"
@@ -191,6 +192,7 @@ class AvroCodec:
         self._raw: dict[str, dict[str, Any]] = {}
         self._fingerprints: dict[str, bytes] = {}
         self._headers: dict[str, bytes] = {}
+        self._lean_writers: dict[str, Plan | None] = {}  # the native walk for flat subjects (schemas.lean)
         self._by_fingerprint: dict[bytes, WriterSchema] = {}
         self._by_legacy_fingerprint: dict[bytes, WriterSchema] = {}  # the same, big-endian (pre-fix writers)
         self._legacy_counters: dict[str, Any] = {}
@@ -201,6 +203,7 @@ class AvroCodec:
             latest = _parse(versions[-1])
             self._raw[subject] = versions[-1]
             self._parsed[subject] = latest
+            self._lean_writers[subject] = encode_plan(versions[-1])
             self._by_name[record_name(versions[-1])] = subject
             for number, schema in enumerate(versions, start=1):
                 is_latest = number == len(versions)
@@ -302,6 +305,11 @@ class AvroCodec:
         if self._registry is not None and header[:1] != CONFLUENT_MAGIC:
             self.schema_id(subject)
             header = self._headers[subject]
+        lean = self._lean_writers[subject]
+        if lean is not None:
+            body = lean.encode(record)
+            if body is not None:  # None: a value off the plain path, which fastavro decides below
+                return header + body
         buf = io.BytesIO()
         buf.write(header)
         try:

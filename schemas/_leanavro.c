@@ -1,0 +1,523 @@
+/* Lean Avro binary decoding and encoding along a field plan (schemas/lean.py builds the plans).
+ *
+ * A plan is a tuple of (name or None, kind) for the fields of one record schema, in order; a field of
+ * kind RECORDS is an array of records read along a second plan (the NodeScrape's devices). Decoding
+ * builds a dict of the named fields and skips the unnamed ones without allocating; encoding writes a
+ * flat record (no RECORDS field) the way fastavro's schemaless_writer does, and answers None for
+ * anything outside the plain path (a value of another Python type, a missing field, a string that
+ * does not encode), so the caller lets fastavro decide it.
+ *
+ * The bytes are untrusted: every read is bounds-checked, a varint is at most 10 bytes and 64 bits, a
+ * string length is never negative nor past the end, an array block of N items needs at least N times
+ * the smallest item's encoding in the bytes left. Anything that does not decode raises the error
+ * class given to the plan (MalformedRecord), never a crash, with the byte where it went wrong.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { K_STRING, K_LONG, K_DOUBLE, K_BOOLEAN, K_OPT_STRING, K_OPT_LONG, K_OPT_DOUBLE, K_RECORDS, K_COUNT };
+
+/* Fewest bytes a value of each kind takes on the wire (a varint or a union tag is at least one byte). */
+static const Py_ssize_t MIN_BYTES[K_COUNT] = {1, 1, 8, 1, 1, 1, 1, 1};
+
+typedef struct PlanObject {
+    PyObject_HEAD
+    Py_ssize_t n;
+    int *kinds;
+    PyObject **names;          /* owned references; NULL for a field that is skipped */
+    struct PlanObject *items;  /* the plan of a RECORDS field's items; NULL when there is none */
+    Py_ssize_t item_min;       /* fewest bytes one item takes */
+    PyObject *error;           /* the exception class raised for bytes that do not decode */
+    PyObject *label;           /* what the messages call the body ("scrape body") */
+} PlanObject;
+
+static PyTypeObject PlanType;
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+static void fail(PlanObject *p, Py_ssize_t size, const char *why, Py_ssize_t at) {
+    PyErr_Format(p->error, "%U does not decode (%zd bytes): %s at byte %zd", p->label, size, why, at);
+}
+
+/* ---- decoding -------------------------------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *d;
+    Py_ssize_t end;
+    Py_ssize_t pos;
+} Reader;
+
+static int read_long(PlanObject *p, Reader *r, int64_t *out) {
+    uint64_t n = 0;
+    int shift = 0;
+    for (;;) {
+        if (r->pos >= r->end) {
+            fail(p, r->end, "truncated varint", r->pos);
+            return -1;
+        }
+        unsigned b = r->d[r->pos++];
+        if (shift == 63 && (b & 0x7e)) {
+            fail(p, r->end, "varint beyond 64 bits", r->pos - 1);
+            return -1;
+        }
+        n |= (uint64_t)(b & 0x7f) << shift;
+        if (b < 0x80)
+            break;
+        shift += 7;
+        if (shift > 63) {
+            fail(p, r->end, "varint longer than 10 bytes", r->pos);
+            return -1;
+        }
+    }
+    *out = (int64_t)((n >> 1) ^ (~(n & 1) + 1));
+    return 0;
+}
+
+static int read_double(PlanObject *p, Reader *r, double *out) {
+    if (r->end - r->pos < 8) {
+        fail(p, r->end, "truncated double", r->pos);
+        return -1;
+    }
+    uint64_t bits = 0;
+    for (int i = 7; i >= 0; i--)
+        bits = (bits << 8) | r->d[r->pos + i];
+    memcpy(out, &bits, sizeof bits);
+    r->pos += 8;
+    return 0;
+}
+
+static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *out);
+
+/* The items of `owner`'s RECORDS field; errors are reported as `p`'s (the outermost plan's). */
+static PyObject *read_records(PlanObject *owner, PlanObject *p, Reader *r) {
+    PlanObject *items = owner->items;
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    for (;;) {
+        int64_t count;
+        if (read_long(p, r, &count) < 0)
+            goto error;
+        if (count == 0)
+            break;
+        if (count < 0) {
+            int64_t size;
+            if (count == INT64_MIN) {
+                fail(p, r->end, "array block count out of range", r->pos);
+                goto error;
+            }
+            count = -count;
+            if (read_long(p, r, &size) < 0)
+                goto error;
+            if (size < 0 || size > r->end - r->pos) {
+                fail(p, r->end, "array block size past the end", r->pos);
+                goto error;
+            }
+        }
+        if (count > (r->end - r->pos) / owner->item_min) {
+            fail(p, r->end, "more array items than the bytes left can hold", r->pos);
+            goto error;
+        }
+        for (int64_t i = 0; i < count; i++) {
+            PyObject *item = PyDict_New();
+            if (item == NULL)
+                goto error;
+            if (walk_fields(items, p, r, item) < 0 || PyList_Append(list, item) < 0) {
+                Py_DECREF(item);
+                goto error;
+            }
+            Py_DECREF(item);
+        }
+    }
+    return list;
+error:
+    Py_DECREF(list);
+    return NULL;
+}
+
+/* `msg` is the outermost plan: an error inside an item is reported with its label. */
+static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *out) {
+    for (Py_ssize_t i = 0; i < plan->n; i++) {
+        int kind = plan->kinds[i];
+        PyObject *name = plan->names[i];
+        PyObject *value = NULL;
+        if (kind >= K_OPT_STRING && kind <= K_OPT_DOUBLE) {
+            if (r->pos >= r->end) {
+                fail(msg, r->end, "truncated union index", r->pos);
+                return -1;
+            }
+            unsigned tag = r->d[r->pos++];
+            if (tag == 0) {
+                if (name != NULL && PyDict_SetItem(out, name, Py_None) < 0)
+                    return -1;
+                continue;
+            }
+            if (tag != 2) {
+                fail(msg, r->end, "bad union index byte", r->pos - 1);
+                return -1;
+            }
+            kind = kind == K_OPT_STRING ? K_STRING : kind == K_OPT_LONG ? K_LONG : K_DOUBLE;
+        }
+        switch (kind) {
+        case K_STRING: {
+            int64_t len;
+            if (read_long(msg, r, &len) < 0)
+                return -1;
+            if (len < 0 || len > r->end - r->pos) {
+                fail(msg, r->end, "string length past the end", r->pos);
+                return -1;
+            }
+            if (name != NULL) {
+                value = PyUnicode_DecodeUTF8((const char *)r->d + r->pos, (Py_ssize_t)len, NULL);
+                if (value == NULL) {
+                    PyErr_Clear();
+                    fail(msg, r->end, "string is not UTF-8", r->pos);
+                    return -1;
+                }
+            }
+            r->pos += (Py_ssize_t)len;
+            break;
+        }
+        case K_LONG: {
+            int64_t v;
+            if (read_long(msg, r, &v) < 0)
+                return -1;
+            if (name != NULL && (value = PyLong_FromLongLong(v)) == NULL)
+                return -1;
+            break;
+        }
+        case K_DOUBLE: {
+            double v;
+            if (read_double(msg, r, &v) < 0)
+                return -1;
+            if (name != NULL && (value = PyFloat_FromDouble(v)) == NULL)
+                return -1;
+            break;
+        }
+        case K_BOOLEAN:
+            if (r->pos >= r->end) {
+                fail(msg, r->end, "truncated boolean", r->pos);
+                return -1;
+            }
+            if (name != NULL) {
+                value = r->d[r->pos] ? Py_True : Py_False;
+                Py_INCREF(value);
+            }
+            r->pos++;
+            break;
+        case K_RECORDS:
+            value = read_records(plan, msg, r);
+            if (value == NULL)
+                return -1;
+            if (name == NULL)
+                Py_CLEAR(value);
+            break;
+        default:
+            PyErr_SetString(PyExc_SystemError, "bad kind in plan");
+            return -1;
+        }
+        if (value != NULL) {
+            int rc = PyDict_SetItem(out, name, value);
+            Py_DECREF(value);
+            if (rc < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+static int walk(PlanObject *p, Reader *r, PyObject *out) { return walk_fields(p, p, r, out); }
+
+static PyObject *Plan_decode(PlanObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode(data: bytes, pos: int)");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    Reader r = {(const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), pos};
+    if (pos < 0 || pos > r.end) {
+        PyErr_SetString(PyExc_ValueError, "pos outside the data");
+        return NULL;
+    }
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    if (walk(self, &r, out) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (r.pos != r.end) {
+        PyErr_Format(self->error, "%U does not decode (%zd bytes): %zd trailing bytes", self->label, r.end,
+                     r.end - r.pos);
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* ---- encoding -------------------------------------------------------------------------------- */
+
+typedef struct {
+    unsigned char *buf;
+    Py_ssize_t len, cap;
+    unsigned char small[512];
+} Writer;
+
+static int reserve(Writer *w, Py_ssize_t more) {
+    if (w->len + more <= w->cap)
+        return 0;
+    Py_ssize_t cap = w->cap;
+    while (cap < w->len + more)
+        cap *= 2;
+    unsigned char *buf = PyMem_Malloc((size_t)cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(buf, w->buf, (size_t)w->len);
+    if (w->buf != w->small)
+        PyMem_Free(w->buf);
+    w->buf = buf;
+    w->cap = cap;
+    return 0;
+}
+
+static int write_long(Writer *w, int64_t v) {
+    if (reserve(w, 10) < 0)
+        return -1;
+    uint64_t n = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    while (n >= 0x80) {
+        w->buf[w->len++] = (unsigned char)(n | 0x80);
+        n >>= 7;
+    }
+    w->buf[w->len++] = (unsigned char)n;
+    return 0;
+}
+
+/* 1: written; 0: not on the plain path (the caller gives the record to fastavro); -1: error set. */
+static int write_value(Writer *w, int kind, PyObject *v) {
+    switch (kind) {
+    case K_STRING: {
+        if (!PyUnicode_CheckExact(v))
+            return 0;
+        Py_ssize_t len;
+        const char *s = PyUnicode_AsUTF8AndSize(v, &len);
+        if (s == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (write_long(w, len) < 0 || reserve(w, len) < 0)
+            return -1;
+        memcpy(w->buf + w->len, s, (size_t)len);
+        w->len += len;
+        return 1;
+    }
+    case K_LONG: {
+        if (!PyLong_CheckExact(v))
+            return 0;
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow)
+            return 0;
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        return write_long(w, x) < 0 ? -1 : 1;
+    }
+    case K_DOUBLE: {
+        if (!PyFloat_CheckExact(v))
+            return 0;
+        double x = PyFloat_AS_DOUBLE(v);
+        uint64_t bits;
+        memcpy(&bits, &x, sizeof bits);
+        if (reserve(w, 8) < 0)
+            return -1;
+        for (int i = 0; i < 8; i++)
+            w->buf[w->len++] = (unsigned char)(bits >> (8 * i));
+        return 1;
+    }
+    case K_BOOLEAN:
+        if (v != Py_True && v != Py_False)
+            return 0;
+        if (reserve(w, 1) < 0)
+            return -1;
+        w->buf[w->len++] = v == Py_True;
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *Plan_encode(PlanObject *self, PyObject *record) {
+    if (self->items != NULL || !PyDict_Check(record))
+        Py_RETURN_NONE;
+    Writer w = {NULL, 0, sizeof w.small, {0}};
+    w.buf = w.small;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < self->n; i++) {
+        PyObject *name = self->names[i];
+        if (name == NULL)
+            goto plain_path_ends; /* an encoder plan names every field */
+        PyObject *v = PyDict_GetItemWithError(record, name);
+        if (v == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            goto plain_path_ends;
+        }
+        int kind = self->kinds[i];
+        if (kind >= K_OPT_STRING && kind <= K_OPT_DOUBLE) {
+            if (reserve(&w, 1) < 0)
+                goto done;
+            if (v == Py_None) {
+                w.buf[w.len++] = 0;
+                continue;
+            }
+            w.buf[w.len++] = 2;
+            kind = kind == K_OPT_STRING ? K_STRING : kind == K_OPT_LONG ? K_LONG : K_DOUBLE;
+        }
+        int rc = write_value(&w, kind, v);
+        if (rc < 0)
+            goto done;
+        if (rc == 0)
+            goto plain_path_ends;
+    }
+    result = PyBytes_FromStringAndSize((const char *)w.buf, w.len);
+    goto done;
+plain_path_ends:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (w.buf != w.small)
+        PyMem_Free(w.buf);
+    return result;
+}
+
+/* ---- the type -------------------------------------------------------------------------------- */
+
+static void Plan_dealloc(PlanObject *self) {
+    if (self->names != NULL) {
+        for (Py_ssize_t i = 0; i < self->n; i++)
+            Py_XDECREF(self->names[i]);
+        PyMem_Free(self->names);
+    }
+    PyMem_Free(self->kinds);
+    Py_XDECREF((PyObject *)self->items);
+    Py_XDECREF(self->error);
+    Py_XDECREF(self->label);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
+    static char *keywords[] = {"fields", "error", "label", "items", NULL};
+    PyObject *fields, *error, *label, *items = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OU|O", keywords, &PyTuple_Type, &fields, &error, &label,
+                                     &items))
+        return -1;
+    if (!PyType_Check(error) || !PyType_IsSubtype((PyTypeObject *)error, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "error must be an exception class");
+        return -1;
+    }
+    if (items != Py_None && !PyObject_TypeCheck(items, &PlanType)) {
+        PyErr_SetString(PyExc_TypeError, "items must be a Plan or None");
+        return -1;
+    }
+    if (self->kinds != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a Plan is built once");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(fields);
+    self->kinds = PyMem_Calloc((size_t)(n ? n : 1), sizeof(int));
+    self->names = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
+    if (self->kinds == NULL || self->names == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->n = n;
+    int has_records = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i), *name;
+        int kind;
+        if (!PyArg_ParseTuple(f, "Oi;a field is (name or None, kind)", &name, &kind))
+            return -1;
+        if (kind < 0 || kind >= K_COUNT) {
+            PyErr_Format(PyExc_ValueError, "kind %d out of range", kind);
+            return -1;
+        }
+        if (name != Py_None) {
+            if (!PyUnicode_Check(name)) {
+                PyErr_SetString(PyExc_TypeError, "a field name is a str or None");
+                return -1;
+            }
+            Py_INCREF(name);
+            PyUnicode_InternInPlace(&name);
+            self->names[i] = name;
+        }
+        self->kinds[i] = kind;
+        has_records |= kind == K_RECORDS;
+    }
+    if (has_records != (items != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "items is given exactly when a field is RECORDS");
+        return -1;
+    }
+    if (items != Py_None) {
+        PlanObject *ip = (PlanObject *)items;
+        if (ip->items != NULL) {
+            PyErr_SetString(PyExc_ValueError, "items of items are not supported");
+            return -1;
+        }
+        Py_ssize_t m = 0;
+        for (Py_ssize_t i = 0; i < ip->n; i++)
+            m += MIN_BYTES[ip->kinds[i]];
+        self->item_min = m > 0 ? m : 1;
+        Py_INCREF(items);
+        self->items = ip;
+    }
+    Py_INCREF(error);
+    self->error = error;
+    Py_INCREF(label);
+    self->label = label;
+    return 0;
+}
+
+static PyMethodDef Plan_methods[] = {
+    {"decode", (PyCFunction)(void (*)(void))Plan_decode, METH_FASTCALL,
+     "decode(data: bytes, pos: int) -> dict: the record encoded in data[pos:], its named fields."},
+    {"encode", (PyCFunction)Plan_encode, METH_O,
+     "encode(record: dict) -> bytes | None: the flat record's body, None off the plain path."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "schemas._leanavro.Plan",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Plan(fields, error, label, items=None): a record schema's fields as (name or None, kind).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Plan_init,
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_methods = Plan_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "schemas._leanavro",
+    .m_doc = "Lean Avro decoding and encoding along a field plan.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__leanavro(void) {
+    if (PyType_Ready(&PlanType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,12 @@
+from typing import Any
+
+class Plan:
+    def __init__(
+        self,
+        fields: tuple[tuple[str | None, int], ...],
+        error: type[Exception],
+        label: str,
+        items: Plan | None = None,
+    ) -> None: ...
+    def decode(self, data: bytes, pos: int) -> dict[str, Any]: ...
+    def encode(self, record: dict[str, Any]) -> bytes | None: ...

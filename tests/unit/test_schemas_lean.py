@@ -1,0 +1,235 @@
+"""The native lean walk (schemas/_leanavro.c) against fastavro: the bytes it writes, what it reads, what it refuses."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import random
+
+import fastavro
+import pytest
+
+from base.processor_settings import ProcessorSettings
+from processors.fastdecode import DEVICE_FIELDS, TOP_FIELDS
+from processors.pipeline import run_in_memory
+from processors.testing import T0, device, scrape
+from producers.simulator import SimConfig, simulate
+from schemas import load_schema
+from schemas.codec import AvroCodec, InvalidRecord, MalformedRecord
+from schemas.lean import LONG, OPT_DOUBLE, OPT_STRING, Plan, UnsupportedSchema, decode_plan, encode_plan
+from schemas.topics import DEVICE_SAMPLES
+
+CODEC = AvroCodec()
+FLAT_SUBJECTS = ("usage.device-minutes", "usage.job-minutes", "usage.coverage-minutes")
+
+
+def _fastavro_body(subject: str, record: dict) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, CODEC.parsed_schema(subject), record)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def pipeline_rows() -> dict[str, list[dict]]:
+    out = run_in_memory(list(simulate(SimConfig(seed=3, nodes=3, duration_s=420))), ProcessorSettings())
+    rows = {
+        "usage.device-minutes": out.device_minutes,
+        "usage.job-minutes": out.job_minutes,
+        "usage.coverage-minutes": out.coverage_minutes,
+    }
+    assert all(rows.values())
+    return rows
+
+
+@pytest.mark.parametrize("subject", FLAT_SUBJECTS)
+def test_the_codec_writes_fastavros_bytes_for_the_pipelines_rows(subject: str, pipeline_rows: dict) -> None:
+    plan = encode_plan(load_schema(subject))
+    assert plan is not None
+    for row in pipeline_rows[subject]:
+        body = _fastavro_body(subject, row)
+        assert plan.encode(row) == body
+        assert CODEC.encode(subject, row)[10:] == body
+
+
+def test_edge_values_are_written_as_fastavro_writes_them() -> None:
+    schema = {
+        "type": "record",
+        "name": "Edges",
+        "fields": [
+            {"name": "s", "type": "string"},
+            {"name": "n", "type": "long"},
+            {"name": "i", "type": "int"},
+            {"name": "d", "type": "double"},
+            {"name": "b", "type": "boolean"},
+            {"name": "os", "type": ["null", "string"]},
+            {"name": "on", "type": ["null", "long"]},
+            {"name": "od", "type": ["null", "double"]},
+            {"name": "t", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        ],
+    }
+    parsed = fastavro.parse_schema(schema)
+    plan = encode_plan(schema)
+    assert plan is not None
+    strings = ["", "a", "é日本🎉", "x" * 300, "\x00"]
+    longs = [0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]
+    doubles = [0.0, -0.0, 1.5, -1e-300, 1e300, math.inf, -math.inf, math.nan]
+    rng = random.Random(7)
+    for _ in range(400):
+        record = {
+            "s": rng.choice(strings),
+            "n": rng.choice(longs),
+            "i": rng.choice(longs[:9]),
+            "d": rng.choice(doubles),
+            "b": rng.choice([True, False]),
+            "os": rng.choice([None, *strings]),
+            "on": rng.choice([None, *longs]),
+            "od": rng.choice([None, *doubles]),
+            "t": rng.choice(longs),
+            "extra": "ignored, as fastavro ignores it",
+        }
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, record)
+        assert plan.encode(record) == buf.getvalue(), record
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("sm_weighted_s", 3),  # an int for a double
+        ("active_s", True),  # a bool for an int
+        ("active_s", 2**64),  # beyond a long
+        ("preemptible", 1),  # an int for a boolean
+        ("cluster", b"sim"),  # bytes for a string
+        ("cluster", "\ud800"),  # a string that does not encode
+        ("minute_start_ms", 1.0),
+    ],
+)
+def test_a_value_off_the_plain_path_is_left_to_fastavro(field: str, value: object, pipeline_rows: dict) -> None:
+    subject = "usage.device-minutes"
+    plan = encode_plan(load_schema(subject))
+    assert plan is not None
+    row = dict(pipeline_rows[subject][0], **{field: value})
+    assert plan.encode(row) is None
+    try:
+        want = _fastavro_body(subject, row)
+    except Exception:  # fastavro refuses it: so does the codec, as before the native walk
+        with pytest.raises(InvalidRecord):
+            CODEC.encode(subject, row)
+    else:
+        assert CODEC.encode(subject, row)[10:] == want
+
+
+def test_a_missing_field_is_left_to_fastavro(pipeline_rows: dict) -> None:
+    subject = "usage.device-minutes"
+    row = dict(pipeline_rows[subject][0])
+    del row["cluster"]
+    plan = encode_plan(load_schema(subject))
+    assert plan is not None and plan.encode(row) is None
+    with pytest.raises(InvalidRecord):
+        CODEC.encode(subject, row)
+
+
+def test_shapes_without_a_plan() -> None:
+    assert encode_plan(load_schema(DEVICE_SAMPLES.subject)) is None  # an array of records
+    assert encode_plan({"type": "record", "name": "E", "fields": [{"name": "e", "type": "bytes"}]}) is None
+    with pytest.raises(UnsupportedSchema):
+        decode_plan(
+            {"type": "record", "name": "M", "fields": [{"name": "m", "type": "string"}]}, MalformedRecord, "x", ["n"]
+        )
+    with pytest.raises(ValueError):
+        Plan((("a", 99),), MalformedRecord, "x")
+    with pytest.raises(TypeError):
+        Plan((("a", LONG),), "not an exception", "x")  # type: ignore[arg-type]
+
+
+# -- decoding hostile bytes ------------------------------------------------------------------------
+
+SCRAPES = decode_plan(
+    load_schema(DEVICE_SAMPLES.subject), MalformedRecord, "scrape body", TOP_FIELDS, "devices", DEVICE_FIELDS
+)
+ONE_LONG = Plan((("n", LONG),), MalformedRecord, "body")
+ONE_OPT = Plan((("s", OPT_STRING), ("d", OPT_DOUBLE)), MalformedRecord, "body")
+
+
+@pytest.mark.parametrize(
+    "plan, data, where",
+    [
+        (ONE_LONG, b"\x80" * 10 + b"\x01", "longer than 10 bytes"),
+        (ONE_LONG, b"\xff" * 9 + b"\x02", "beyond 64 bits"),
+        (ONE_LONG, b"\x80", "truncated varint"),
+        (ONE_LONG, b"", "truncated varint"),
+        (ONE_LONG, b"\x02\x00", "1 trailing bytes"),
+        (ONE_OPT, b"\x04", "bad union index"),
+        (ONE_OPT, b"\x02\x01", "string length past the end"),  # -1
+        (ONE_OPT, b"\x02\x7e", "string length past the end"),  # 63 bytes wanted, none left
+        (ONE_OPT, b"\x02\x02\xff\x00", "not UTF-8"),
+        (ONE_OPT, b"\x00\x02\x00\x00", "truncated double"),
+    ],
+)
+def test_bytes_that_are_not_a_record_raise_malformed_record_saying_where(plan: Plan, data: bytes, where: str) -> None:
+    with pytest.raises(MalformedRecord, match=where):
+        plan.decode(data, 0)
+
+
+def _scrape_body(n_devices: int) -> bytes:
+    return CODEC.encode(
+        DEVICE_SAMPLES.subject, scrape("n-1", T0, [device(f"GPU-{i}", i, sm=0.5) for i in range(n_devices)])
+    )
+
+
+def test_an_array_count_the_bytes_cannot_hold_is_refused_before_any_item() -> None:
+    body = _scrape_body(0)
+    assert body.endswith(b"\x00")  # the devices array: no block
+    for count in (
+        b"\x80\x80\x80\x80\x08",
+        b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+        b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+    ):
+        with pytest.raises(MalformedRecord):  # 2**30 devices; INT64_MAX; INT64_MIN (a block of -2**63)
+            SCRAPES.decode(body[:-1] + count + b"\x00", 10)
+    with pytest.raises(MalformedRecord, match="block size past the end"):
+        SCRAPES.decode(body[:-1] + b"\x01\x7e\x00", 10)  # a block of 1 item said to be 63 bytes
+
+
+def test_cut_and_corrupted_scrapes_either_decode_as_fastavro_reads_them_or_raise_malformed_record() -> None:
+    parsed = CODEC.parsed_schema(DEVICE_SAMPLES.subject)
+    rng = random.Random(11)
+    decoded = refused = 0
+    for trial in range(3000):
+        body = bytearray(_scrape_body(1 + trial % 4))
+        for _ in range(1 + trial % 3):
+            at = rng.randrange(10, len(body))
+            body[at] = rng.randrange(256)
+        data = bytes(body[: rng.randrange(10, len(body) + 1)] if trial % 5 == 0 else body)
+        try:
+            got = SCRAPES.decode(data, 10)
+        except MalformedRecord:
+            refused += 1
+            continue
+        reader = io.BytesIO(data[10:])
+        try:
+            full = fastavro.schemaless_reader(reader, parsed, None)
+        except UnicodeDecodeError:  # in a field the walk skips unread (so never judges): nothing to compare
+            continue
+        decoded += 1
+        assert reader.tell() == len(data) - 10
+        assert got == {
+            **{k: full[k] for k in TOP_FIELDS if k != "devices"},
+            "devices": [{k: d[k] for k in DEVICE_FIELDS} for d in full["devices"]],
+        } or _nan_equal(got, full)
+    assert decoded > 100 and refused > 100
+
+
+def _nan_equal(got: dict, full: dict) -> bool:
+    """A corrupted double can be NaN, which is not equal to itself: compare those devices' bytes instead."""
+    return repr(got["devices"]) == repr([{k: d[k] for k in DEVICE_FIELDS} for d in full["devices"]])
+
+
+def test_random_bytes_never_crash_the_walk() -> None:
+    rng = random.Random(5)
+    for _ in range(20000):
+        data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 80)))
+        for plan in (SCRAPES, ONE_OPT):
+            with contextlib.suppress(MalformedRecord):
+                plan.decode(data, 0)
