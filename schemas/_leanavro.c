@@ -41,6 +41,12 @@ static void fail(PlanObject *p, Py_ssize_t size, const char *why, Py_ssize_t at)
     PyErr_Format(p->error, "%U does not decode (%zd bytes): %s at byte %zd", p->label, size, why, at);
 }
 
+/* `fail` naming the number read (a count or a length) that cannot be right. */
+static void fail_number(PlanObject *p, Py_ssize_t size, const char *what, int64_t n, Py_ssize_t at) {
+    PyErr_Format(p->error, "%U does not decode (%zd bytes): %s %lld at byte %zd of %zd", p->label, size, what,
+                 (long long)n, at, size);
+}
+
 /* ---- decoding -------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -112,12 +118,13 @@ static PyObject *read_records(PlanObject *owner, PlanObject *p, Reader *r) {
             if (read_long(p, r, &size) < 0)
                 goto error;
             if (size < 0 || size > r->end - r->pos) {
-                fail(p, r->end, "array block size past the end", r->pos);
+                fail_number(p, r->end, "array block size past the end:", size, r->pos);
                 goto error;
             }
         }
         if (count > (r->end - r->pos) / owner->item_min) {
-            fail(p, r->end, "more array items than the bytes left can hold", r->pos);
+            PyErr_Format(p->error, "%U does not decode (%zd bytes): %lld array items at byte %zd cannot fit in the %zd bytes left",
+                         p->label, r->end, (long long)count, r->pos, r->end - r->pos);
             goto error;
         }
         for (int64_t i = 0; i < count; i++) {
@@ -166,7 +173,7 @@ static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *o
             if (read_long(msg, r, &len) < 0)
                 return -1;
             if (len < 0 || len > r->end - r->pos) {
-                fail(msg, r->end, "string length past the end", r->pos);
+                fail_number(msg, r->end, "string length", len, r->pos);
                 return -1;
             }
             if (name != NULL) {

@@ -161,8 +161,8 @@ ONE_OPT = Plan((("s", OPT_STRING), ("d", OPT_DOUBLE)), MalformedRecord, "body")
         (ONE_LONG, b"", "truncated varint"),
         (ONE_LONG, b"\x02\x00", "1 trailing bytes"),
         (ONE_OPT, b"\x04", "bad union index"),
-        (ONE_OPT, b"\x02\x01", "string length past the end"),  # -1
-        (ONE_OPT, b"\x02\x7e", "string length past the end"),  # 63 bytes wanted, none left
+        (ONE_OPT, b"\x02\x01", "string length -1"),
+        (ONE_OPT, b"\x02\x7e", "string length 63 at byte 2 of 2"),
         (ONE_OPT, b"\x02\x02\xff\x00", "not UTF-8"),
         (ONE_OPT, b"\x00\x02\x00\x00", "truncated double"),
     ],
