@@ -245,6 +245,10 @@ def _unallocated_row(
     return row
 
 
+def _place(pair: tuple[int, Interval]) -> int:
+    return pair[0]
+
+
 def node_minute_rows(
     cluster: str,
     node: str,
@@ -266,8 +270,19 @@ def node_minute_rows(
     lo_s = minute_ms // 1000
     matched: set[DeviceRef] = set()
     in_mig_mode = {uuid for uuid, mig in windows if mig is not None}
+    # The intervals by the device UUID they name (the rest, by index or by neither, are matched one by one),
+    # each with its place in `intervals` so a device's intervals keep their order.
+    by_uuid: dict[tuple[str, int | None], list[tuple[int, Interval]]] = {}
+    by_index: list[tuple[int, Interval]] = []
+    for n, iv in enumerate(intervals):
+        if iv.ref.uuid is not None:
+            by_uuid.setdefault((iv.ref.uuid, iv.ref.mig_instance_id), []).append((n, iv))
+        else:
+            by_index.append((n, iv))
     for (uuid, mig), win in windows.items():
-        ivs = [iv for iv in intervals if iv.ref.matches(uuid, win.index, mig)]
+        named = by_uuid.get((uuid, mig), [])
+        also = [p for p in by_index if p[1].ref.matches(uuid, win.index, mig)]
+        ivs = [iv for _, iv in (sorted(named + also, key=_place) if also else named)]
         if not ivs and mig is None and uuid in in_mig_mode:
             continue  # a MIG-mode GPU's own series (board metrics): its instances are the devices, not it
         matched.update(iv.ref for iv in ivs)

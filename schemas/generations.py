@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from base.errors import ParseError
@@ -52,7 +52,17 @@ def generation_of(model: str | None, table: dict[str, str] | None = None) -> str
     """`NVIDIA H100 80GB HBM3` -> hopper; `GRID A100-40C` (vGPU) -> ampere; `h100` (gres) -> hopper."""
     if not model:
         return UNKNOWN
-    table = generation_table() if table is None else table
+    if table is None:
+        return _catalogue_generation(model)
+    return _generation_in(model, table)
+
+
+@lru_cache(maxsize=4096)  # a fleet has a few models; asked once per device-minute (bounded: models are untrusted)
+def _catalogue_generation(model: str) -> str:
+    return _generation_in(model, generation_table())
+
+
+def _generation_in(model: str, table: dict[str, str]) -> str:
     for token in model_tokens(model):
         gen = table.get(token)
         if gen is not None:
