@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from base.processor_settings import Thresholds
 from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second, seconds_span
+from processors._span import span_stats
 from processors.classify import MinuteClass, classify_minute
 from processors.windows import DeviceWindow, Second
 from schemas.generations import generation_of
@@ -105,15 +106,24 @@ class DeviceDirectory:
         return generation_of(model)
 
 
+def plain_sum(values: Iterable[float]) -> float:
+    """Left to right, one addition a second: what span_stats does (Python's own `sum` of floats compensates
+    from 3.12 on, which would make the two paths differ in the last bits)."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
 def _stats(cells: list[Second]) -> dict[str, Any]:
     acts = [c[0] for c in cells if c[0] is not None]
     fbs = [c[1] for c in cells if c[1] is not None]
     pws = [c[2] for c in cells if c[2] is not None]
     return {
-        "activity_mean_ratio": (sum(acts) / len(acts)) if acts else None,
+        "activity_mean_ratio": (plain_sum(acts) / len(acts)) if acts else None,
         "activity_max_ratio": max(acts) if acts else None,
         "fb_used_mib_max": max(fbs) if fbs else None,
-        "power_w_mean": (sum(pws) / len(pws)) if pws else None,
+        "power_w_mean": (plain_sum(pws) / len(pws)) if pws else None,
     }
 
 
@@ -178,7 +188,7 @@ def allocated_row(
     row["sample_count"] = len(cells)
     row["dark_s"] = len(seconds) - len(with_act)
     if with_act:
-        total = sum(cast(float, c[0]) for c in with_act)
+        total = plain_sum(cast(float, c[0]) for c in with_act)
         fb = [c[1] for c in with_act if c[1] is not None]
         cls = classify_minute(total / len(with_act), max(fb) if fb else None, thresholds)
         row[_CLASS_FIELD[cls]] = len(with_act)
@@ -189,41 +199,23 @@ def allocated_row(
 
 def span_row(base: dict[str, Any], win: DeviceWindow, i0: int, i1: int, thresholds: Thresholds) -> dict[str, Any]:
     """`allocated_row` for one job holding seconds [i0, i1) of the window's minute, read straight from
-    the window's arrays with C-level list operations (NaN = absent). Same sums in the same second
-    order, so the same bytes."""
-    act, fb, pw = win.act[i0:i1].tolist(), win.fb[i0:i1].tolist(), win.pw[i0:i1].tolist()
-    seen = win.seen[i0:i1]
-    if seen.count(1) != i1 - i0:  # seconds with no sample are dark: leave them out
-        idx = [i for i, flag in enumerate(seen) if flag]
-        act, fb, pw = [act[i] for i in idx], [fb[i] for i in idx], [pw[i] for i in idx]
-    n_seen = len(act)
-    total = sum(act)
-    if total != total:  # some sample without an activity metric
-        fb_act = [f for a, f in zip(act, fb, strict=True) if a == a]
-        act = [a for a in act if a == a]
-        total = sum(act)
-    else:
-        fb_act = fb
-    fb_sum = sum(fb)
-    fbs = fb if fb_sum == fb_sum else [f for f in fb if f == f]
-    fbs_act = fbs if fb_act is fb else [f for f in fb_act if f == f]
-    pw_total = sum(pw)
-    if pw_total != pw_total:
-        pw = [p for p in pw if p == p]
-        pw_total = sum(pw)
-    n_act = len(act)
+    the window's arrays in one native pass (`processors/_span.c`; NaN = absent). Same sums in the same
+    second order, so the same bytes."""
+    n_seen, n_act, total, max_act, max_fb_act, max_fb, pw_total, n_pw = span_stats(
+        win.act, win.fb, win.pw, win.seen, i0, i1
+    )
     row = dict(base)
     row["allocated_s"] = i1 - i0
     row["sample_count"] = n_seen
     row["dark_s"] = i1 - i0 - n_act
     if n_act:
-        cls = classify_minute(total / n_act, max(fbs_act) if fbs_act else None, thresholds)
+        cls = classify_minute(total / n_act, max_fb_act, thresholds)
         row[_CLASS_FIELD[cls]] = n_act
         row["sm_weighted_s"] = total
     row["activity_mean_ratio"] = total / n_act if n_act else None
-    row["activity_max_ratio"] = max(act) if act else None
-    row["fb_used_mib_max"] = max(fbs) if fbs else None
-    row["power_w_mean"] = pw_total / len(pw) if pw else None
+    row["activity_max_ratio"] = max_act
+    row["fb_used_mib_max"] = max_fb
+    row["power_w_mean"] = pw_total / n_pw if n_pw else None
     return row
 
 

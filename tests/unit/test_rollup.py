@@ -304,3 +304,33 @@ def test_a_far_future_job_event_is_refused_on_both_job_stages() -> None:
         got = run_in_memory(_with(extra), settings(), partitions)
         assert sorted(r["event_id"] for r in got.refused) == sorted([end["event_id"], ghost["event_id"]])
         assert got.ledger() == EXPECTED
+
+
+def test_the_native_span_pass_adds_and_compares_as_the_general_path_on_awkward_values() -> None:
+    """Magnitudes where the order of additions shows in the last bits (1e16 + 1.0), signed zeros, ties and
+    infinity: the one native pass and the general path's Python give the same row, bit for bit."""
+    import random
+    import struct
+
+    from base.processor_settings import Thresholds
+    from processors.rollup import allocated_row, span_row
+    from processors.windows import DeviceWindow
+
+    values = [0.0, -0.0, 1e16, 1.0, 0.1, 3.0, -1e16, float("inf"), None]
+    rng = random.Random(5)
+    th = Thresholds()
+    for i in range(2000):
+        win = DeviceWindow(0, None, None, T0 // 1000)
+        for s in range(60):
+            if rng.random() < 0.9:
+                act = rng.choice(values[:6] + [None]) if i % 2 else rng.choice(values[:7] + [None])
+                win.put(T0 // 1000 + s, act, rng.choice(values), rng.choice(values[:6] + [None]))
+        base = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0, "sm_weighted_s": 0.0}
+        i0, i1 = sorted((rng.randint(0, 60), rng.randint(0, 60)))
+        general = allocated_row(base, set(range(T0 // 1000 + i0, T0 // 1000 + i1)), win.secs, th)
+        fast = span_row(base, win, i0, i1, th)
+
+        def bits(row: dict) -> dict:
+            return {k: struct.pack("<d", v) if isinstance(v, float) else v for k, v in row.items()}
+
+        assert bits(fast) == bits(general), (i, i0, i1)
