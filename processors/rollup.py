@@ -12,8 +12,8 @@ from functools import lru_cache
 from typing import Any, cast
 
 from base.processor_settings import Thresholds
-from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second, seconds_span
 from processors._span import span_stats
+from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second, seconds_span
 from processors.classify import MinuteClass, classify_minute
 from processors.windows import DeviceWindow, Second
 from schemas.generations import generation_of

@@ -323,8 +323,8 @@ def test_the_native_span_pass_adds_and_compares_as_the_general_path_on_awkward_v
         win = DeviceWindow(0, None, None, T0 // 1000)
         for s in range(60):
             if rng.random() < 0.9:
-                act = rng.choice(values[:6] + [None]) if i % 2 else rng.choice(values[:7] + [None])
-                win.put(T0 // 1000 + s, act, rng.choice(values), rng.choice(values[:6] + [None]))
+                act = rng.choice([*values[:6], None]) if i % 2 else rng.choice([*values[:7], None])
+                win.put(T0 // 1000 + s, act, rng.choice(values), rng.choice([*values[:6], None]))
         base = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0, "sm_weighted_s": 0.0}
         i0, i1 = sorted((rng.randint(0, 60), rng.randint(0, 60)))
         general = allocated_row(base, set(range(T0 // 1000 + i0, T0 // 1000 + i1)), win.secs, th)
