@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from schemas.codec import SINGLE_OBJECT_HEADER_LEN, SINGLE_OBJECT_MAGIC, AvroCodec, MalformedRecord
-from schemas.lean import UnsupportedSchema, decode_plan
+from schemas.lean import Plan, UnsupportedSchema, decode_plan
 
-__all__ = ["DEVICE_FIELDS", "TOP_FIELDS", "FlatDecoder", "Framed", "ScrapeDecoder", "UnsupportedSchema"]
+__all__ = ["DEVICE_FIELDS", "TOP_FIELDS", "Framed", "UnsupportedSchema", "flat_decoder", "scrape_decoder"]
 
 DEVICE_FIELDS = (
     "uuid",
@@ -36,29 +36,18 @@ DEVICE_FIELDS = (
 TOP_FIELDS = ("cluster", "node", "ts_ms", "mapping_version", "devices")
 
 
-class ScrapeDecoder:
-    """Decode NodeScrape bodies (after the framing header) into {cluster, node, ts_ms, mapping_version,
+def scrape_decoder(schema: Mapping[str, Any]) -> Plan:
+    """Decodes NodeScrape bodies (after the framing header) into {cluster, node, ts_ms, mapping_version,
     devices: [{uuid, index, mig_instance_id, mig_profile, model, sm_active_ratio, gr_engine_active_ratio,
-    gpu_util_pct, fb_used_mib, power_w}]}."""
-
-    def __init__(self, schema: Mapping[str, Any]) -> None:
-        self._plan = decode_plan(schema, MalformedRecord, "scrape body", TOP_FIELDS, "devices", DEVICE_FIELDS)
-
-    def decode(self, data: bytes, pos: int = 0) -> dict[str, Any]:
-        """The scrape encoded in `data[pos:]`; raises `MalformedRecord` if it is not one."""
-        return self._plan.decode(data, pos)
+    gpu_util_pct, fb_used_mib, power_w}]}; `decode(data, pos)` raises `MalformedRecord` for bytes that are
+    not such a record."""
+    return decode_plan(schema, MalformedRecord, "scrape body", TOP_FIELDS, "devices", DEVICE_FIELDS)
 
 
-class FlatDecoder:
-    """Decode a flat record (strings, ints, longs, doubles, booleans and [null, X] of those), every
-    field: the job stage's DeviceMinute input. Same guard as `ScrapeDecoder`: exact writer schema only."""
-
-    def __init__(self, schema: Mapping[str, Any]) -> None:
-        self._plan = decode_plan(schema, MalformedRecord, "body")
-
-    def decode(self, data: bytes, pos: int = 0) -> dict[str, Any]:
-        """The record encoded in `data[pos:]`; raises `MalformedRecord` if it is not one."""
-        return self._plan.decode(data, pos)
+def flat_decoder(schema: Mapping[str, Any]) -> Plan:
+    """Decodes a flat record (strings, ints, longs, doubles, booleans and [null, X] of those), every field:
+    the job stage's DeviceMinute input."""
+    return decode_plan(schema, MalformedRecord, "body")
 
 
 class Framed:
@@ -72,7 +61,7 @@ class Framed:
 
     __slots__ = ("_body", "_count_legacy", "_header", "_legacy_header")
 
-    def __init__(self, body: ScrapeDecoder | FlatDecoder, codec: AvroCodec, subject: str) -> None:
+    def __init__(self, body: Plan, codec: AvroCodec, subject: str) -> None:
         self._body = body
         self._header = SINGLE_OBJECT_MAGIC + codec.fingerprint(subject)
         self._legacy_header = SINGLE_OBJECT_MAGIC + codec.legacy_fingerprint(subject)

@@ -21,7 +21,7 @@ from base.errors import ContractError, ServiceError
 from base.kafka import new_admin, read_to_end
 from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, StageContext, StageDriver
-from processors.fastdecode import FlatDecoder, Framed, UnsupportedSchema
+from processors.fastdecode import Framed, UnsupportedSchema, flat_decoder
 from processors.positions import StateRecord
 from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS, Horizon
@@ -35,7 +35,7 @@ STATE_RETENTION_MS = 30 * 24 * 3600 * 1000
 
 def _lean_rows(ctx: StageContext) -> Framed | None:
     try:
-        return Framed(FlatDecoder(load_schema(DEVICE_MINUTES.subject)), ctx.codec, DEVICE_MINUTES.subject)
+        return Framed(flat_decoder(load_schema(DEVICE_MINUTES.subject)), ctx.codec, DEVICE_MINUTES.subject)
     except UnsupportedSchema as exc:
         log.warning("lean device-minute decoder unavailable (%s): using the general codec", exc)
         return None

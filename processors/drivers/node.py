@@ -25,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPart
 from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
 from processors.drivers.rekey import GroupRekeyed, RekeyDriver
-from processors.fastdecode import Framed, ScrapeDecoder, UnsupportedSchema
+from processors.fastdecode import Framed, UnsupportedSchema, scrape_decoder
 from processors.stages import NodeOutputs, NodePartition
 from processors.windows import MINUTE_MS, Admit, Horizon
 from schemas import load_schema
@@ -45,7 +45,7 @@ def _lean_scrapes(ctx: StageContext) -> Framed | None:
     """The latest samples schema's single-object framing read by the lean decoder (anything else, older
     writers or Confluent framing included, goes through the codec)."""
     try:
-        return Framed(ScrapeDecoder(load_schema(DEVICE_SAMPLES.subject)), ctx.codec, DEVICE_SAMPLES.subject)
+        return Framed(scrape_decoder(load_schema(DEVICE_SAMPLES.subject)), ctx.codec, DEVICE_SAMPLES.subject)
     except UnsupportedSchema as exc:
         log.warning("lean scrape decoder unavailable (%s): using the general codec", exc)
         return None

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from base.errors import ContractError, GpuledgerError, ParseError
-from processors.fastdecode import FlatDecoder, ScrapeDecoder
+from processors.fastdecode import flat_decoder, scrape_decoder
 from processors.testing import T0, device, poison_scrapes, scrape
 from producers.dcgm import MAX_UNKNOWN_METRICS, UNKNOWN_OVERFLOW, ExpositionParser, Normalizer, normalize_text
 from producers.jobevents import EventContext
@@ -42,8 +42,8 @@ from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES = DEVICE_SAMPLES.subject
 CODEC = AvroCodec()
-LEAN = ScrapeDecoder(load_schema(SAMPLES))
-FLAT = FlatDecoder(load_schema(DEVICE_MINUTES.subject))
+LEAN = scrape_decoder(load_schema(SAMPLES))
+FLAT = flat_decoder(load_schema(DEVICE_MINUTES.subject))
 HEADER = b"\xc3\x01" + CODEC.fingerprint(SAMPLES)
 VALID_BODY = CODEC.encode(
     SAMPLES, scrape("node-1", T0, [device(f"GPU-{i}", i, sm=0.5, util_pct=40.0, fb_mib=10.0) for i in range(2)])

@@ -8,7 +8,7 @@ import itertools
 import fastavro
 import pytest
 
-from processors.fastdecode import DEVICE_FIELDS, TOP_FIELDS, ScrapeDecoder, UnsupportedSchema
+from processors.fastdecode import DEVICE_FIELDS, TOP_FIELDS, UnsupportedSchema, scrape_decoder
 from processors.testing import T0, device, scrape
 from producers.simulator import SimConfig, simulate
 from schemas import load_schema
@@ -17,7 +17,7 @@ from schemas.topics import DEVICE_SAMPLES
 
 SUBJECT = DEVICE_SAMPLES.subject
 CODEC = AvroCodec()
-LEAN = ScrapeDecoder(load_schema(SUBJECT))
+LEAN = scrape_decoder(load_schema(SUBJECT))
 
 
 def _both(record: dict) -> tuple[dict, dict]:
@@ -69,16 +69,16 @@ def test_unsupported_shape_is_refused() -> None:
     schema = load_schema(SUBJECT)
     schema["fields"] = [f for f in schema["fields"] if f["name"] != "node"]
     with pytest.raises(UnsupportedSchema):
-        ScrapeDecoder(schema)
+        scrape_decoder(schema)
 
 
 def test_flat_decoder_matches_fastavro_on_device_minutes() -> None:
     from base.processor_settings import ProcessorSettings
-    from processors.fastdecode import FlatDecoder
+    from processors.fastdecode import flat_decoder
     from processors.pipeline import run_in_memory
 
     subject = "usage.device-minutes"
-    lean = FlatDecoder(load_schema(subject))
+    lean = flat_decoder(load_schema(subject))
     records = list(simulate(SimConfig(seed=1, nodes=2, duration_s=300)))
     rows = run_in_memory(records, ProcessorSettings()).device_minutes
     assert rows
