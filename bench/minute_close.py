@@ -14,8 +14,8 @@ the watermark passes the minute's end plus grace and
   its plain path), in the order `processors run` sends them (rows of devices that did not compute first);
 - encode (fastavro): the same rows through fastavro's schemaless_writer, for comparison.
 
-Producing to the broker is not included: librdkafka's `produce` of an encoded record is ~1-2 us in the
-real-time runs of bench/processor_throughput.py, which measure the whole path (idle alert latency).
+Producing to the broker is not included: the real-time runs of bench/processor_throughput.py measure the
+whole path (lag and idle alert latency).
 Each repeat builds the minute anew; the figures are the median and the worst of the repeats.
 """
 
@@ -37,6 +37,7 @@ import fastavro
 
 from base.processor_settings import ProcessorSettings
 from bench._common import GPUS, kind_of, node_devices, node_name
+from processors.drivers.node import _busy_last
 from processors.stages import NodePartition
 from processors.testing import T0, job_event, scrape
 from processors.windows import MINUTE_MS
@@ -67,10 +68,6 @@ def build_minute(nodes: int) -> NodePartition:
             part.on_scrape(scrape(node_name(i), ts, devices[i], cluster=CLUSTER), offset)
             offset += 1
     return part
-
-
-def _busy_last(row: dict[str, Any]) -> tuple[int, bool]:
-    return row["minute_start_ms"], bool(row["active_s"] or row["starved_s"])
 
 
 def one_close(nodes: int, codec: AvroCodec) -> dict[str, Any]:
