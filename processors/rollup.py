@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, cast
 
 from base.processor_settings import Thresholds
@@ -237,10 +238,6 @@ def _unallocated_row(
     return row
 
 
-def _place(pair: tuple[int, Interval]) -> int:
-    return pair[0]
-
-
 def node_minute_rows(
     cluster: str,
     node: str,
@@ -274,7 +271,7 @@ def node_minute_rows(
     for (uuid, mig), win in windows.items():
         named = by_uuid.get((uuid, mig), [])
         also = [p for p in by_index if p[1].ref.matches(uuid, win.index, mig)]
-        ivs = [iv for _, iv in (sorted(named + also, key=_place) if also else named)]
+        ivs = [iv for _, iv in (sorted(named + also, key=itemgetter(0)) if also else named)]
         if not ivs and mig is None and uuid in in_mig_mode:
             continue  # a MIG-mode GPU's own series (board metrics): its instances are the devices, not it
         matched.update(iv.ref for iv in ivs)

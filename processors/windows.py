@@ -209,7 +209,7 @@ class MinuteWindows:
             w = devices.get(key)
             if w is None:
                 w = devices[key] = DeviceWindow(dev["index"], dev["model"], None, m // 1000, dev.get("mig_profile"))
-            # `w.put`, inline (a call per device-sample is a tenth of this loop): the first sample of a second wins
+            # `w.put` inline (a method call per device-sample shows in the backlog): the first sample of a second wins
             i = s - w.minute_s
             if w.seen[i]:
                 continue
