@@ -1,13 +1,13 @@
 # The two commands a new user runs: `make up` (set up, run the stack on a simulated cluster) and `make test`.
 # Everything is installed from the project's own files; Java 17, Maven, Go (>= 1.26) and a C compiler (pip builds
-# schemas/_leanavro.c and processors/_span.c) are the only tools assumed.
+# schemas/_leanavro.c and processors/_window.c) are the only tools assumed.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: up down status test lint setup bench fault kube
 
-$(STAMP): pyproject.toml schemas/_leanavro.c processors/_span.c
+$(STAMP): pyproject.toml schemas/_leanavro.c schemas/_avroread.h processors/_window.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuledger needs Python >= 3.11; run make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip

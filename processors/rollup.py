@@ -13,7 +13,7 @@ from operator import itemgetter
 from typing import Any, cast
 
 from base.processor_settings import Thresholds
-from processors._span import span_stats
+from processors._window import span_stats
 from processors.attribution import AllocationTable, DeviceRef, Interval, JobInfo, owners_by_second, seconds_span
 from processors.classify import MinuteClass, classify_minute
 from processors.windows import DeviceWindow, Second
@@ -200,11 +200,9 @@ def allocated_row(
 
 def span_row(base: dict[str, Any], win: DeviceWindow, i0: int, i1: int, thresholds: Thresholds) -> dict[str, Any]:
     """`allocated_row` for one job holding seconds [i0, i1) of the window's minute, read straight from
-    the window's arrays in one native pass (`processors/_span.c`; NaN = absent). Same sums in the same
+    the window's arrays in one native pass (`processors/_window.c`; NaN = absent). Same sums in the same
     second order, so the same bytes."""
-    n_seen, n_act, total, max_act, max_fb_act, max_fb, pw_total, n_pw = span_stats(
-        win.act, win.fb, win.pw, win.seen, i0, i1
-    )
+    n_seen, n_act, total, max_act, max_fb_act, max_fb, pw_total, n_pw = span_stats(win, i0, i1)
     row = dict(base)
     row["allocated_s"] = i1 - i0
     row["sample_count"] = n_seen

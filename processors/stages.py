@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from base.processor_settings import Exemption, ProcessorSettings
+from processors._window import Scrape
 from processors.attribution import AllocationTable, event_nodes, job_key_of
 from processors.classify import activity_of
 from processors.coverage import CoverageTracker
@@ -165,16 +166,8 @@ class NodePartition:
         (nothing changes but the input position; the caller dead-letters it)."""
         self.samples_next_offset = offset + 1
         ts = scrape["ts_ms"]
-        mx = self.max_sample_ts
-        if mx is None or ts > mx:  # only a new latest time can be beyond the horizon (it never goes back)
-            h = self.horizon
-            lim = h.limit_ms
-            if lim is not None and ts > lim:
-                h.refused += 1
-                return Admit.FUTURE
-            self.max_sample_ts = ts
-            if h.follow_events:
-                h.follow(ts)
+        if self._beyond_horizon(ts):
+            return Admit.FUTURE
         cluster = scrape["cluster"]
         key = cluster + "/" + scrape["node"]
         seen = self.coverage.last_seen
@@ -186,6 +179,30 @@ class NodePartition:
                 index_of[dk] = dev["index"]
                 self.coverage.unchecked.append(dk)
         return self.windows.add_scrape(key, scrape, activity_of, offset)
+
+    def on_read_scrape(self, scrape: Scrape, offset: int) -> Admit:
+        """`on_scrape` for a scrape read natively (`processors.fastdecode.ScrapeBody`): the same changes,
+        its devices added in C."""
+        self.samples_next_offset = offset + 1
+        if self._beyond_horizon(scrape.ts_ms):
+            return Admit.FUTURE
+        cov = self.coverage
+        key = scrape.cluster + "/" + scrape.node
+        return self.windows.add_read_scrape(key, scrape, offset, cov.last_seen, cov.index_of, cov.unchecked)
+
+    def _beyond_horizon(self, ts: int) -> bool:
+        """True (and counted) for a sample time beyond the horizon; else it is the latest time if it is."""
+        mx = self.max_sample_ts
+        if mx is None or ts > mx:  # only a new latest time can be beyond the horizon (it never goes back)
+            h = self.horizon
+            lim = h.limit_ms
+            if lim is not None and ts > lim:
+                h.refused += 1
+                return True
+            self.max_sample_ts = ts
+            if h.follow_events:
+                h.follow(ts)
+        return False
 
     # -- time
     def advance(self, watermark_ms: int) -> NodeOutputs:

@@ -17,11 +17,12 @@ first time.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from processors._window import Scrape, Window, absorb
 
 MINUTE_MS = 60_000  # the one definition: attribution, idle, stages and the runtime import it
 DevKey = tuple[str, str, int | None]  # (node, uuid, mig_instance_id)
@@ -88,17 +89,15 @@ def minute_of(ts_ms: int) -> int:
     return ts_ms - ts_ms % MINUTE_MS
 
 
-NAN = float("nan")
-_EMPTY = array("d", [NAN]) * 60
+class DeviceWindow(Window):
+    """One device's minute, compact: three arrays of 60 doubles (NaN = metric absent) and a seen-mask, held
+    inline by the native `Window` (processors/_window.c, ~1.6 KB a device-minute); `secs` gives the dict view,
+    `put` records a second (the first sample of a second wins), `count` the seconds sampled.
 
-
-class DeviceWindow:
-    """One device's minute, compact: three arrays of 60 doubles (NaN = metric absent) and a seen-mask.
-
-    About 1.9 KB per device-minute instead of ~12 KB for a dict of tuples; `secs` gives the dict view.
+    `processors._window.absorb` makes these for the scrapes read natively without calling `__init__`.
     """
 
-    __slots__ = ("act", "fb", "index", "mapping", "mig_profile", "minute_s", "model", "pw", "seen")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -112,27 +111,8 @@ class DeviceWindow:
         self.model = model
         self.mig_profile = mig_profile
         self.minute_s = minute_s if minute_s is not None else (min(secs) - min(secs) % 60 if secs else 0)
-        self.act = array("d", _EMPTY)
-        self.fb = array("d", _EMPTY)
-        self.pw = array("d", _EMPTY)
-        self.seen = bytearray(60)
-        self.mapping = ""
         for s, (a, f, p) in (secs or {}).items():
             self.put(s, a, f, p)
-
-    def put(self, s: int, act: float | None, fb: float | None, pw: float | None) -> bool:
-        """Record second `s` unless it is already there (the first sample of a second wins)."""
-        i = s - self.minute_s
-        if self.seen[i]:
-            return False
-        self.seen[i] = 1
-        if act is not None:
-            self.act[i] = act
-        if fb is not None:
-            self.fb[i] = fb
-        if pw is not None:
-            self.pw[i] = pw
-        return True
 
     def add_mapping(self, mapping: str) -> None:
         if self.mapping != mapping:
@@ -144,20 +124,6 @@ class DeviceWindow:
     @property
     def mappings(self) -> list[str]:
         return self.mapping.split(",") if self.mapping else []
-
-    @property
-    def secs(self) -> dict[int, Second]:
-        base = self.minute_s
-        act, fb, pw = self.act.tolist(), self.fb.tolist(), self.pw.tolist()
-        out: dict[int, Second] = {}
-        for i, flag in enumerate(self.seen):
-            if flag:
-                a, f, p = act[i], fb[i], pw[i]
-                out[base + i] = (a if a == a else None, f if f == f else None, p if p == p else None)
-        return out
-
-    def count(self) -> int:
-        return self.seen.count(1)
 
 
 @dataclass(slots=True)
@@ -191,8 +157,9 @@ class MinuteWindows:
         return Admit.ACCEPTED
 
     def add_scrape(self, node: str, scrape: Mapping[str, Any], activity: Any, offset: int) -> Admit:
-        """Add every device sample of a node scrape (hot path). `node` is the node's id in the window
-        keys (the stages use "cluster/node"); `activity(sample) -> float | None`."""
+        """Add every device sample of a node scrape decoded by the general codec (the scrapes read natively
+        take `add_read_scrape`). `node` is the node's id in the window keys (the stages use "cluster/node");
+        `activity(sample) -> float | None`."""
         ts = scrape["ts_ms"]
         verdict = self.admit(ts, offset)
         if verdict is not Admit.ACCEPTED:
@@ -209,20 +176,31 @@ class MinuteWindows:
             w = devices.get(key)
             if w is None:
                 w = devices[key] = DeviceWindow(dev["index"], dev["model"], None, m // 1000, dev.get("mig_profile"))
-            # `w.put` inline (a method call per device-sample shows in the backlog): the first sample of a second wins
-            i = s - w.minute_s
-            if w.seen[i]:
-                continue
-            w.seen[i] = 1
-            act, fb, pw = activity(dev), dev["fb_used_mib"], dev["power_w"]
-            if act is not None:
-                w.act[i] = act
-            if fb is not None:
-                w.fb[i] = fb
-            if pw is not None:
-                w.pw[i] = pw
-            if w.mapping != mapping:
+            if w.put(s, activity(dev), dev["fb_used_mib"], dev["power_w"]) and w.mapping != mapping:
                 w.add_mapping(mapping)
+        return verdict
+
+    def add_read_scrape(
+        self,
+        node: str,
+        scrape: Scrape,
+        offset: int,
+        last_seen: dict[DevKey, int],
+        index_of: dict[DevKey, int | None],
+        unchecked: list[DevKey],
+    ) -> Admit:
+        """`add_scrape` for a scrape read natively (`processors.fastdecode.ScrapeBody`), with the coverage
+        map's updates (`NodePartition.on_scrape`'s loop) in the same pass over its devices."""
+        ts = scrape.ts_ms
+        verdict = self.admit(ts, offset)
+        devices = None
+        if verdict is Admit.ACCEPTED:
+            m = ts - ts % MINUTE_MS
+            devices = self.open.get(m)
+            if devices is None:
+                devices = self.open[m] = {}
+                self.first_offset[m] = offset
+        absorb(scrape, node, devices, ts // 1000, DeviceWindow, last_seen, index_of, unchecked)
         return verdict
 
     def start_at(self, ts_ms: int) -> None:

@@ -1,195 +1,68 @@
 /* Lean Avro binary decoding and encoding along a field plan (schemas/lean.py builds the plans).
  *
- * A plan is a tuple of (name or None, kind) for the fields of one record schema, in order; a field of
- * kind RECORDS is an array of records read along a second plan (the NodeScrape's devices). Decoding
- * builds a dict of the named fields and skips the unnamed ones without allocating; encoding writes a
- * flat record (no RECORDS field) the way fastavro's schemaless_writer does, and answers None for
+ * A plan is a tuple of (name or None, kind) for the fields of one flat record schema, in order. Decoding
+ * builds a dict of the named fields and skips the unnamed ones without allocating; encoding writes the
+ * record the way fastavro's schemaless_writer does, and answers None for
  * anything outside the plain path (a value of another Python type, a missing field, a string that
  * does not encode), so the caller lets fastavro decide it.
  *
- * The bytes are untrusted: every read is bounds-checked, a varint is at most 10 bytes and 64 bits, a
- * string length is never negative nor past the end, an array block of N items needs at least N times
- * the smallest item's encoding in the bytes left. Anything that does not decode raises the error
+ * The bytes are untrusted: every read is bounds-checked (_avroread.h), a varint is at most 10 bytes and
+ * 64 bits, a string length is never negative nor past the end. Anything that does not decode raises the error
  * class given to the plan (MalformedRecord), never a crash, with the byte where it went wrong.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_avroread.h"
 
-enum { K_STRING, K_LONG, K_DOUBLE, K_BOOLEAN, K_OPT_STRING, K_OPT_LONG, K_OPT_DOUBLE, K_RECORDS, K_COUNT };
-
-/* Fewest bytes a value of each kind takes on the wire (a varint or a union tag is at least one byte). */
-static const Py_ssize_t MIN_BYTES[K_COUNT] = {1, 1, 8, 1, 1, 1, 1, 1};
+/* The field kinds, numbered as schemas/lean.py numbers them. */
+enum { K_STRING, K_LONG, K_DOUBLE, K_BOOLEAN, K_OPT_STRING, K_OPT_LONG, K_OPT_DOUBLE, K_COUNT };
 
 typedef struct PlanObject {
     PyObject_HEAD
     Py_ssize_t n;
     int *kinds;
-    PyObject **names;          /* owned references; NULL for a field that is skipped */
-    struct PlanObject *items;  /* the plan of a RECORDS field's items; NULL when there is none */
-    Py_ssize_t item_min;       /* fewest bytes one item takes */
-    PyObject *error;           /* the exception class raised for bytes that do not decode */
-    PyObject *label;           /* what the messages call the body ("scrape body") */
+    PyObject **names; /* owned references; NULL for a field that is skipped */
+    PyObject *error;  /* the exception class raised for bytes that do not decode */
+    PyObject *label;  /* what the messages call the body ("body") */
 } PlanObject;
 
 static PyTypeObject PlanType;
 
-/* ---- errors ---------------------------------------------------------------------------------- */
+/* ---- decoding (reading: _avroread.h) ---------------------------------------------------------- */
 
-static void fail(PlanObject *p, Py_ssize_t size, const char *why, Py_ssize_t at) {
-    PyErr_Format(p->error, "%U does not decode (%zd bytes): %s at byte %zd", p->label, size, why, at);
-}
-
-/* `fail` naming the number read (a count or a length) that cannot be right. */
-static void fail_number(PlanObject *p, Py_ssize_t size, const char *what, int64_t n, Py_ssize_t at) {
-    PyErr_Format(p->error, "%U does not decode (%zd bytes): %s %lld at byte %zd of %zd", p->label, size, what,
-                 (long long)n, at, size);
-}
-
-/* ---- decoding -------------------------------------------------------------------------------- */
-
-typedef struct {
-    const unsigned char *d;
-    Py_ssize_t end;
-    Py_ssize_t pos;
-} Reader;
-
-static int read_long(PlanObject *p, Reader *r, int64_t *out) {
-    uint64_t n = 0;
-    int shift = 0;
-    for (;;) {
-        if (r->pos >= r->end) {
-            fail(p, r->end, "truncated varint", r->pos);
-            return -1;
-        }
-        unsigned b = r->d[r->pos++];
-        if (shift == 63 && (b & 0x7e)) {
-            fail(p, r->end, "varint beyond 64 bits", r->pos - 1);
-            return -1;
-        }
-        n |= (uint64_t)(b & 0x7f) << shift;
-        if (b < 0x80)
-            break;
-        shift += 7;
-        if (shift > 63) {
-            fail(p, r->end, "varint longer than 10 bytes", r->pos);
-            return -1;
-        }
-    }
-    *out = (int64_t)((n >> 1) ^ (~(n & 1) + 1));
-    return 0;
-}
-
-static int read_double(PlanObject *p, Reader *r, double *out) {
-    if (r->end - r->pos < 8) {
-        fail(p, r->end, "truncated double", r->pos);
-        return -1;
-    }
-    uint64_t bits = 0;
-    for (int i = 7; i >= 0; i--)
-        bits = (bits << 8) | r->d[r->pos + i];
-    memcpy(out, &bits, sizeof bits);
-    r->pos += 8;
-    return 0;
-}
-
-static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *out);
-
-/* The items of `owner`'s RECORDS field; errors are reported as `p`'s (the outermost plan's). */
-static PyObject *read_records(PlanObject *owner, PlanObject *p, Reader *r) {
-    PlanObject *items = owner->items;
-    PyObject *list = PyList_New(0);
-    if (list == NULL)
-        return NULL;
-    for (;;) {
-        int64_t count;
-        if (read_long(p, r, &count) < 0)
-            goto error;
-        if (count == 0)
-            break;
-        if (count < 0) {
-            int64_t size;
-            if (count == INT64_MIN) {
-                fail(p, r->end, "array block count out of range", r->pos);
-                goto error;
-            }
-            count = -count;
-            if (read_long(p, r, &size) < 0)
-                goto error;
-            if (size < 0 || size > r->end - r->pos) {
-                fail_number(p, r->end, "array block size past the end:", size, r->pos);
-                goto error;
-            }
-        }
-        if (count > (r->end - r->pos) / owner->item_min) {
-            PyErr_Format(p->error, "%U does not decode (%zd bytes): %lld array items at byte %zd cannot fit in the %zd bytes left",
-                         p->label, r->end, (long long)count, r->pos, r->end - r->pos);
-            goto error;
-        }
-        for (int64_t i = 0; i < count; i++) {
-            PyObject *item = PyDict_New();
-            if (item == NULL)
-                goto error;
-            if (walk_fields(items, p, r, item) < 0 || PyList_Append(list, item) < 0) {
-                Py_DECREF(item);
-                goto error;
-            }
-            Py_DECREF(item);
-        }
-    }
-    return list;
-error:
-    Py_DECREF(list);
-    return NULL;
-}
-
-/* `msg` is the outermost plan: an error inside an item is reported with its label. */
-static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *out) {
+/* Errors are reported with the reader's error class and label: the outermost plan's. */
+static int walk_fields(PlanObject *plan, AvroReader *r, PyObject *out) {
     for (Py_ssize_t i = 0; i < plan->n; i++) {
         int kind = plan->kinds[i];
         PyObject *name = plan->names[i];
         PyObject *value = NULL;
         if (kind >= K_OPT_STRING && kind <= K_OPT_DOUBLE) {
-            if (r->pos >= r->end) {
-                fail(msg, r->end, "truncated union index", r->pos);
+            int present;
+            if (avro_read_optional(r, &present) < 0)
                 return -1;
-            }
-            unsigned tag = r->d[r->pos++];
-            if (tag == 0) {
+            if (!present) {
                 if (name != NULL && PyDict_SetItem(out, name, Py_None) < 0)
                     return -1;
                 continue;
-            }
-            if (tag != 2) {
-                fail(msg, r->end, "bad union index byte", r->pos - 1);
-                return -1;
             }
             kind = kind == K_OPT_STRING ? K_STRING : kind == K_OPT_LONG ? K_LONG : K_DOUBLE;
         }
         switch (kind) {
         case K_STRING: {
-            int64_t len;
-            if (read_long(msg, r, &len) < 0)
+            Py_ssize_t at, len;
+            if (avro_read_string(r, &at, &len) < 0)
                 return -1;
-            if (len < 0 || len > r->end - r->pos) {
-                fail_number(msg, r->end, "string length", len, r->pos);
-                return -1;
-            }
             if (name != NULL) {
-                value = PyUnicode_DecodeUTF8((const char *)r->d + r->pos, (Py_ssize_t)len, NULL);
+                value = PyUnicode_DecodeUTF8((const char *)r->d + at, len, NULL);
                 if (value == NULL) {
                     PyErr_Clear();
-                    fail(msg, r->end, "string is not UTF-8", r->pos);
+                    avro_fail(r, "string is not UTF-8", at);
                     return -1;
                 }
             }
-            r->pos += (Py_ssize_t)len;
             break;
         }
         case K_LONG: {
             int64_t v;
-            if (read_long(msg, r, &v) < 0)
+            if (avro_read_long(r, &v) < 0)
                 return -1;
             if (name != NULL && (value = PyLong_FromLongLong(v)) == NULL)
                 return -1;
@@ -197,7 +70,7 @@ static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *o
         }
         case K_DOUBLE: {
             double v;
-            if (read_double(msg, r, &v) < 0)
+            if (avro_read_double(r, &v) < 0)
                 return -1;
             if (name != NULL && (value = PyFloat_FromDouble(v)) == NULL)
                 return -1;
@@ -205,7 +78,7 @@ static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *o
         }
         case K_BOOLEAN:
             if (r->pos >= r->end) {
-                fail(msg, r->end, "truncated boolean", r->pos);
+                avro_fail(r, "truncated boolean", r->pos);
                 return -1;
             }
             if (name != NULL) {
@@ -213,13 +86,6 @@ static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *o
                 Py_INCREF(value);
             }
             r->pos++;
-            break;
-        case K_RECORDS:
-            value = read_records(plan, msg, r);
-            if (value == NULL)
-                return -1;
-            if (name == NULL)
-                Py_CLEAR(value);
             break;
         default:
             PyErr_SetString(PyExc_SystemError, "bad kind in plan");
@@ -235,7 +101,6 @@ static int walk_fields(PlanObject *plan, PlanObject *msg, Reader *r, PyObject *o
     return 0;
 }
 
-static int walk(PlanObject *p, Reader *r, PyObject *out) { return walk_fields(p, p, r, out); }
 
 static PyObject *Plan_decode(PlanObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyBytes_Check(args[0])) {
@@ -245,7 +110,8 @@ static PyObject *Plan_decode(PlanObject *self, PyObject *const *args, Py_ssize_t
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     if (pos == -1 && PyErr_Occurred())
         return NULL;
-    Reader r = {(const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), pos};
+    AvroReader r = {(const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), pos, self->error,
+                     self->label};
     if (pos < 0 || pos > r.end) {
         PyErr_SetString(PyExc_ValueError, "pos outside the data");
         return NULL;
@@ -253,7 +119,7 @@ static PyObject *Plan_decode(PlanObject *self, PyObject *const *args, Py_ssize_t
     PyObject *out = PyDict_New();
     if (out == NULL)
         return NULL;
-    if (walk(self, &r, out) < 0) {
+    if (walk_fields(self, &r, out) < 0) {
         Py_DECREF(out);
         return NULL;
     }
@@ -358,7 +224,7 @@ static int write_value(Writer *w, int kind, PyObject *v) {
 }
 
 static PyObject *Plan_encode(PlanObject *self, PyObject *record) {
-    if (self->items != NULL || !PyDict_Check(record))
+    if (!PyDict_Check(record))
         Py_RETURN_NONE;
     Writer w = {NULL, 0, sizeof w.small, {0}};
     w.buf = w.small;
@@ -410,24 +276,18 @@ static void Plan_dealloc(PlanObject *self) {
         PyMem_Free(self->names);
     }
     PyMem_Free(self->kinds);
-    Py_XDECREF((PyObject *)self->items);
     Py_XDECREF(self->error);
     Py_XDECREF(self->label);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
-    static char *keywords[] = {"fields", "error", "label", "items", NULL};
-    PyObject *fields, *error, *label, *items = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OU|O", keywords, &PyTuple_Type, &fields, &error, &label,
-                                     &items))
+    static char *keywords[] = {"fields", "error", "label", NULL};
+    PyObject *fields, *error, *label;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OU", keywords, &PyTuple_Type, &fields, &error, &label))
         return -1;
     if (!PyType_Check(error) || !PyType_IsSubtype((PyTypeObject *)error, (PyTypeObject *)PyExc_Exception)) {
         PyErr_SetString(PyExc_TypeError, "error must be an exception class");
-        return -1;
-    }
-    if (items != Py_None && !PyObject_TypeCheck(items, &PlanType)) {
-        PyErr_SetString(PyExc_TypeError, "items must be a Plan or None");
         return -1;
     }
     if (self->kinds != NULL) {
@@ -442,7 +302,6 @@ static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->n = n;
-    int has_records = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *f = PyTuple_GET_ITEM(fields, i), *name;
         int kind;
@@ -462,24 +321,6 @@ static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
             self->names[i] = name;
         }
         self->kinds[i] = kind;
-        has_records |= kind == K_RECORDS;
-    }
-    if (has_records != (items != Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "items is given exactly when a field is RECORDS");
-        return -1;
-    }
-    if (items != Py_None) {
-        PlanObject *ip = (PlanObject *)items;
-        if (ip->items != NULL) {
-            PyErr_SetString(PyExc_ValueError, "items of items are not supported");
-            return -1;
-        }
-        Py_ssize_t m = 0;
-        for (Py_ssize_t i = 0; i < ip->n; i++)
-            m += MIN_BYTES[ip->kinds[i]];
-        self->item_min = m > 0 ? m : 1;
-        Py_INCREF(items);
-        self->items = ip;
     }
     Py_INCREF(error);
     self->error = error;
@@ -500,7 +341,7 @@ static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "schemas._leanavro.Plan",
     .tp_basicsize = sizeof(PlanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(fields, error, label, items=None): a record schema's fields as (name or None, kind).",
+    .tp_doc = "Plan(fields, error, label): a flat record schema's fields as (name or None, kind).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
     .tp_dealloc = (destructor)Plan_dealloc,

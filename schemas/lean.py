@@ -12,10 +12,11 @@ without allocating). The native walk follows it:
   None when a value is not of the plain Python type of its field (a missing field, an int for a double,
   a bool for a long, a string that does not encode): the caller lets fastavro decide those.
 
-Only these shapes have plans: string, int, long, double, boolean, [null, X] of those (null first), and
-for decoding one array-of-records field whose items are the same (NodeScrape's devices). Anything else
-raises `UnsupportedSchema` and goes through the general codec. Unit tests hold both directions against
-fastavro (tests/unit/test_schemas_lean.py, tests/unit/test_processors_fastdecode.py).
+Only flat records have plans: string, int, long, double, boolean, [null, X] of those (null first).
+Anything else raises `UnsupportedSchema` and goes through the general codec. The node stage reads its
+scrapes (records with an array of device records) with a walk of its own over the same reading code
+(`processors.fastdecode.scrape_reader`). Unit tests hold both directions against fastavro
+(tests/unit/test_schemas_lean.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 from base.errors import ContractError
 from schemas._leanavro import Plan
 
-# field kinds, as the native walk numbers them (the optional ones are [null, X] unions)
+# field kinds, as the native walks number them (the optional ones are [null, X] unions); RECORDS, an array of
+# records, is read only by the node stage's scrape reader (processors/_window.c)
 STRING, LONG, DOUBLE, BOOLEAN, OPT_STRING, OPT_LONG, OPT_DOUBLE, RECORDS = range(8)
 
 __all__ = ["Plan", "UnsupportedSchema", "decode_plan", "encode_plan"]
@@ -66,34 +68,11 @@ def _fields(schema: Mapping[str, Any], wanted: Collection[str] | None, what: str
 
 
 def decode_plan(
-    schema: Mapping[str, Any],
-    error: type[Exception],
-    label: str,
-    wanted: Collection[str] | None = None,
-    array: str | None = None,
-    item_wanted: Collection[str] | None = None,
+    schema: Mapping[str, Any], error: type[Exception], label: str, wanted: Collection[str] | None = None
 ) -> Plan:
-    """The plan decoding `schema`'s records to the `wanted` fields (every one when None); `array` names
-    the one array-of-records field, decoded to its items' `item_wanted` fields. Bytes that do not decode
-    raise `error`, with `label` naming the body."""
-    top: list[tuple[str | None, int]] = []
-    items: Plan | None = None
-    for f in schema["fields"]:
-        if array is not None and f["name"] == array:
-            t = f["type"]
-            if not (isinstance(t, dict) and t.get("type") == "array" and isinstance(t.get("items"), dict)):
-                raise UnsupportedSchema(f"{array} is not an array of records")
-            items = Plan(_fields(t["items"], item_wanted, array), error, label)
-            top.append((array, RECORDS))
-        else:
-            name = f["name"] if wanted is None or f["name"] in wanted else None
-            top.append((name, field_kind(f["type"])))
-    missing = set(wanted or ()) - {name for name, _ in top}
-    if array is not None and items is None:
-        missing.add(array)
-    if missing:
-        raise UnsupportedSchema(f"schema lacks {sorted(missing)}")
-    return Plan(tuple(top), error, label, items)
+    """The plan decoding `schema`'s flat records to the `wanted` fields (every one when None). Bytes that do
+    not decode raise `error`, with `label` naming the body."""
+    return Plan(_fields(schema, wanted, "schema"), error, label)
 
 
 def encode_plan(schema: Mapping[str, Any]) -> Plan | None:

@@ -35,7 +35,7 @@ STATE_RETENTION_MS = 30 * 24 * 3600 * 1000
 
 def _lean_rows(ctx: StageContext) -> Framed | None:
     try:
-        return Framed(flat_decoder(load_schema(DEVICE_MINUTES.subject)), ctx.codec, DEVICE_MINUTES.subject)
+        return Framed(flat_decoder(load_schema(DEVICE_MINUTES.subject)).decode, ctx.codec, DEVICE_MINUTES.subject)
     except UnsupportedSchema as exc:
         log.warning("lean device-minute decoder unavailable (%s): using the general codec", exc)
         return None

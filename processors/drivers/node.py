@@ -22,10 +22,11 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
 
+from processors._window import Scrape
 from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
 from processors.drivers.rekey import GroupRekeyed, RekeyDriver
-from processors.fastdecode import Framed, UnsupportedSchema, scrape_decoder
+from processors.fastdecode import Framed, UnsupportedSchema, scrape_reader
 from processors.stages import NodeOutputs, NodePartition
 from processors.windows import MINUTE_MS, Admit, Horizon
 from schemas import load_schema
@@ -41,11 +42,11 @@ def _busy_last(row: dict[str, Any]) -> tuple[int, bool]:
     return row["minute_start_ms"], bool(row["active_s"] or row["starved_s"])
 
 
-def _lean_scrapes(ctx: StageContext) -> Framed | None:
-    """The latest samples schema's single-object framing read by the lean decoder (anything else, older
-    writers or Confluent framing included, goes through the codec)."""
+def _lean_scrapes(ctx: StageContext) -> Framed[Scrape] | None:
+    """The latest samples schema's single-object framing read natively (anything else, older writers or
+    Confluent framing included, goes through the codec)."""
     try:
-        return Framed(scrape_decoder(load_schema(DEVICE_SAMPLES.subject)), ctx.codec, DEVICE_SAMPLES.subject)
+        return Framed(scrape_reader(load_schema(DEVICE_SAMPLES.subject)).read, ctx.codec, DEVICE_SAMPLES.subject)
     except UnsupportedSchema as exc:
         log.warning("lean scrape decoder unavailable (%s): using the general codec", exc)
         return None
@@ -124,23 +125,29 @@ class NodeDriver(StageDriver):
         subject = DEVICE_SAMPLES.subject
         value = msg.value() or b""
         try:
-            lean = self.fast_scrapes.decode(value) if self.fast_scrapes is not None else None
-            scrape = lean if lean is not None else ctx.codec.decode(value, subject).record
+            read = self.fast_scrapes.decode(value) if self.fast_scrapes is not None else None
         except Exception:
-            # The general codec has the last word: it dead-letters the record with the reason,
-            # or (a body only the lean decoder refuses) returns it, and the scrape is not lost.
-            checked = ctx.decoder.decode(msg, subject)
-            if checked is None:
-                return
-            scrape = checked
-        verdict = part.on_scrape(scrape, off)
+            read = None  # the general codec has the last word (below)
+        if read is not None:
+            verdict, ts, samples = part.on_read_scrape(read, off), read.ts_ms, read.devices
+        else:
+            try:
+                scrape = ctx.codec.decode(value, subject).record
+            except Exception:
+                # The general codec dead-letters the record with the reason, or (a body only the lean
+                # reader refuses) returns it, and the scrape is not lost.
+                checked = ctx.decoder.decode(msg, subject)
+                if checked is None:
+                    return
+                scrape = checked
+            verdict, ts, samples = part.on_scrape(scrape, off), scrape["ts_ms"], len(scrape["devices"])
         if verdict is Admit.FUTURE:
-            ctx.decoder.refuse(msg, subject, FutureTimestamp(part.horizon.reason(scrape["ts_ms"])))
+            ctx.decoder.refuse(msg, subject, FutureTimestamp(part.horizon.reason(ts)))
             return
         self.watermarks.read_at[p] = now
         stats = ctx.stats
         stats.scrapes += 1
-        stats.samples += len(scrape["devices"])
+        stats.samples += samples
         stats.last_sample_wall = ctx.clock()
         if verdict is Admit.LATE:
             stats.late_scrapes += 1

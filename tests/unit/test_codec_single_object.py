@@ -17,7 +17,7 @@ from contract_records import job_event
 from prometheus_client import REGISTRY
 
 from base.settings import KafkaSettings
-from processors.fastdecode import Framed, flat_decoder, scrape_decoder
+from processors.fastdecode import Framed, flat_decoder, scrape_reader
 from processors.testing import T0, device, scrape
 from schemas import load_schema
 from schemas.codec import (
@@ -126,15 +126,16 @@ def test_a_fingerprint_known_in_neither_order_says_so_in_the_dead_letter():
 
 
 def test_lean_decoders_take_both_orders_and_nothing_else():
-    lean = Framed(scrape_decoder(load_schema(SAMPLES)), CODEC, SAMPLES)
+    lean = Framed(scrape_reader(load_schema(SAMPLES)).read, CODEC, SAMPLES)
     data = CODEC.encode(SAMPLES, scrape("n1", T0, [device("GPU-0", 0, sm=0.5)]))
     want = lean.decode(data)
-    assert want is not None and want["devices"][0]["sm_active_ratio"] == 0.5
+    assert want is not None and (want.node, want.ts_ms, want.devices) == ("n1", T0, 1)
     before = _legacy_count(SAMPLES)
-    assert lean.decode(_legacy(data)) == want
+    legacy = lean.decode(_legacy(data))
+    assert legacy is not None and (legacy.node, legacy.ts_ms, legacy.devices) == ("n1", T0, 1)
     assert _legacy_count(SAMPLES) == before + 1
     assert lean.decode(b"\x00\x00\x00\x00\x01" + data[10:]) is None  # Confluent framing: the codec's job
     assert lean.decode(b"\xc3\x01" + b"\x07" * 8 + data[10:]) is None
 
-    rows = Framed(flat_decoder(load_schema(DEVICE_MINUTES.subject)), CODEC, DEVICE_MINUTES.subject)
+    rows = Framed(flat_decoder(load_schema(DEVICE_MINUTES.subject)).decode, CODEC, DEVICE_MINUTES.subject)
     assert rows.decode(data) is None  # a samples header is not a device-minute's

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from base.errors import ContractError, GpuledgerError, ParseError
-from processors.fastdecode import flat_decoder, scrape_decoder
+from processors.fastdecode import flat_decoder, scrape_reader
 from processors.testing import T0, device, poison_scrapes, scrape
 from producers.dcgm import MAX_UNKNOWN_METRICS, UNKNOWN_OVERFLOW, ExpositionParser, Normalizer, normalize_text
 from producers.jobevents import EventContext
@@ -42,7 +42,7 @@ from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES = DEVICE_SAMPLES.subject
 CODEC = AvroCodec()
-LEAN = scrape_decoder(load_schema(SAMPLES))
+READER = scrape_reader(load_schema(SAMPLES))
 FLAT = flat_decoder(load_schema(DEVICE_MINUTES.subject))
 HEADER = b"\xc3\x01" + CODEC.fingerprint(SAMPLES)
 VALID_BODY = CODEC.encode(
@@ -75,27 +75,27 @@ def test_poison_bodies_are_refused_fast_and_small(body: bytes) -> None:
     assert len(body) <= 64
     t0 = time.perf_counter()
     with pytest.raises(MalformedRecord):
-        LEAN.decode(body, 10)
+        READER.read(body, 10)
     assert time.perf_counter() - t0 < 0.05
-    assert _peak_bytes(lambda: LEAN.decode(body, 10)) < 64 * 1024
+    assert _peak_bytes(lambda: READER.read(body, 10)) < 64 * 1024
     with pytest.raises(MalformedRecord):  # the general codec agrees: the DLQ path names the reason
         CODEC.decode(body, SAMPLES)
 
 
 def test_memory_bomb_reason_names_the_count() -> None:
     with pytest.raises(MalformedRecord, match=r"1152921504606846976 array items .* cannot fit"):
-        LEAN.decode(MEMORY_BOMB, 10)
+        READER.read(MEMORY_BOMB, 10)
     with pytest.raises(MalformedRecord, match=r"string length -5"):
-        LEAN.decode(NEGATIVE_LENGTH, 10)
+        READER.read(NEGATIVE_LENGTH, 10)
 
 
 @FUZZ
 @given(st.binary(max_size=64))
 def test_lean_decoder_random_bytes(data: bytes) -> None:
-    for decoder in (LEAN, FLAT):
+    for read in (READER.read, FLAT.decode):
 
-        def run(decoder: Any = decoder) -> None:
-            decoder.decode(HEADER + data, 10)
+        def run(read: Any = read) -> None:
+            read(HEADER + data, 10)
 
         assert _peak_bytes(run) < 2 * 1024 * 1024
 
@@ -106,7 +106,7 @@ def test_lean_decoder_mutated_valid_bodies(at: int, patch: bytes, insert: bool) 
     at = max(at, 10)
     body = VALID_BODY[:at] + patch + VALID_BODY[at + (0 if insert else len(patch)) :]
     with contextlib.suppress(MalformedRecord):
-        LEAN.decode(body, 10)
+        READER.read(body, 10)
     with contextlib.suppress(ContractError):
         CODEC.decode(body, SAMPLES)
 

@@ -10,9 +10,8 @@ import fastavro
 import pytest
 
 from base.processor_settings import ProcessorSettings
-from processors.fastdecode import DEVICE_FIELDS, TOP_FIELDS
+from processors.fastdecode import flat_decoder
 from processors.pipeline import run_in_memory
-from processors.testing import T0, device, scrape
 from producers.simulator import SimConfig, simulate
 from schemas import load_schema
 from schemas.codec import AvroCodec, InvalidRecord, MalformedRecord
@@ -131,6 +130,8 @@ def test_a_missing_field_is_left_to_fastavro(pipeline_rows: dict) -> None:
 
 def test_shapes_without_a_plan() -> None:
     assert encode_plan(load_schema(DEVICE_SAMPLES.subject)) is None  # an array of records
+    with pytest.raises(UnsupportedSchema):
+        decode_plan(load_schema(DEVICE_SAMPLES.subject), MalformedRecord, "scrape body")
     assert encode_plan({"type": "record", "name": "E", "fields": [{"name": "e", "type": "bytes"}]}) is None
     with pytest.raises(UnsupportedSchema):
         decode_plan(
@@ -144,9 +145,6 @@ def test_shapes_without_a_plan() -> None:
 
 # -- decoding hostile bytes ------------------------------------------------------------------------
 
-SCRAPES = decode_plan(
-    load_schema(DEVICE_SAMPLES.subject), MalformedRecord, "scrape body", TOP_FIELDS, "devices", DEVICE_FIELDS
-)
 ONE_LONG = Plan((("n", LONG),), MalformedRecord, "body")
 ONE_OPT = Plan((("s", OPT_STRING), ("d", OPT_DOUBLE)), MalformedRecord, "body")
 
@@ -171,52 +169,12 @@ def test_bytes_that_are_not_a_record_raise_malformed_record_saying_where(plan: P
         plan.decode(data, 0)
 
 
-def _scrape_body(n_devices: int) -> bytes:
-    return CODEC.encode(
-        DEVICE_SAMPLES.subject, scrape("n-1", T0, [device(f"GPU-{i}", i, sm=0.5) for i in range(n_devices)])
-    )
-
-
-def test_an_array_count_the_bytes_cannot_hold_is_refused_before_any_item() -> None:
-    body = _scrape_body(0)
-    assert body.endswith(b"\x00")  # the devices array: no block
-    for count in (
-        b"\x80\x80\x80\x80\x08",
-        b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01",
-        b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
-    ):
-        with pytest.raises(MalformedRecord):  # 2**30 devices; INT64_MAX; INT64_MIN (a block of -2**63)
-            SCRAPES.decode(body[:-1] + count + b"\x00", 10)
-    with pytest.raises(MalformedRecord, match="block size past the end"):
-        SCRAPES.decode(body[:-1] + b"\x01\x7e\x00", 10)  # a block of 1 item said to be 63 bytes
-
-
-def test_cut_and_corrupted_scrapes_either_decode_as_fastavro_reads_them_or_raise_malformed_record() -> None:
-    parsed = CODEC.parsed_schema(DEVICE_SAMPLES.subject)
-    rng = random.Random(11)
-    decoded = refused = 0
-    for trial in range(3000):
-        body = bytearray(_scrape_body(1 + trial % 4))
-        for _ in range(1 + trial % 3):
-            at = rng.randrange(10, len(body))
-            body[at] = rng.randrange(256)
-        data = bytes(body[: rng.randrange(10, len(body) + 1)] if trial % 5 == 0 else body)
-        try:
-            got = SCRAPES.decode(data, 10)
-        except MalformedRecord:
-            refused += 1
-            continue
-        reader = io.BytesIO(data[10:])
-        try:
-            full = fastavro.schemaless_reader(reader, parsed, None)
-        except UnicodeDecodeError:  # in a field the walk skips unread (so never judges): nothing to compare
-            continue
-        decoded += 1
-        assert reader.tell() == len(data) - 10
-        want = {
-            **{k: full[k] for k in TOP_FIELDS if k != "devices"},
-            "devices": [{k: d[k] for k in DEVICE_FIELDS} for d in full["devices"]],
-        }
-        assert got == want or repr(got) == repr(want)  # a corrupted double can be NaN, unequal to itself
-    assert decoded > 100 and refused > 100
-
+def test_the_job_stages_decoder_gives_what_fastavro_reads_from_the_pipelines_device_minutes(
+    pipeline_rows: dict,
+) -> None:
+    subject = "usage.device-minutes"
+    lean = flat_decoder(load_schema(subject))
+    for row in pipeline_rows[subject]:
+        body = CODEC.encode(subject, row)
+        full = fastavro.schemaless_reader(io.BytesIO(body[10:]), CODEC.parsed_schema(subject), None)
+        assert lean.decode(body, 10) == full
