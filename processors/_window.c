@@ -6,9 +6,9 @@
  *   MIG profile and the sorted mapping versions that fed it.
  * - ScrapeReader(fields, items, error, label).read(data, pos) -> Scrape: walks the whole NodeScrape body
  *   once, bounds-checked (schemas/_avroread.h), and keeps the top fields; the devices stay bytes.
- * - absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked): what
+ * - absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked, keys): what
  *   NodePartition.on_scrape and MinuteWindows.add_scrape do with a scrape's devices, in the same order,
- *   without a Python object per device but its key.
+ *   without a Python object per device (a node's device keys are made once and kept in `keys`).
  * - span_stats(window, i0, i1): the sums and maxima of a job's seconds [i0, i1) (processors/rollup.py
  *   span_row), left to right as the general path adds them, so both give the same bits.
  */
@@ -573,26 +573,57 @@ static inline double activity(const Device *dev) {
     return NAN;
 }
 
-/* absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked) -> None
+/* Whether `dk`, a key (node, uuid, mig_instance_id) kept for this node, names this device sample. */
+static int same_device(PyObject *dk, const unsigned char *d, const Device *dev) {
+    if (!PyTuple_CheckExact(dk) || PyTuple_GET_SIZE(dk) != 3)
+        return 0;
+    PyObject *uuid = PyTuple_GET_ITEM(dk, 1), *mig = PyTuple_GET_ITEM(dk, 2);
+    if (!PyUnicode_CheckExact(uuid))
+        return 0;
+    const void *bytes;
+    Py_ssize_t len;
+    if (PyUnicode_IS_COMPACT_ASCII(uuid)) {
+        bytes = PyUnicode_DATA(uuid);
+        len = PyUnicode_GET_LENGTH(uuid);
+    } else if ((bytes = PyUnicode_AsUTF8AndSize(uuid, &len)) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (len != dev->uuid_len || memcmp(bytes, d + dev->uuid_at, (size_t)len) != 0)
+        return 0;
+    if (mig == Py_None)
+        return !dev->has_mig;
+    if (!dev->has_mig || !PyLong_CheckExact(mig))
+        return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(mig, &overflow);
+    return !overflow && v == dev->mig;
+}
+
+/* absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked, keys) -> None
  *
  * For each device sample, in order, with dk = (key, uuid, mig_instance_id):
  *   last_seen[dk] = scrape.ts_ms; a dk not in index_of gets its index there and is appended to unchecked;
  *   then, when `devices` (the open minute's windows) is not None: its window (a new window_type for the
  *   minute of `second` if none) records second `second` unless it has it, and then takes the scrape's
  *   mapping version (window.add_mapping) if its own differs.
+ * keys[key] is the tuple of the node's device keys in the order of its last scrape: a sample naming the
+ * device its place names takes that tuple (no str, no tuple made; the dicts find it by identity).
  */
 static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 8 || !PyObject_TypeCheck(args[0], &ScrapeType) || !PyUnicode_Check(args[1]) ||
+    if (nargs != 9 || !PyObject_TypeCheck(args[0], &ScrapeType) || !PyUnicode_Check(args[1]) ||
         (args[2] != Py_None && !PyDict_CheckExact(args[2])) || !PyType_Check(args[4]) ||
         !PyType_IsSubtype((PyTypeObject *)args[4], &WindowType) || !PyDict_CheckExact(args[5]) ||
-        !PyDict_CheckExact(args[6]) || !PyList_CheckExact(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "absorb(scrape: Scrape, key: str, devices: dict | None, second: int, "
-                                         "window_type: type[Window], last_seen: dict, index_of: dict, unchecked: list)");
+        !PyDict_CheckExact(args[6]) || !PyList_CheckExact(args[7]) || !PyDict_CheckExact(args[8])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "absorb(scrape: Scrape, key: str, devices: dict | None, second: int, window_type: "
+                        "type[Window], last_seen: dict, index_of: dict, unchecked: list, keys: dict)");
         return NULL;
     }
     ScrapeObject *sc = (ScrapeObject *)args[0];
     PyObject *key = args[1], *devices = args[2], *last_seen = args[5], *index_of = args[6], *unchecked = args[7];
+    PyObject *keys = args[8];
     PyTypeObject *window_type = (PyTypeObject *)args[4];
     long long second = PyLong_AsLongLong(args[3]);
     if (second == -1 && PyErr_Occurred())
@@ -603,23 +634,51 @@ static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t narg
                     sc->error, sc->label};
     if (sc->devices_at < 0)
         Py_RETURN_NONE;
+    PyObject *kept = PyDict_GetItemWithError(keys, key); /* borrowed */
+    if (kept == NULL && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n_kept = kept != NULL && PyTuple_CheckExact(kept) ? PyTuple_GET_SIZE(kept) : 0;
+    Py_INCREF(key);
+    Py_XINCREF(kept); /* held: a dict operation below may run code that replaces keys[key] */
+    PyObject *fresh = NULL; /* this scrape's keys, made from the first one that differs from those kept */
+    PyObject *result = NULL;
+    Py_ssize_t k = 0;
     for (;;) {
         int64_t count;
         if (avro_read_block(&r, rd->item_min, &count) < 0)
-            return NULL;
+            goto done;
         if (count == 0)
             break;
-        for (int64_t k = 0; k < count; k++) {
+        for (int64_t c = 0; c < count; c++, k++) {
             Device dev;
             if (read_device(rd, &r, &dev, 0) < 0)
-                return NULL;
-            PyObject *uuid = PyUnicode_DecodeUTF8((const char *)r.d + dev.uuid_at, dev.uuid_len, NULL);
-            PyObject *mig = uuid == NULL ? NULL : opt_long(dev.has_mig, dev.mig);
-            PyObject *dk = mig == NULL ? NULL : PyTuple_Pack(3, key, uuid, mig);
-            Py_XDECREF(uuid);
-            Py_XDECREF(mig);
-            if (dk == NULL)
-                return NULL;
+                goto done;
+            PyObject *dk = NULL;
+            if (fresh == NULL && k < n_kept && same_device(PyTuple_GET_ITEM(kept, k), r.d, &dev)) {
+                dk = PyTuple_GET_ITEM(kept, k);
+                Py_INCREF(dk);
+            } else {
+                PyObject *uuid = PyUnicode_DecodeUTF8((const char *)r.d + dev.uuid_at, dev.uuid_len, NULL);
+                PyObject *mig = uuid == NULL ? NULL : opt_long(dev.has_mig, dev.mig);
+                dk = mig == NULL ? NULL : PyTuple_Pack(3, key, uuid, mig);
+                Py_XDECREF(uuid);
+                Py_XDECREF(mig);
+                if (dk == NULL)
+                    goto done;
+                if (fresh == NULL) {
+                    if ((fresh = PyList_New(0)) == NULL) {
+                        Py_DECREF(dk);
+                        goto done;
+                    }
+                    for (Py_ssize_t j = 0; j < k; j++)
+                        if (PyList_Append(fresh, PyTuple_GET_ITEM(kept, j)) < 0) {
+                            Py_DECREF(dk);
+                            goto done;
+                        }
+                }
+            }
+            if (fresh != NULL && PyList_Append(fresh, dk) < 0)
+                goto fail_dk;
             if (PyDict_SetItem(last_seen, dk, sc->ts_ms) < 0)
                 goto fail_dk;
             int known = PyDict_Contains(index_of, dk);
@@ -689,10 +748,32 @@ static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t narg
             continue;
         fail_dk:
             Py_DECREF(dk);
-            return NULL;
+            goto done;
         }
     }
-    Py_RETURN_NONE;
+    if (fresh == NULL && k != n_kept) { /* fewer devices than kept: the first k */
+        if ((fresh = PyList_New(0)) == NULL)
+            goto done;
+        for (Py_ssize_t j = 0; j < k && j < n_kept; j++)
+            if (PyList_Append(fresh, PyTuple_GET_ITEM(kept, j)) < 0)
+                goto done;
+    }
+    if (fresh != NULL) {
+        PyObject *t = PyList_AsTuple(fresh);
+        if (t == NULL)
+            goto done;
+        int rc = PyDict_SetItem(keys, key, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(fresh);
+    Py_XDECREF(kept);
+    Py_DECREF(key);
+    return result;
 }
 
 /* ---- the reader type ---------------------------------------------------------------------------- */
@@ -819,7 +900,7 @@ static PyMethodDef methods[] = {
     {"span_stats", (PyCFunction)(void (*)(void))span_stats, METH_FASTCALL,
      "span_stats(window, i0, i1) -> (n_seen, n_act, total, max_act, max_fb_act, max_fb, pw_total, n_pw)"},
     {"absorb", (PyCFunction)(void (*)(void))absorb, METH_FASTCALL,
-     "absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked) -> None"},
+     "absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked, keys) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,5 +45,6 @@ def absorb(
     last_seen: dict[tuple[str, str, int | None], int],
     index_of: dict[tuple[str, str, int | None], int | None],
     unchecked: list[tuple[str, str, int | None]],
+    keys: dict[str, tuple[tuple[str, str, int | None], ...]],
     /,
 ) -> None: ...

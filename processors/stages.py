@@ -33,7 +33,7 @@ from processors.classify import activity_of
 from processors.coverage import CoverageTracker
 from processors.idle import IdleState, Output, mark_ended, new_state, on_tick, step
 from processors.rollup import DeviceDirectory, device_row_key, job_minute, node_minute_rows
-from processors.windows import MINUTE_MS, Admit, DeviceWindow, Horizon, MinuteWindows, minute_of
+from processors.windows import MINUTE_MS, Admit, DevKey, DeviceWindow, Horizon, MinuteWindows, minute_of
 from schemas.topics import qualified_job, qualified_node, split_qualified_node
 
 RowKey = tuple[str, str, int]  # `device_row_key`: (node, device uuid, MIG instance or -1)
@@ -125,6 +125,7 @@ class NodePartition:
         self.advance_steps = 0  # iterations of the closing loop (a minute closed, or a stretch skipped)
         self.coverage = CoverageTracker(timeout_ms=settings.coverage_timeout_ms)
         self.directory = DeviceDirectory()
+        self.device_keys: dict[str, tuple[DevKey, ...]] = {}  # node -> its devices' keys, made once (`absorb`)
         self.max_sample_ts: int | None = None
         self.max_alloc_ts: int | None = None
         self.samples_next_offset = 0
@@ -181,14 +182,16 @@ class NodePartition:
         return self.windows.add_scrape(key, scrape, activity_of, offset)
 
     def on_read_scrape(self, scrape: Scrape, offset: int) -> Admit:
-        """`on_scrape` for a scrape read natively (`processors.fastdecode.ScrapeBody`): the same changes,
+        """`on_scrape` for a scrape read natively (`processors.fastdecode.scrape_reader`): the same changes,
         its devices added in C."""
         self.samples_next_offset = offset + 1
         if self._beyond_horizon(scrape.ts_ms):
             return Admit.FUTURE
         cov = self.coverage
         key = scrape.cluster + "/" + scrape.node
-        return self.windows.add_read_scrape(key, scrape, offset, cov.last_seen, cov.index_of, cov.unchecked)
+        return self.windows.add_read_scrape(
+            key, scrape, offset, cov.last_seen, cov.index_of, cov.unchecked, self.device_keys
+        )
 
     def _beyond_horizon(self, ts: int) -> bool:
         """True (and counted) for a sample time beyond the horizon; else it is the latest time if it is."""

@@ -188,9 +188,11 @@ class MinuteWindows:
         last_seen: dict[DevKey, int],
         index_of: dict[DevKey, int | None],
         unchecked: list[DevKey],
+        keys: dict[str, tuple[DevKey, ...]],
     ) -> Admit:
-        """`add_scrape` for a scrape read natively (`processors.fastdecode.ScrapeBody`), with the coverage
-        map's updates (`NodePartition.on_scrape`'s loop) in the same pass over its devices."""
+        """`add_scrape` for a scrape read natively (`processors.fastdecode.scrape_reader`), with the coverage
+        map's updates (`NodePartition.on_scrape`'s loop) in the same pass over its devices; `keys` keeps each
+        node's device keys (`processors._window.absorb`)."""
         ts = scrape.ts_ms
         verdict = self.admit(ts, offset)
         devices = None
@@ -200,7 +202,7 @@ class MinuteWindows:
             if devices is None:
                 devices = self.open[m] = {}
                 self.first_offset[m] = offset
-        absorb(scrape, node, devices, ts // 1000, DeviceWindow, last_seen, index_of, unchecked)
+        absorb(scrape, node, devices, ts // 1000, DeviceWindow, last_seen, index_of, unchecked, keys)
         return verdict
 
     def start_at(self, ts_ms: int) -> None:

@@ -238,6 +238,26 @@ def test_a_window_puts_the_first_sample_of_a_second_and_refuses_a_second_outside
 def test_absorb_refuses_arguments_of_the_wrong_kind() -> None:
     read: Scrape = READER.read(CODEC.encode(SUBJECT, scrape("n", T0, [device("GPU-a", 0)])), 10)
     with pytest.raises(TypeError):
-        absorb(read, "c1/n", {}, T0 // 1000, dict, {}, {}, [])  # type: ignore[arg-type]
+        absorb(read, "c1/n", {}, T0 // 1000, dict, {}, {}, [], {})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not a Window"):
-        absorb(read, "c1/n", {("c1/n", "GPU-a", None): "x"}, T0 // 1000, DeviceWindow, {}, {}, [])  # type: ignore[dict-item]
+        absorb(read, "c1/n", {("c1/n", "GPU-a", None): "x"}, T0 // 1000, DeviceWindow, {}, {}, [], {})  # type: ignore[dict-item]
+
+
+def test_a_nodes_device_keys_are_made_once_and_follow_its_devices_as_they_change() -> None:
+    a, b, c = (device(f"GPU-{x}", i, sm=0.5) for i, x in enumerate("abc"))
+    mig_a = {**a, "mig_instance_id": 1}
+    groups = [[a, b, c], [a, b, c], [mig_a, b, c], [a, b], [b, a, c], [a, b, c, c], [], [a]]
+    bodies = [CODEC.encode(SUBJECT, scrape("n", T0 + s * 1000, g)) for s, g in enumerate(groups)]
+    native, python, _ = _both(bodies)
+    assert native == python
+    part = NodePartition(ProcessorSettings())
+    for offset, body in enumerate(bodies[:2]):
+        part.on_read_scrape(READER.read(body, 10), offset)
+    kept = part.device_keys["c1/n"]
+    assert [k[1] for k in kept] == ["GPU-a", "GPU-b", "GPU-c"]
+    # the second scrape took the first one's keys: the maps and the windows hold those very objects
+    assert all(any(k is seen for seen in part.coverage.last_seen) for k in kept)
+    assert all(any(k is w for w in part.windows.open[T0]) for k in kept)
+    for offset, body in enumerate(bodies[2:], start=2):
+        part.on_read_scrape(READER.read(body, 10), offset)
+    assert part.device_keys["c1/n"] == (("c1/n", "GPU-a", None),)
