@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from confluent_kafka import Producer
+
     from schemas.codec import AvroCodec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,18 +151,27 @@ class ScrapeTemplate:
         return self.head + self._avro_long(ts_ms) + self.tail
 
 
+def scrape_producer(bootstrap: str) -> Producer:
+    """The project's producer (`base.kafka.new_producer`): above all its partitioner, Kafka's murmur2, so a
+    node's scrapes share a partition with its re-keyed allocations and inventory, as every producer of
+    the project (and Java's) puts them. librdkafka's own default (CRC32) would put most nodes' scrapes on
+    another partition than their jobs, and the node stage would see those devices unallocated."""
+    from base.kafka import new_producer
+    from base.settings import KafkaSettings
+
+    return new_producer(KafkaSettings(bootstrap_servers=bootstrap))
+
+
 def produce_backlog(bootstrap: str, prefix: str, nodes: int, scrapes: int, start_ms: int) -> None:
     """`scrapes` node scrapes, one per node per second from `start_ms` (node 0..nodes-1, then the next second),
     into the device-samples topic; returns once the broker has them all."""
-    from confluent_kafka import Producer
-
     from schemas.codec import AvroCodec
     from schemas.topics import DEVICE_SAMPLES, node_key
 
     codec = AvroCodec()
     templates = [ScrapeTemplate(codec, i) for i in range(min(nodes, scrapes))]
     keys = [node_key("bench", node_name(i)) for i in range(len(templates))]
-    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    prod = scrape_producer(bootstrap)
     topic = prefix + DEVICE_SAMPLES.name
     for k in range(scrapes):
         sec, i = divmod(k, nodes)

@@ -43,10 +43,11 @@ from _common import (
     node_name,
     produce_backlog,
     read_stats,
+    scrape_producer,
     setup_cluster,
     worker,
 )
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
 from base.processor_settings import ProcessorSettings
 from processors.stages import NodePartition
@@ -108,7 +109,7 @@ def _producer_main(bootstrap: str, prefix: str, nodes: int, duration_s: float, d
         os.sched_setaffinity(0, {core})
     codec = AvroCodec()
     templates = [ScrapeTemplate(codec, i) for i in range(nodes)]
-    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    prod = scrape_producer(bootstrap)
     topic = prefix + DEVICE_SAMPLES.name
     keys = [node_key("bench", node_name(i)) for i in range(nodes)]
     t_end = time.time() + duration_s
