@@ -33,7 +33,7 @@ from processors.classify import activity_of
 from processors.coverage import CoverageTracker
 from processors.idle import IdleState, Output, mark_ended, new_state, on_tick, step
 from processors.rollup import DeviceDirectory, device_row_key, job_minute, node_minute_rows
-from processors.windows import MINUTE_MS, Admit, DevKey, DeviceWindow, Horizon, MinuteWindows, minute_of
+from processors.windows import MINUTE_MS, Admit, DeviceWindow, DevKey, Horizon, MinuteWindows, minute_of
 from schemas.topics import qualified_job, qualified_node, split_qualified_node
 
 RowKey = tuple[str, str, int]  # `device_row_key`: (node, device uuid, MIG instance or -1)
