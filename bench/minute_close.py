@@ -4,8 +4,9 @@
     .venv/bin/python bench/minute_close.py --gpus 10000 --repeat 5
 
 What it times, on one core (the process pins itself to core 0), with no broker: the node stage
-(`NodePartition`, as `processors run` holds it) is fed one job per node (every tenth idle, every seventh
-starved, the fleet of bench/processor_throughput.py) and a full minute of scrapes for every node; then
+(`NodePartition`, as `processors run` holds it) is fed every node's inventory, one job per node (every
+tenth idle, every seventh starved, the fleet of bench/processor_throughput.py) and a full minute of
+scrapes for every node; then
 the watermark passes the minute's end plus grace and
 
 - close: `NodePartition.advance` (attribution per second, classification, the device-minute and
@@ -39,7 +40,7 @@ from base.processor_settings import ProcessorSettings
 from bench._common import GPUS, kind_of, node_devices, node_name
 from processors.drivers.node import _busy_last
 from processors.stages import NodePartition
-from processors.testing import T0, job_event, scrape
+from processors.testing import T0, inventory, job_event, scrape
 from processors.windows import MINUTE_MS
 from schemas.codec import AvroCodec
 from schemas.topics import DEVICE_MINUTES, job_key, node_key
@@ -49,6 +50,8 @@ CLUSTER = "bench"
 
 def build_minute(nodes: int) -> NodePartition:
     part = NodePartition(ProcessorSettings(realtime=False))
+    for i in range(nodes):  # the inventory, as every node's is: the close looks devices up in it
+        part.on_inventory(inventory(node_name(i), [f"GPU-{i:05d}-{g}" for g in range(GPUS)], T0, CLUSTER))
     for i in range(nodes):
         idle, _ = kind_of(i)
         ev = job_event(
