@@ -199,10 +199,17 @@ class CoverageTracker:
         matched: set[tuple[str, int | None]] = set()
         for exp in expected:
             best = 0
-            for (uuid, mig), win in windows.items():
-                if exp.matches(uuid, win.index, mig):
-                    matched.add((uuid, mig))
-                    best = max(best, win.count())
+            if exp.uuid is not None:  # matched by its UUID: one window at most
+                key = (exp.uuid, exp.mig_instance_id)
+                win = windows.get(key)
+                if win is not None:
+                    matched.add(key)
+                    best = win.count()
+            else:
+                for (uuid, mig), win in windows.items():
+                    if exp.matches(uuid, win.index, mig):
+                        matched.add((uuid, mig))
+                        best = max(best, win.count())
             if best:
                 reporting += 1
                 reporting_s += best

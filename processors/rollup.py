@@ -20,6 +20,7 @@ from processors.windows import DeviceWindow, Second
 from schemas.generations import generation_of
 from schemas.mig import UnknownMigProfile, mig_share
 
+FACTS_KEPT = 1024  # a node's device facts kept (`DeviceDirectory.facts`): bounded whatever its samples say
 WHOLE_GPU = (1, 1)
 UNKNOWN_SHARE = (0, 1)  # a MIG instance whose share cannot be derived: its seconds are left unpriced
 
@@ -54,21 +55,36 @@ class DeviceDirectory:
 
     def __init__(self) -> None:
         self._by_node: dict[str, list[Mapping[str, Any]]] = {}
+        # the first device of a node's inventory with each (uuid, MIG instance) and (index, MIG instance)
+        self._by_uuid: dict[str, dict[tuple[Any, Any], Mapping[str, Any]]] = {}
+        self._by_index: dict[str, dict[tuple[Any, Any], Mapping[str, Any]]] = {}
+        self._facts: dict[str, dict[tuple[Any, ...], DeviceFacts]] = {}  # `facts`, per node until its inventory changes
 
     def set_node(self, node: str, devices: list[Mapping[str, Any]] | None) -> None:
+        self._facts.pop(node, None)
         if devices is None:
             self._by_node.pop(node, None)
-        else:
-            self._by_node[node] = list(devices)
+            self._by_uuid.pop(node, None)
+            self._by_index.pop(node, None)
+            return
+        self._by_node[node] = list(devices)
+        by_uuid: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+        by_index: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+        for dev in devices:
+            if dev.get("uuid") is not None:
+                by_uuid.setdefault((dev.get("uuid"), dev.get("mig_instance_id")), dev)
+            if dev.get("index") is not None:
+                by_index.setdefault((dev.get("index"), dev.get("mig_instance_id")), dev)
+        self._by_uuid[node] = by_uuid
+        self._by_index[node] = by_index
 
     def lookup(self, node: str, uuid: str | None, index: int | None, mig: int | None) -> Mapping[str, Any] | None:
-        for dev in self._by_node.get(node, ()):
-            if dev.get("mig_instance_id") != mig:
-                continue
-            if uuid is not None and dev.get("uuid") == uuid:
-                return dev
-            if uuid is None and index is not None and dev.get("index") == index:
-                return dev
+        """The node's inventory entry of the device with this MIG instance and `uuid` (by `index` when the
+        UUID is None), the first one listed; None when it lists none."""
+        if uuid is not None:
+            return self._by_uuid.get(node, {}).get((uuid, mig))
+        if index is not None:
+            return self._by_index.get(node, {}).get((index, mig))
         return None
 
     def facts_for_ref(self, node: str, ref: DeviceRef) -> DeviceFacts:
@@ -99,6 +115,25 @@ class DeviceDirectory:
             return None
         dev = self.lookup(node, uuid, None, mig) or self.lookup(node, None, index, mig)
         return dev.get("mig_profile") if dev is not None else None
+
+    def facts(
+        self, node: str, uuid: str, index: int | None, mig: int | None, model: str | None, profile: str | None
+    ) -> DeviceFacts:
+        """A sampled device's facts: its samples' model, its generation and MIG profile (the samples' profile,
+        else the inventory's). Kept per node until its inventory changes (at most FACTS_KEPT a node)."""
+        kept = self._facts.setdefault(node, {})
+        key = (uuid, index, mig, model, profile)
+        facts = kept.get(key)
+        if facts is None:
+            if len(kept) >= FACTS_KEPT:
+                kept.clear()
+            facts = kept[key] = DeviceFacts(
+                uuid,
+                model,
+                self.generation(node, uuid, index, mig, model),
+                profile or self.mig_profile(node, uuid, index, mig),
+            )
+        return facts
 
     def generation(self, node: str, uuid: str, index: int | None, mig: int | None, model: str | None) -> str:
         dev = self.lookup(node, uuid, None, mig) or self.lookup(node, None, index, mig)
@@ -135,9 +170,11 @@ def _row(
     mig: int | None,
     minute_ms: int,
     job: JobInfo | None,
-    mappings: Iterable[str],
+    mapping_version: str,
     thresholds: Thresholds,
 ) -> dict[str, Any]:
+    """A row's fields but its seconds and stats; `mapping_version`: the mapping versions that fed it,
+    sorted and comma-joined (a window's `mapping`)."""
     slices, of = gpu_share(mig, facts.mig_profile, facts.model)
     return {
         "cluster": cluster,
@@ -170,7 +207,7 @@ def _row(
         "activity_max_ratio": None,
         "fb_used_mib_max": None,
         "power_w_mean": None,
-        "mapping_version": ",".join(sorted(set(mappings))),
+        "mapping_version": mapping_version,
         "classifier_version": thresholds.version,
     }
 
@@ -198,12 +235,11 @@ def allocated_row(
     return row
 
 
-def span_row(base: dict[str, Any], win: DeviceWindow, i0: int, i1: int, thresholds: Thresholds) -> dict[str, Any]:
+def span_row(row: dict[str, Any], win: DeviceWindow, i0: int, i1: int, thresholds: Thresholds) -> dict[str, Any]:
     """`allocated_row` for one job holding seconds [i0, i1) of the window's minute, read straight from
     the window's arrays in one native pass (`processors/_window.c`; NaN = absent). Same sums in the same
-    second order, so the same bytes."""
+    second order, so the same bytes. Fills `row` (a `_row` made for it) and returns it."""
     n_seen, n_act, total, max_act, max_fb_act, max_fb, pw_total, n_pw = span_stats(win, i0, i1)
-    row = dict(base)
     row["allocated_s"] = i1 - i0
     row["sample_count"] = n_seen
     row["dark_s"] = i1 - i0 - n_act
@@ -224,12 +260,12 @@ def _unallocated_row(
     facts: DeviceFacts,
     mig: int | None,
     minute_ms: int,
-    mappings: Iterable[str],
+    mapping_version: str,
     cells: list[Second],
     thresholds: Thresholds,
 ) -> dict[str, Any]:
     """The row of a device's sampled seconds (`cells`) that no job held."""
-    row = _row(cluster, node, facts, mig, minute_ms, None, mappings, thresholds)
+    row = _row(cluster, node, facts, mig, minute_ms, None, mapping_version, thresholds)
     row["unallocated_s"] = len(cells)
     row["sample_count"] = len(cells)
     row.update(_stats(cells))
@@ -255,7 +291,7 @@ def node_minute_rows(
     """
     rows: list[dict[str, Any]] = []
     lo_s = minute_ms // 1000
-    matched: set[DeviceRef] = set()
+    matched: set[int] = set()  # places in `intervals` of those a window matched (by their device)
     in_mig_mode = {uuid for uuid, mig in windows if mig is not None}
     # The intervals by the device UUID they name (the rest, by index or by neither, are matched one by one),
     # each with its place in `intervals` so a device's intervals keep their order.
@@ -267,54 +303,59 @@ def node_minute_rows(
         else:
             by_index.append((n, iv))
     for (uuid, mig), win in windows.items():
-        named = by_uuid.get((uuid, mig), [])
-        also = [p for p in by_index if p[1].ref.matches(uuid, win.index, mig)]
-        ivs = [iv for _, iv in (sorted(named + also, key=itemgetter(0)) if also else named)]
-        if not ivs and mig is None and uuid in in_mig_mode:
+        placed = by_uuid.get((uuid, mig), [])
+        if by_index:
+            also = [p for p in by_index if p[1].ref.matches(uuid, win.index, mig)]
+            if also:
+                placed = sorted(placed + also, key=itemgetter(0))
+        if not placed and mig is None and uuid in in_mig_mode:
             continue  # a MIG-mode GPU's own series (board metrics): its instances are the devices, not it
-        matched.update(iv.ref for iv in ivs)
-        profile = win.mig_profile or directory.mig_profile(node_id, uuid, win.index, mig)
-        facts = DeviceFacts(uuid, win.model, directory.generation(node_id, uuid, win.index, mig, win.model), profile)
+        ivs = []
+        for n, iv in placed:
+            matched.add(n)
+            ivs.append(iv)
+        facts = directory.facts(node_id, uuid, win.index, mig, win.model, win.mig_profile)
         if len(ivs) == 1:  # the common case: one job, the whole minute or a span of it
             iv = ivs[0]
             a, b = seconds_span(iv, lo_s, lo_s + 60)
             i0, i1 = a - lo_s, b - lo_s
-            base = _row(cluster, node, facts, mig, minute_ms, table.job(iv.job_id), win.mappings, thresholds)
+            base = _row(cluster, node, facts, mig, minute_ms, table.job(iv.job_id), win.mapping, thresholds)
             rows.append(span_row(base, win, i0, i1, thresholds))
             if i0 > 0 or i1 < 60:
                 secs = win.secs
                 cells = [secs[s] for s in sorted(secs) if not a <= s < b and lo_s <= s < lo_s + 60]
                 if cells:
-                    rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win.mappings, cells, thresholds))
+                    rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win.mapping, cells, thresholds))
             continue
         secs = win.secs
         owners = owners_by_second(ivs, minute_ms)
         for job_id in sorted({iv.job_id for iv in ivs}):
-            base = _row(cluster, node, facts, mig, minute_ms, table.job(job_id), win.mappings, thresholds)
+            base = _row(cluster, node, facts, mig, minute_ms, table.job(job_id), win.mapping, thresholds)
             rows.append(allocated_row(base, owners.get(job_id, set()), secs, thresholds))
         owned = set().union(*owners.values()) if owners else set()
         cells = [secs[s] for s in sorted(secs) if s not in owned and lo_s <= s < lo_s + 60]
         if cells:
-            rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win.mappings, cells, thresholds))
+            rows.append(_unallocated_row(cluster, node, facts, mig, minute_ms, win.mapping, cells, thresholds))
     # Intervals no sample matched: all-dark rows. Unidentified devices of two jobs are two devices (slot K of
     # one pod is not slot K of another), so they never compete for a second.
     by_ref: dict[tuple[DeviceRef, str], list[Interval]] = {}
-    for iv in intervals:
-        if iv.ref not in matched:
+    for n, iv in enumerate(intervals):
+        if n not in matched:
             by_ref.setdefault((iv.ref, iv.job_id if iv.ref.unidentified else ""), []).append(iv)
     for ref, holder in sorted(by_ref, key=lambda k: (k[0].sort_key, k[1])):
         ivs = by_ref[(ref, holder)]
         facts = directory.facts_for_ref(node_id, ref)
         owners = owners_by_second(ivs, minute_ms)
         for job_id in sorted({iv.job_id for iv in ivs}):
-            base = _row(cluster, node, facts, ref.mig_instance_id, minute_ms, table.job(job_id), (), thresholds)
+            base = _row(cluster, node, facts, ref.mig_instance_id, minute_ms, table.job(job_id), "", thresholds)
             rows.append(allocated_row(base, owners.get(job_id, set()), {}, thresholds))
     # Each job's row count here travels with its rows: the job stage holds the job's minute until it has them
     # all, even when its own allocation table is behind (an UPDATED naming more devices not read yet there).
-    keys_of_job: dict[str, set[tuple[str, str, int]]] = {}
+    # (`device_row_key` but the node, the same for every row here)
+    keys_of_job: dict[str, set[tuple[str, int | None]]] = {}
     for r in rows:
         if r["job_id"] is not None:
-            keys_of_job.setdefault(r["job_id"], set()).add(device_row_key(r))
+            keys_of_job.setdefault(r["job_id"], set()).add((r["device_uuid"], r["mig_instance_id"]))
     for r in rows:
         if r["job_id"] is not None:
             r["job_node_rows"] = len(keys_of_job[r["job_id"]])

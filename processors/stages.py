@@ -244,12 +244,12 @@ class NodePartition:
             per_node: dict[str, dict[tuple[str, int | None], DeviceWindow]] = {}
             for (nk, uuid, mig), win in closed.devices.items():
                 per_node.setdefault(nk, {})[(uuid, mig)] = win
-            nodes = set(per_node) | set(self.coverage.expected)
-            nodes.update(n for n in self.table.nodes() if self.table.intervals_in(n, m, m + MINUTE_MS))
+            intervals = {n: ivs for n in self.table.nodes() if (ivs := self.table.intervals_in(n, m, m + MINUTE_MS))}
+            nodes = set(per_node) | set(self.coverage.expected) | set(intervals)
             for nk in sorted(nodes):
                 cluster, node = split_qualified_node(nk)
                 wins = per_node.get(nk, {})
-                ivs = self.table.intervals_in(nk, m, m + MINUTE_MS)
+                ivs = intervals.get(nk, [])
                 out.device_minutes.extend(
                     node_minute_rows(cluster, node, nk, m, wins, ivs, self.table, self.directory, th)
                 )

@@ -190,7 +190,7 @@ def test_single_job_fast_path_equals_the_general_path() -> None:
         base = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0, "sm_weighted_s": 0.0}
         i0, i1 = (0, 60) if i % 2 else sorted((rng.randint(0, 60), rng.randint(0, 60)))  # whole minute or a span
         general = allocated_row(base, set(range(T0 // 1000 + i0, T0 // 1000 + i1)), win.secs, th)
-        assert span_row(base, win, i0, i1, th) == general
+        assert span_row(dict(base), win, i0, i1, th) == general
 
 
 def test_job_events_after_their_minute_closed_are_counted_once_and_not_on_replay() -> None:
@@ -328,7 +328,7 @@ def test_the_native_span_pass_adds_and_compares_as_the_general_path_on_awkward_v
         base = {"allocated_s": 0, "active_s": 0, "starved_s": 0, "idle_s": 0, "dark_s": 0, "sm_weighted_s": 0.0}
         i0, i1 = sorted((rng.randint(0, 60), rng.randint(0, 60)))
         general = allocated_row(base, set(range(T0 // 1000 + i0, T0 // 1000 + i1)), win.secs, th)
-        fast = span_row(base, win, i0, i1, th)
+        fast = span_row(dict(base), win, i0, i1, th)
 
         def bits(row: dict) -> dict:
             return {k: struct.pack("<d", v) if isinstance(v, float) else v for k, v in row.items()}
