@@ -1,12 +1,13 @@
 /* The node stage's hot path in C: a device's minute window, a node scrape read from its Avro bytes and
  * added to its devices' windows and the coverage map, and one pass over a job's span of a window.
  *
- * - Window: one device's minute (processors/windows.py subclasses it as DeviceWindow): three arrays of 60
- *   doubles (NaN = metric absent in that second) and a seen-mask, inline, with the device's index, model,
- *   MIG profile and the sorted mapping versions that fed it.
+ * - DeviceWindow: one device's minute: three arrays of 60 doubles (NaN = metric absent in that second) and
+ *   a seen-mask, inline, with the device's index, model, MIG profile and the sorted mapping versions that
+ *   fed it. Not tracked by the cyclic GC (it holds no container): a node stage holds one per device a
+ *   minute, which the collector would otherwise walk again and again.
  * - ScrapeReader(fields, items, error, label).read(data, pos) -> Scrape: walks the whole NodeScrape body
  *   once, bounds-checked (schemas/_avroread.h), and keeps the top fields; the devices stay bytes.
- * - absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked, keys): what
+ * - absorb(scrape, key, devices, second, last_seen, index_of, unchecked, keys): what
  *   NodePartition.on_scrape and MinuteWindows.add_scrape do with a scrape's devices, in the same order,
  *   without a Python object per device (a node's device keys are made once and kept in `keys`).
  * - span_stats(window, i0, i1): the sums and maxima of a job's seconds [i0, i1) (processors/rollup.py
@@ -40,7 +41,7 @@ static void window_clear_arrays(WindowObject *w) {
     memset(w->seen, 0, sizeof w->seen);
 }
 
-/* A window of `type` (Window or a subclass) without calling __init__: fields None, "" and NaN. */
+/* A window without calling __init__: fields None, "" and NaN. */
 static WindowObject *window_alloc(PyTypeObject *type) {
     WindowObject *w = (WindowObject *)type->tp_alloc(type, 0);
     if (w == NULL)
@@ -56,12 +57,6 @@ static WindowObject *window_alloc(PyTypeObject *type) {
     w->minute_s = 0;
     window_clear_arrays(w);
     return w;
-}
-
-static PyObject *Window_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    (void)args;
-    (void)kwds;
-    return (PyObject *)window_alloc(type);
 }
 
 static void Window_dealloc(WindowObject *w) {
@@ -155,12 +150,126 @@ static PyObject *Window_secs(WindowObject *w, void *closure) {
     return out;
 }
 
+static int put_cell(WindowObject *w, PyObject *second, PyObject *cell) {
+    long long s = PyLong_AsLongLong(second);
+    if (s == -1 && PyErr_Occurred())
+        return -1;
+    long long i = s - w->minute_s;
+    if (i < 0 || i >= SECONDS) {
+        PyErr_Format(PyExc_IndexError, "second %lld is outside the window's minute (from %lld)", s, w->minute_s);
+        return -1;
+    }
+    if (!PyTuple_Check(cell) || PyTuple_GET_SIZE(cell) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a second's cell is (act, fb, pw)");
+        return -1;
+    }
+    double a, f, p;
+    if (as_metric(PyTuple_GET_ITEM(cell, 0), &a) < 0 || as_metric(PyTuple_GET_ITEM(cell, 1), &f) < 0 ||
+        as_metric(PyTuple_GET_ITEM(cell, 2), &p) < 0)
+        return -1;
+    window_put(w, (Py_ssize_t)i, a, f, p);
+    return 0;
+}
+
+/* DeviceWindow(index, model, secs=None, minute_s=None, mig_profile=None): `secs` {second: (act, fb, pw)};
+ * the minute is `minute_s`, else the one of the earliest second in `secs`, else 0. */
+static int Window_init(WindowObject *w, PyObject *args, PyObject *kwds) {
+    static char *keywords[] = {"index", "model", "secs", "minute_s", "mig_profile", NULL};
+    PyObject *index, *model, *secs = Py_None, *minute = Py_None, *profile = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOO", keywords, &index, &model, &secs, &minute, &profile))
+        return -1;
+    if (secs != Py_None && !PyDict_Check(secs)) {
+        PyErr_SetString(PyExc_TypeError, "secs is a dict {second: (act, fb, pw)} or None");
+        return -1;
+    }
+    long long minute_s = 0;
+    if (minute != Py_None) {
+        minute_s = PyLong_AsLongLong(minute);
+        if (minute_s == -1 && PyErr_Occurred())
+            return -1;
+    } else if (secs != Py_None && PyDict_GET_SIZE(secs) > 0) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        int first = 1;
+        while (PyDict_Next(secs, &pos, &key, &value)) {
+            long long s = PyLong_AsLongLong(key);
+            if (s == -1 && PyErr_Occurred())
+                return -1;
+            if (first || s < minute_s)
+                minute_s = s;
+            first = 0;
+        }
+        minute_s -= (minute_s % SECONDS + SECONDS) % SECONDS; /* floored, as Python's % */
+    }
+    Py_INCREF(index);
+    Py_SETREF(w->index, index);
+    Py_INCREF(model);
+    Py_SETREF(w->model, model);
+    Py_INCREF(profile);
+    Py_SETREF(w->mig_profile, profile);
+    Py_INCREF(EMPTY_STR);
+    Py_SETREF(w->mapping, EMPTY_STR);
+    w->minute_s = minute_s;
+    window_clear_arrays(w);
+    if (secs != Py_None) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(secs, &pos, &key, &value))
+            if (put_cell(w, key, value) < 0)
+                return -1;
+    }
+    return 0;
+}
+
+/* add_mapping(version): the versions that fed the window, a set kept sorted and comma-joined. */
+static PyObject *Window_add_mapping(WindowObject *w, PyObject *mapping) {
+    if (!PyUnicode_Check(mapping)) {
+        PyErr_SetString(PyExc_TypeError, "a mapping version is a str");
+        return NULL;
+    }
+    int same = PyUnicode_Compare(w->mapping, mapping) == 0;
+    if (same || PyErr_Occurred())
+        return same ? Py_NewRef(Py_None) : NULL;
+    PyObject *comma = PyUnicode_FromString(","), *parts = NULL, *sorted = NULL, *joined = NULL;
+    if (comma == NULL)
+        return NULL;
+    if (PyUnicode_GET_LENGTH(w->mapping) > 0) {
+        PyObject *split = PyUnicode_Split(w->mapping, comma, -1);
+        parts = split == NULL ? NULL : PySet_New(split);
+        Py_XDECREF(split);
+    } else {
+        parts = PySet_New(NULL);
+    }
+    if (parts == NULL)
+        goto done;
+    int there = PySet_Contains(parts, mapping);
+    if (there < 0)
+        goto done;
+    if (!there) {
+        if (PySet_Add(parts, mapping) < 0 || (sorted = PySequence_List(parts)) == NULL || PyList_Sort(sorted) < 0 ||
+            (joined = PyUnicode_Join(comma, sorted)) == NULL)
+            goto done;
+        Py_SETREF(w->mapping, joined);
+        joined = NULL;
+    }
+    Py_DECREF(comma);
+    Py_DECREF(parts);
+    Py_XDECREF(sorted);
+    Py_RETURN_NONE;
+done:
+    Py_DECREF(comma);
+    Py_XDECREF(parts);
+    Py_XDECREF(sorted);
+    Py_XDECREF(joined);
+    return NULL;
+}
+
 static PyMemberDef Window_members[] = {
-    {"index", T_OBJECT, offsetof(WindowObject, index), 0, "the device's index on its node, or None"},
-    {"model", T_OBJECT, offsetof(WindowObject, model), 0, "the device's model, or None"},
-    {"mig_profile", T_OBJECT, offsetof(WindowObject, mig_profile), 0, "the MIG profile a sample named, or None"},
-    {"mapping", T_OBJECT, offsetof(WindowObject, mapping), 0, "the mapping versions, sorted, comma-joined"},
-    {"minute_s", T_LONGLONG, offsetof(WindowObject, minute_s), 0, "the minute's first second (epoch seconds)"},
+    {"index", T_OBJECT, offsetof(WindowObject, index), READONLY, "the device's index on its node, or None"},
+    {"model", T_OBJECT, offsetof(WindowObject, model), READONLY, "the device's model, or None"},
+    {"mig_profile", T_OBJECT, offsetof(WindowObject, mig_profile), READONLY, "the MIG profile a sample named, or None"},
+    {"mapping", T_OBJECT, offsetof(WindowObject, mapping), READONLY, "the mapping versions, sorted, comma-joined"},
+    {"minute_s", T_LONGLONG, offsetof(WindowObject, minute_s), READONLY, "the minute's first second (epoch seconds)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -173,15 +282,25 @@ static PyMethodDef Window_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Window_put, METH_FASTCALL,
      "put(second, act, fb, pw) -> bool: record the second unless it is there (the first sample wins)."},
     {"count", (PyCFunction)Window_count, METH_NOARGS, "count() -> int: the seconds sampled."},
+    {"add_mapping", (PyCFunction)Window_add_mapping, METH_O,
+     "add_mapping(version): add a mapping version to those that fed the window (kept sorted, comma-joined)."},
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *Window_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)args;
+    (void)kwds;
+    return (PyObject *)window_alloc(type);
+}
+
 static PyTypeObject WindowType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "processors._window.Window",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "processors._window.DeviceWindow",
     .tp_basicsize = sizeof(WindowObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "One device's minute: per second activity, framebuffer and power (NaN absent), and a seen-mask.",
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "DeviceWindow(index, model, secs=None, minute_s=None, mig_profile=None): one device's minute, per "
+              "second activity, framebuffer and power (NaN absent) and a seen-mask.",
     .tp_new = Window_new,
+    .tp_init = (initproc)Window_init,
     .tp_dealloc = (destructor)Window_dealloc,
     .tp_members = Window_members,
     .tp_getset = Window_getset,
@@ -196,7 +315,7 @@ static PyTypeObject WindowType = {
 static PyObject *span_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 3 || !PyObject_TypeCheck(args[0], &WindowType)) {
-        PyErr_SetString(PyExc_TypeError, "span_stats(window: Window, i0: int, i1: int)");
+        PyErr_SetString(PyExc_TypeError, "span_stats(window: DeviceWindow, i0: int, i1: int)");
         return NULL;
     }
     WindowObject *w = (WindowObject *)args[0];
@@ -600,11 +719,11 @@ static int same_device(PyObject *dk, const unsigned char *d, const Device *dev) 
     return !overflow && v == dev->mig;
 }
 
-/* absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked, keys) -> None
+/* absorb(scrape, key, devices, second, last_seen, index_of, unchecked, keys) -> None
  *
  * For each device sample, in order, with dk = (key, uuid, mig_instance_id):
  *   last_seen[dk] = scrape.ts_ms; a dk not in index_of gets its index there and is appended to unchecked;
- *   then, when `devices` (the open minute's windows) is not None: its window (a new window_type for the
+ *   then, when `devices` (the open minute's windows) is not None: its window (a new DeviceWindow of the
  *   minute of `second` if none) records second `second` unless it has it, and then takes the scrape's
  *   mapping version (window.add_mapping) if its own differs.
  * keys[key] is the tuple of the node's device keys in the order of its last scrape: a sample naming the
@@ -612,19 +731,16 @@ static int same_device(PyObject *dk, const unsigned char *d, const Device *dev) 
  */
 static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 9 || !PyObject_TypeCheck(args[0], &ScrapeType) || !PyUnicode_Check(args[1]) ||
-        (args[2] != Py_None && !PyDict_CheckExact(args[2])) || !PyType_Check(args[4]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[4], &WindowType) || !PyDict_CheckExact(args[5]) ||
-        !PyDict_CheckExact(args[6]) || !PyList_CheckExact(args[7]) || !PyDict_CheckExact(args[8])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "absorb(scrape: Scrape, key: str, devices: dict | None, second: int, window_type: "
-                        "type[Window], last_seen: dict, index_of: dict, unchecked: list, keys: dict)");
+    if (nargs != 8 || !PyObject_TypeCheck(args[0], &ScrapeType) || !PyUnicode_Check(args[1]) ||
+        (args[2] != Py_None && !PyDict_CheckExact(args[2])) || !PyDict_CheckExact(args[4]) ||
+        !PyDict_CheckExact(args[5]) || !PyList_CheckExact(args[6]) || !PyDict_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "absorb(scrape: Scrape, key: str, devices: dict | None, second: int, "
+                                         "last_seen: dict, index_of: dict, unchecked: list, keys: dict)");
         return NULL;
     }
     ScrapeObject *sc = (ScrapeObject *)args[0];
-    PyObject *key = args[1], *devices = args[2], *last_seen = args[5], *index_of = args[6], *unchecked = args[7];
-    PyObject *keys = args[8];
-    PyTypeObject *window_type = (PyTypeObject *)args[4];
+    PyObject *key = args[1], *devices = args[2], *last_seen = args[4], *index_of = args[5], *unchecked = args[6];
+    PyObject *keys = args[7];
     long long second = PyLong_AsLongLong(args[3]);
     if (second == -1 && PyErr_Occurred())
         return NULL;
@@ -698,7 +814,7 @@ static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t narg
                 if (w == NULL) {
                     if (PyErr_Occurred())
                         goto fail_dk;
-                    w = window_alloc(window_type);
+                    w = window_alloc(&WindowType);
                     if (w == NULL)
                         goto fail_dk;
                     w->minute_s = minute_s;
@@ -720,7 +836,7 @@ static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t narg
                     if (rc < 0)
                         goto fail_dk;
                 } else if (!PyObject_TypeCheck((PyObject *)w, &WindowType)) {
-                    PyErr_SetString(PyExc_TypeError, "an open minute holds something that is not a Window");
+                    PyErr_SetString(PyExc_TypeError, "an open minute holds something that is not a DeviceWindow");
                     goto fail_dk;
                 }
                 Py_ssize_t i = (Py_ssize_t)(second - w->minute_s);
@@ -730,18 +846,10 @@ static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t narg
                     goto fail_dk;
                 }
                 if (window_put(w, i, activity(&dev), dev.fb, dev.power) && w->mapping != sc->mapping_version) {
-                    int same = w->mapping == NULL || sc->mapping_version == NULL
-                                   ? 0
-                                   : PyObject_RichCompareBool(w->mapping, sc->mapping_version, Py_EQ);
-                    if (same < 0)
+                    PyObject *rc = Window_add_mapping(w, sc->mapping_version);
+                    if (rc == NULL)
                         goto fail_dk;
-                    if (!same) {
-                        PyObject *rc = PyObject_CallMethod((PyObject *)w, "add_mapping", "O",
-                                                           sc->mapping_version ? sc->mapping_version : Py_None);
-                        if (rc == NULL)
-                            goto fail_dk;
-                        Py_DECREF(rc);
-                    }
+                    Py_DECREF(rc);
                 }
             }
             Py_DECREF(dk);
@@ -900,7 +1008,7 @@ static PyMethodDef methods[] = {
     {"span_stats", (PyCFunction)(void (*)(void))span_stats, METH_FASTCALL,
      "span_stats(window, i0, i1) -> (n_seen, n_act, total, max_act, max_fb_act, max_fb, pw_total, n_pw)"},
     {"absorb", (PyCFunction)(void (*)(void))absorb, METH_FASTCALL,
-     "absorb(scrape, key, devices, second, window_type, last_seen, index_of, unchecked, keys) -> None"},
+     "absorb(scrape, key, devices, second, last_seen, index_of, unchecked, keys) -> None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -920,7 +1028,7 @@ PyMODINIT_FUNC PyInit__window(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Window", (PyObject *)&WindowType) < 0 ||
+    if (PyModule_AddObjectRef(m, "DeviceWindow", (PyObject *)&WindowType) < 0 ||
         PyModule_AddObjectRef(m, "ScrapeReader", (PyObject *)&ReaderType) < 0 ||
         PyModule_AddObjectRef(m, "Scrape", (PyObject *)&ScrapeType) < 0) {
         Py_DECREF(m);

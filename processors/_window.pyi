@@ -1,15 +1,29 @@
 from typing import Any
 
-class Window:
-    index: int | None
-    model: str | None
-    mig_profile: str | None
-    mapping: str
-    minute_s: int
+class DeviceWindow:
+    def __init__(
+        self,
+        index: int | None,
+        model: str | None,
+        secs: dict[int, tuple[float | None, float | None, float | None]] | None = None,
+        minute_s: int | None = None,
+        mig_profile: str | None = None,
+    ) -> None: ...
+    @property
+    def index(self) -> int | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def mig_profile(self) -> str | None: ...
+    @property
+    def mapping(self) -> str: ...
+    @property
+    def minute_s(self) -> int: ...
     @property
     def secs(self) -> dict[int, tuple[float | None, float | None, float | None]]: ...
     def put(self, second: int, act: float | None, fb: float | None, pw: float | None, /) -> bool: ...
     def count(self) -> int: ...
+    def add_mapping(self, version: str, /) -> None: ...
 
 class Scrape:
     @property
@@ -34,14 +48,13 @@ class ScrapeReader:
     def read(self, data: bytes, pos: int, /) -> Scrape: ...
 
 def span_stats(
-    window: Window, i0: int, i1: int, /
+    window: DeviceWindow, i0: int, i1: int, /
 ) -> tuple[int, int, float, float | None, float | None, float | None, float, int]: ...
 def absorb(
     scrape: Scrape,
     key: str,
     devices: dict[tuple[str, str, int | None], Any] | None,
     second: int,
-    window_type: type[Window],
     last_seen: dict[tuple[str, str, int | None], int],
     index_of: dict[tuple[str, str, int | None], int | None],
     unchecked: list[tuple[str, str, int | None]],

@@ -9,6 +9,10 @@ Hostile times: a `Horizon` bounds how far ahead of the processing clock an event
 dead-letters one beyond it, so it never moves a watermark), and the closing loop skips minutes that have
 nothing to close (`skip_to`), so no single record can make it step through minutes one by one without end.
 
+A device's minute is a `DeviceWindow` (processors/_window.c): three arrays of 60 doubles (NaN = metric
+absent) and a seen-mask inline, ~1.6 KB; `secs` gives the dict view, `put` records a second (the first
+sample of a second wins), `count` the seconds sampled, `add_mapping` the mapping versions that fed it.
+
 Replay after a crash: the caller restores `next_close_ms` and the input offsets at which recent
 minutes closed (`close_offsets`); a replayed sample of an already-closed minute is then told apart as
 *already counted* (it arrived before that minute closed) or *late* (it arrived after), exactly as the
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from processors._window import Scrape, Window, absorb
+from processors._window import DeviceWindow, Scrape, absorb
 
 MINUTE_MS = 60_000  # the one definition: attribution, idle, stages and the runtime import it
 DevKey = tuple[str, str, int | None]  # (node, uuid, mig_instance_id)
@@ -87,43 +91,6 @@ class Horizon:
 
 def minute_of(ts_ms: int) -> int:
     return ts_ms - ts_ms % MINUTE_MS
-
-
-class DeviceWindow(Window):
-    """One device's minute, compact: three arrays of 60 doubles (NaN = metric absent) and a seen-mask, held
-    inline by the native `Window` (processors/_window.c, ~1.6 KB a device-minute); `secs` gives the dict view,
-    `put` records a second (the first sample of a second wins), `count` the seconds sampled.
-
-    `processors._window.absorb` makes these for the scrapes read natively without calling `__init__`.
-    """
-
-    __slots__ = ()
-
-    def __init__(
-        self,
-        index: int | None,
-        model: str | None,
-        secs: Mapping[int, Second] | None = None,
-        minute_s: int | None = None,
-        mig_profile: str | None = None,
-    ) -> None:
-        self.index = index
-        self.model = model
-        self.mig_profile = mig_profile
-        self.minute_s = minute_s if minute_s is not None else (min(secs) - min(secs) % 60 if secs else 0)
-        for s, (a, f, p) in (secs or {}).items():
-            self.put(s, a, f, p)
-
-    def add_mapping(self, mapping: str) -> None:
-        if self.mapping != mapping:
-            parts = set(self.mapping.split(",")) if self.mapping else set()
-            if mapping not in parts:
-                parts.add(mapping)
-                self.mapping = ",".join(sorted(parts))
-
-    @property
-    def mappings(self) -> list[str]:
-        return self.mapping.split(",") if self.mapping else []
 
 
 @dataclass(slots=True)
@@ -202,7 +169,7 @@ class MinuteWindows:
             if devices is None:
                 devices = self.open[m] = {}
                 self.first_offset[m] = offset
-        absorb(scrape, node, devices, ts // 1000, DeviceWindow, last_seen, index_of, unchecked, keys)
+        absorb(scrape, node, devices, ts // 1000, last_seen, index_of, unchecked, keys)
         return verdict
 
     def start_at(self, ts_ms: int) -> None:

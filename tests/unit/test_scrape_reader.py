@@ -19,7 +19,7 @@ import fastavro
 import pytest
 
 from base.processor_settings import ProcessorSettings
-from processors._window import Scrape, Window, absorb, span_stats
+from processors._window import Scrape, absorb, span_stats
 from processors.fastdecode import UnsupportedSchema, scrape_reader
 from processors.stages import NodePartition
 from processors.testing import T0, device, scrape
@@ -220,7 +220,7 @@ def test_schemas_the_reader_cannot_read_are_left_to_the_codec() -> None:
 
 def test_a_window_puts_the_first_sample_of_a_second_and_refuses_a_second_outside_its_minute() -> None:
     w = DeviceWindow(3, "A100", None, T0 // 1000)
-    assert isinstance(w, Window) and w.count() == 0 and w.secs == {}
+    assert w.count() == 0 and w.secs == {} and w.mapping == ""
     assert w.put(T0 // 1000 + 5, 0.5, None, 100.0) is True
     assert w.put(T0 // 1000 + 5, 0.9, 1.0, 1.0) is False
     assert w.secs == {T0 // 1000 + 5: (0.5, None, 100.0)} and w.count() == 1
@@ -238,9 +238,9 @@ def test_a_window_puts_the_first_sample_of_a_second_and_refuses_a_second_outside
 def test_absorb_refuses_arguments_of_the_wrong_kind() -> None:
     read: Scrape = READER.read(CODEC.encode(SUBJECT, scrape("n", T0, [device("GPU-a", 0)])), 10)
     with pytest.raises(TypeError):
-        absorb(read, "c1/n", {}, T0 // 1000, dict, {}, {}, [], {})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="not a Window"):
-        absorb(read, "c1/n", {("c1/n", "GPU-a", None): "x"}, T0 // 1000, DeviceWindow, {}, {}, [], {})  # type: ignore[dict-item]
+        absorb(read, "c1/n", {}, T0 // 1000, "not a dict", {}, [], {})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a DeviceWindow"):
+        absorb(read, "c1/n", {("c1/n", "GPU-a", None): "x"}, T0 // 1000, {}, {}, [], {})  # type: ignore[dict-item]
 
 
 def test_a_nodes_device_keys_are_made_once_and_follow_its_devices_as_they_change() -> None:
@@ -261,3 +261,21 @@ def test_a_nodes_device_keys_are_made_once_and_follow_its_devices_as_they_change
     for offset, body in enumerate(bodies[2:], start=2):
         part.on_read_scrape(READER.read(body, 10), offset)
     assert part.device_keys["c1/n"] == (("c1/n", "GPU-a", None),)
+
+
+def test_a_window_made_from_seconds_takes_their_minute_and_keeps_its_mapping_versions_sorted() -> None:
+    import gc
+
+    base = T0 // 1000
+    w = DeviceWindow(1, "A100", {base + 70: (0.5, 1.0, None), base + 65: (None, None, 2.0)}, None, "1g.10gb")
+    assert (w.minute_s, w.index, w.model, w.mig_profile) == (base + 60, 1, "A100", "1g.10gb")
+    assert w.secs == {base + 65: (None, None, 2.0), base + 70: (0.5, 1.0, None)}
+    for version in ("dcgm-4.x/2", "dcgm-3.x/1", "dcgm-4.x/2"):
+        w.add_mapping(version)
+    assert w.mapping == "dcgm-3.x/1,dcgm-4.x/2"
+    with pytest.raises(TypeError):
+        w.add_mapping(3)  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        w.mapping = "x"  # type: ignore[misc]
+    # a node stage holds one a device a minute: the cyclic collector must not walk them
+    assert not gc.is_tracked(w)
