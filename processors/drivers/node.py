@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
 
+from base.collector import collector_paused
 from processors._window import Scrape
 from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
@@ -167,16 +168,17 @@ class NodeDriver(StageDriver):
         closed: list[NodeOutputs] = []
         ticks: list[tuple[NodePartition, int]] = []
         watermarks = self.watermarks
-        for p, (w, now) in watermarks.compute(drain_to).items():
-            part = self.parts[p]
-            if w <= NEG_INF:
-                continue
-            watermarks.advanced(p, w)
-            out = part.advance(w)
-            if out.device_minutes or out.coverage_minutes:
-                closed.append(out)
-            ticks.append((part, now))
-        self._emit(closed)
+        with collector_paused():  # the burst of a minute's close: the collector's pass waits until it is sent
+            for p, (w, now) in watermarks.compute(drain_to).items():
+                part = self.parts[p]
+                if w <= NEG_INF:
+                    continue
+                watermarks.advanced(p, w)
+                out = part.advance(w)
+                if out.device_minutes or out.coverage_minutes:
+                    closed.append(out)
+                ticks.append((part, now))
+            self._emit(closed)
         for part, now in ticks:
             for alert in part.tick(now):
                 self.ctx.emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
