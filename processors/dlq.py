@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from base.errors import ContractError
 from schemas.codec import AvroCodec, InvalidRecord
 from schemas.consume import DeadLetterSink, SourceRecord, dead_letter, decode_or_dead_letter
 
@@ -50,3 +51,26 @@ class Decoder:
         """Dead-letter a record that decoded but that a stage does not admit, with the reason."""
         dead_letter(SourceRecord.of(msg), error, self.codec, self._sink, subject=subject, clock=self._clock_ms)
         self.dead_lettered += 1
+
+
+class LeanFirst:
+    """A hot topic's records read by its lean reader (`read(value)`: the record, or None when the framing is
+    not the one it was built for) and, for anything it does not take, by `decoder`, which has the last
+    word: it decodes the record or dead-letters it with the reason. `read` None: the general codec alone."""
+
+    def __init__(
+        self, read: Callable[[bytes], dict[str, Any] | None] | None, decoder: Decoder, subject: str
+    ) -> None:
+        self._read = read
+        self._decoder = decoder
+        self._subject = subject
+
+    def decode(self, msg: Any, value: bytes) -> dict[str, Any] | None:
+        if self._read is not None:
+            try:
+                record = self._read(value)
+            except ContractError:  # a body only the lean reader refuses is returned; a bad one dead-lettered
+                record = None
+            if record is not None:
+                return record
+        return self._decoder.decode(msg, self._subject)

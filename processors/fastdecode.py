@@ -15,14 +15,27 @@ hold them against fastavro on varied records, and on cut, corrupted and random b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from processors._window import ScrapeReader
+from schemas import load_schema
 from schemas.codec import SINGLE_OBJECT_HEADER_LEN, SINGLE_OBJECT_MAGIC, AvroCodec, MalformedRecord
 from schemas.lean import RECORDS, Plan, UnsupportedSchema, decode_plan, field_kind
+from schemas.topics import DEVICE_MINUTES
 
-__all__ = ["DEVICE_ROLES", "SCRAPE_ROLES", "Framed", "UnsupportedSchema", "flat_decoder", "scrape_reader"]
+log = logging.getLogger("gpuledger.processors")
+
+__all__ = [
+    "DEVICE_ROLES",
+    "SCRAPE_ROLES",
+    "Framed",
+    "UnsupportedSchema",
+    "device_minutes_reader",
+    "flat_decoder",
+    "scrape_reader",
+]
 
 T = TypeVar("T")
 
@@ -63,6 +76,17 @@ def scrape_reader(schema: Mapping[str, Any]) -> ScrapeReader:
         return ScrapeReader(tuple(top), tuple(items), MalformedRecord, "scrape body")
     except ValueError as exc:  # a role missing or of a kind the walk does not read it as
         raise UnsupportedSchema(f"NodeScrape schema: {exc}") from exc
+
+
+def device_minutes_reader(codec: AvroCodec) -> Framed[dict[str, Any]] | None:
+    """The latest device-minutes schema's single-object framing decoded natively (the job stage's input;
+    anything else, older writers or Confluent framing included, goes through the codec); None, logged,
+    when that schema has a shape the lean walk does not read."""
+    try:
+        return Framed(flat_decoder(load_schema(DEVICE_MINUTES.subject)).decode, codec, DEVICE_MINUTES.subject)
+    except UnsupportedSchema as exc:
+        log.warning("lean device-minute decoder unavailable (%s): using the general codec", exc)
+        return None
 
 
 def flat_decoder(schema: Mapping[str, Any]) -> Plan:

@@ -12,33 +12,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from base.errors import ContractError, ServiceError
+from base.errors import ServiceError
 from base.kafka import new_admin, read_to_end
-from processors.dlq import FutureTimestamp
+from processors.dlq import FutureTimestamp, LeanFirst
 from processors.drivers.base import NEG_INF, StageContext, StageDriver
-from processors.fastdecode import Framed, UnsupportedSchema, flat_decoder
+from processors.fastdecode import device_minutes_reader
 from processors.positions import StateRecord
 from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS, Horizon
-from schemas import load_schema
 from schemas.topics import DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
 
 log = logging.getLogger("gpuledger.processors")
 
 STATE_RETENTION_MS = 30 * 24 * 3600 * 1000
-
-
-def _lean_rows(ctx: StageContext) -> Framed | None:
-    try:
-        return Framed(flat_decoder(load_schema(DEVICE_MINUTES.subject)).decode, ctx.codec, DEVICE_MINUTES.subject)
-    except UnsupportedSchema as exc:
-        log.warning("lean device-minute decoder unavailable (%s): using the general codec", exc)
-        return None
 
 
 def _wait_for_leaders(admin: AdminClient, topic: str, timeout_s: float = 30.0) -> None:
@@ -62,7 +52,8 @@ class JobDriver(StageDriver):
         super().__init__(ctx, instance)
         self.parts: dict[int, JobPartition] = {}
         self.dirty: dict[int, dict[str, JobState]] = {}  # states changed since the last commit
-        self.fast_rows = _lean_rows(ctx)
+        lean = device_minutes_reader(ctx.codec)
+        self.rows = LeanFirst(lean.decode if lean is not None else None, ctx.decoder, DEVICE_MINUTES.subject)
 
     def topics(self) -> list[str]:
         t = self.ctx.topics
@@ -129,7 +120,7 @@ class JobDriver(StageDriver):
             if part is None:
                 continue
             if topic == t.dm:
-                row = self._device_minute(msg)
+                row = self.rows.decode(msg, msg.value() or b"")
                 if row is not None and not part.on_device_minute(row, off):
                     reason = part.horizon.reason(int(row["minute_start_ms"]))
                     decoder.refuse(msg, DEVICE_MINUTES.subject, FutureTimestamp(reason))
@@ -138,16 +129,6 @@ class JobDriver(StageDriver):
                 if ev is not None and not part.on_job_event(ev, off):
                     decoder.refuse(msg, JOB_EVENTS.subject, FutureTimestamp(part.horizon.reason(ev["ts_ms"])))
         return len(msgs)
-
-    def _device_minute(self, msg: Message) -> dict[str, Any] | None:
-        if self.fast_rows is not None:
-            try:
-                row = self.fast_rows.decode(msg.value() or b"")
-            except ContractError:  # the general codec below decides, and dead-letters it
-                row = None
-            if row is not None:
-                return row
-        return self.ctx.decoder.decode(msg, DEVICE_MINUTES.subject)
 
     # -- emitting
     def advance(self) -> None:
