@@ -12,7 +12,7 @@ them; then the watermark passes the minute's end plus grace and
 - close: `NodePartition.advance` (attribution per second, classification, the device-minute and
   coverage-minute rows);
 - encode: each device-minute row's Kafka key and value (`AvroCodec.encode`: the lean walk, fastavro off
-  its plain path), in the order `processors run` sends them (rows of devices that did not compute first);
+  its plain path), rows of devices that did not compute first, as `processors run` sends them;
 - encode (fastavro): the same rows through fastavro's schemaless_writer, for comparison.
 
 The close and the encode run with the cyclic collector held off, as the node driver runs its burst
@@ -44,7 +44,7 @@ import fastavro
 from base.collector import collector_paused
 from base.processor_settings import ProcessorSettings
 from bench._common import GPUS, ScrapeTemplate, kind_of, node_name
-from processors.drivers.node import _busy_last
+from processors.drivers.node import split_by_activity
 from processors.fastdecode import Framed, scrape_reader
 from processors.stages import NodePartition
 from processors.testing import T0, inventory, job_event
@@ -102,7 +102,8 @@ def one_close(part: NodePartition, nodes: int, minute: int, codec: AvroCodec) ->
         t0 = time.perf_counter()
         out = part.advance(T0 + (minute + 1) * MINUTE_MS + grace)
         t1 = time.perf_counter()
-        rows = sorted(out.device_minutes, key=_busy_last)
+        waiting, busy = split_by_activity(out.device_minutes)
+        rows = waiting + busy
         encoded = 0
         for row in rows:
             jid = row["job_id"]

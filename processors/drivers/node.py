@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
@@ -39,8 +40,14 @@ QUIET_PARTITION_S = 2.0  # a samples partition with nothing new this long follow
 LOG_END_TIMEOUT_S = 5.0  # a leader that has not said its log end by then is asked again after a quiet spell
 
 
-def _busy_last(row: dict[str, Any]) -> tuple[int, bool]:
-    return row["minute_start_ms"], bool(row["active_s"] or row["starved_s"])
+def split_by_activity(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows of devices that did not compute: idle, dark, unallocated; rows of devices that did), each in
+    the order given."""
+    waiting: list[dict[str, Any]] = []
+    busy: list[dict[str, Any]] = []
+    for row in rows:
+        (busy if row["active_s"] or row["starved_s"] else waiting).append(row)
+    return waiting, busy
 
 
 def _lean_scrapes(ctx: StageContext) -> Framed[Scrape] | None:
@@ -165,8 +172,8 @@ class NodeDriver(StageDriver):
     def advance(self, drain_to: int | None = None) -> None:
         """Close what the watermarks allow, emit it, and tick the coverage clocks. `drain_to`: for finite
         inputs, a watermark that closes the last minutes."""
-        closed: list[NodeOutputs] = []
         ticks: list[tuple[NodePartition, int]] = []
+        busy: list[dict[str, Any]] = []
         watermarks = self.watermarks
         with collector_paused():  # the burst of a minute's close: the collector's pass waits until it is sent
             for p, (w, now) in watermarks.compute(drain_to).items():
@@ -174,33 +181,36 @@ class NodeDriver(StageDriver):
                 if w <= NEG_INF:
                     continue
                 watermarks.advanced(p, w)
-                out = part.advance(w)
-                if out.device_minutes or out.coverage_minutes:
-                    closed.append(out)
+                busy.extend(self._emit(part.advance(w)))
                 ticks.append((part, now))
-            self._emit(closed)
+            busy.sort(key=itemgetter("minute_start_ms"))  # stable: each minute's rows as they were made
+            self._send_rows(busy)
         for part, now in ticks:
             for alert in part.tick(now):
                 self.ctx.emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
 
-    def _emit(self, closed: list[NodeOutputs]) -> None:
+    def _emit(self, out: NodeOutputs) -> list[dict[str, Any]]:
+        """Send one partition's closed minutes as soon as they are closed: its coverage-minutes and the rows
+        of devices that did not compute, which idle alerts wait for. Returns its busy rows: they only feed
+        rollups, and go after every partition's (a minute of 100,000 device-minutes takes ~1 s to close)."""
         ctx = self.ctx
-        t, outputs, stats = ctx.topics, ctx.outputs, ctx.stats
-        rows = [row for out in closed for row in out.device_minutes]
-        # Rows of devices that did not compute go out first (minute by minute): idle alerts wait for
-        # them, while busy rows only feed rollups. Encoding 100k rows takes seconds at the top of a minute.
-        rows.sort(key=_busy_last)
+        waiting, busy = split_by_activity(out.device_minutes)
+        self._send_rows(waiting)
+        for cov in out.coverage_minutes:
+            ctx.outputs.send(ctx.topics.cov, COVERAGE_MINUTES.subject, node_key(cov["cluster"], cov["node"]), cov)
+        ctx.stats.coverage_minutes += len(out.coverage_minutes)
+        if ctx.observer is not None and out.coverage_minutes:
+            ctx.observer.coverage(out.coverage_minutes)
+        return busy
+
+    def _send_rows(self, rows: list[dict[str, Any]]) -> None:
+        ctx = self.ctx
+        dm, outputs = ctx.topics.dm, ctx.outputs
         for row in rows:
             jid = row["job_id"]
             key = job_key(row["cluster"], jid) if jid is not None else node_key(row["cluster"], row["node"])
-            outputs.send(t.dm, DEVICE_MINUTES.subject, key, row)
-        stats.device_minutes += len(rows)
-        for out in closed:
-            for cov in out.coverage_minutes:
-                outputs.send(t.cov, COVERAGE_MINUTES.subject, node_key(cov["cluster"], cov["node"]), cov)
-            stats.coverage_minutes += len(out.coverage_minutes)
-            if ctx.observer is not None and out.coverage_minutes:
-                ctx.observer.coverage(out.coverage_minutes)
+            outputs.send(dm, DEVICE_MINUTES.subject, key, row)
+        ctx.stats.device_minutes += len(rows)
 
     # -- commits and counters
     def commit_offsets(self) -> list[TopicPartition]:
