@@ -190,15 +190,23 @@ class InOrder:
         """`events` less the ones out of order (records of the topic `unordered` all pass)."""
         out: list[Any] = []
         skipped: dict[tuple[str, int], TP] = {}
+        new: dict[tuple[str, int], TP] = {}
+        for event in events:
+            msg = event.message
+            if msg.topic != unordered and (msg.topic, msg.partition) not in self.next_offset:
+                new[(msg.topic, msg.partition)] = msg.tp
+        if new:  # asked of the broker all at once (each can take a fetch wait); a concurrent `check` that set
+            # one meanwhile wins
+            starts = await asyncio.gather(*(start_offset(self.app.consumer, tp) for tp in new.values()))
+            for key, start in zip(new, starts, strict=True):
+                self.next_offset.setdefault(key, start)
         for event in events:
             msg = event.message
             if msg.topic == unordered:
                 out.append(event)
                 continue
             key = (msg.topic, msg.partition)
-            nxt = self.next_offset.get(key)
-            if nxt is None:  # asked of the broker; a concurrent `check` may have set it meanwhile, and wins
-                nxt = self.next_offset.setdefault(key, await start_offset(self.app.consumer, msg.tp))
+            nxt = self.next_offset[key]
             if msg.offset == nxt:
                 self.next_offset[key] = nxt + 1
                 out.append(event)

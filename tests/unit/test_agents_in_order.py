@@ -285,3 +285,32 @@ def test_the_fetch_position_is_read_from_aiokafkas_own_subscription_state() -> N
         return [*seen, _known_position(client, tp), _known_position(client, TopicPartition("t.alerts.v1", 1))]
 
     assert asyncio.run(scenario()) == [None, None, 42, None]
+
+
+def test_a_batchs_new_partitions_are_asked_their_start_offsets_at_once() -> None:
+    tps = [TP("t.usage.device-minutes.v1", p) for p in range(4)]
+
+    class Slow(Consumer):
+        """Each question takes a while (behind aiokafka's fetch wait, ~1.5 s each on a real broker)."""
+
+        def __init__(self) -> None:
+            super().__init__({})
+            self.asking = 0
+            self.most_at_once = 0
+
+        async def committed_offset(self, tp: TP) -> int | None:
+            self.asking += 1
+            self.most_at_once = max(self.most_at_once, self.asking)
+            await asyncio.sleep(0.05)
+            self.asking -= 1
+            return None
+
+    consumer = Slow()
+    order = InOrder(SimpleNamespace(consumer=consumer))  # type: ignore[arg-type]
+    events = [e for tp in tps for e in _events(tp, [3, 4])]
+
+    async def scenario() -> None:
+        assert _offsets(await order.admit(events)) == [3, 4] * 4
+
+    asyncio.run(scenario())
+    assert consumer.most_at_once == 4
