@@ -140,7 +140,9 @@ def _producer_main(bootstrap: str, prefix: str, nodes: int, duration_s: float, d
     print(json.dumps({"producer_scrapes": sent, "producer_max_behind_s": round(behind, 2)}), flush=True)
 
 
-def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float, split: bool) -> dict[str, Any]:
+def part_realtime(
+    bootstrap: str, tmp: Path, rate: int, duration_s: float, split: bool, job_stage: str = "agents"
+) -> dict[str, Any]:
     prefix = f"br{uuid.uuid4().hex[:6]}."
     create_topics(bootstrap, prefix)
     nodes = max(10, rate // GPUS)
@@ -168,7 +170,10 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float, split
     # As shipped: the hot path (re-keying, windows) in `processors run` on core 0, the job stage
     # (job-minutes, idle machines) in `processors agents` on core 1 when split, else floating.
     proc = worker(bootstrap, prefix, state, True, 0)
-    job_proc = worker(bootstrap, prefix, state, True, 1 if split else -1, name="job", command="agents")
+    if job_stage == "agents":
+        job_proc = worker(bootstrap, prefix, state, True, 1 if split else -1, name="job", command="agents")
+    else:  # the loop's job stage, the reference the agents are tested against
+        job_proc = worker(bootstrap, prefix, state, True, 1 if split else -1, "--stage", "job", name="job")
     time.sleep(max(0.0, t_start - time.time()))  # the worker joins its groups meanwhile
     producer = subprocess.Popen(
         [sys.executable, __file__, "--producer", bootstrap, prefix, str(nodes), str(duration_s), str(dead)],
@@ -193,9 +198,10 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float, split
     job_proc.wait(timeout=60)
     stop.set()
     t.join(timeout=5)
-    idle_lat = [
-        recv - (a["ts_ms"] + GRACE_MS) / 1000 for recv, a in alerts if a["kind"] in ("IDLE_WARNING", "RECLAIM_NOTICE")
-    ]
+    idle = [(recv, a) for recv, a in alerts if a["kind"] in ("IDLE_WARNING", "RECLAIM_NOTICE")]
+    idle_lat = [recv - (a["ts_ms"] + GRACE_MS) / 1000 for recv, a in idle]
+    # where it goes: until the job stage emitted the alert (its wall clock), and from there to this reader
+    idle_emitted = [(a["emitted_ts_ms"] - a["ts_ms"] - GRACE_MS) / 1000 for _, a in idle if a["emitted_ts_ms"]]
     dead_nodes = {node_name(i) for i in range(dead)}  # after the run every exporter stops: not counted
     cov_lat = [
         recv - a["ts_ms"] / 1000 for recv, a in alerts if a["kind"] == "COVERAGE_GAP" and a["node"] in dead_nodes
@@ -204,7 +210,8 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float, split
     steady = lags[len(lags) // 4 :] or lags
     return {
         "part": "realtime",
-        "processes": "run (rekey+node) on core 0, agents (job) on core 1" if split else "run on core 0, agents float",
+        "processes": f"run (rekey+node) on core 0, job stage ({job_stage}) "
+        + ("on core 1" if split else "floating"),
         "target_samples_per_s": nodes * GPUS,
         "nodes": nodes,
         "duration_s": round(time.time() - t0, 1),
@@ -218,6 +225,8 @@ def part_realtime(bootstrap: str, tmp: Path, rate: int, duration_s: float, split
         "idle_alerts": len(idle_lat),
         "idle_alert_latency_s_p50": pct(idle_lat, 0.5),
         "idle_alert_latency_s_p99": pct(idle_lat, 0.99),
+        "idle_alert_emitted_s_p50": pct(idle_emitted, 0.5),
+        "idle_alert_emitted_s_p99": pct(idle_emitted, 0.99),
         "coverage_alerts_dead_exporters": len(cov_lat),
         "dead_exporter_devices": dead * GPUS,
         "coverage_alert_latency_s_p50": pct(cov_lat, 0.5),
@@ -264,6 +273,12 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=100_000, help="device-samples/s to publish (default 100000)")
     ap.add_argument("--backlog-samples", type=int, default=800_000)
     ap.add_argument("--one-process", action="store_true", help="real-time run: agents not pinned")
+    ap.add_argument(
+        "--job-stage",
+        choices=["agents", "loop"],
+        default="agents",
+        help="real-time run: the job stage as shipped (faust agents) or the loop's (`processors run --stage job`)",
+    )
     ap.add_argument("--skip", action="append", default=[], choices=["backlog", "realtime", "memory"])
     ap.add_argument("--producer", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -283,7 +298,7 @@ def main() -> None:
                 results.append(part_backlog(bootstrap, tmp, args.backlog_samples))
                 print(json.dumps(results[-1]), flush=True)
             if "realtime" not in args.skip:
-                results.append(part_realtime(bootstrap, tmp, args.rate, duration, not args.one_process))
+                results.append(part_realtime(bootstrap, tmp, args.rate, duration, not args.one_process, args.job_stage))
                 print(json.dumps(results[-1]), flush=True)
     load = os.getloadavg()
     print(f"# cores: {os.cpu_count()}, load average at end: {load[0]:.2f} (machine shared; figures are as measured)")
