@@ -564,19 +564,9 @@ static int read_device(const ReaderObject *rd, AvroReader *r, Device *dev, int c
 }
 
 static PyObject *Reader_read(ReaderObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "read(data: bytes, pos: int)");
+    AvroReader r;
+    if (avro_reader_from_args(args, nargs, "read(data: bytes, pos: int)", self->error, self->label, &r) < 0)
         return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
-    AvroReader r = {(const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), pos, self->error,
-                    self->label};
-    if (pos < 0 || pos > r.end) {
-        PyErr_SetString(PyExc_ValueError, "pos outside the data");
-        return NULL;
-    }
     ScrapeObject *sc = PyObject_New(ScrapeObject, &ScrapeType);
     if (sc == NULL)
         return NULL;

@@ -21,6 +21,24 @@ typedef struct {
     PyObject *label; /* borrowed: what the messages call the body ("scrape body") */
 } AvroReader;
 
+/* A reader over `(data: bytes, pos: int)`, a method's two arguments; `usage` names them in the TypeError. */
+static int avro_reader_from_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, PyObject *error,
+                                 PyObject *label, AvroReader *r) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return -1;
+    *r = (AvroReader){(const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), pos, error, label};
+    if (pos < 0 || pos > r->end) {
+        PyErr_SetString(PyExc_ValueError, "pos outside the data");
+        return -1;
+    }
+    return 0;
+}
+
 static void avro_fail(AvroReader *r, const char *why, Py_ssize_t at) {
     PyErr_Format(r->error, "%U does not decode (%zd bytes): %s at byte %zd", r->label, r->end, why, at);
 }

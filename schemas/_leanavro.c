@@ -103,19 +103,9 @@ static int walk_fields(PlanObject *plan, AvroReader *r, PyObject *out) {
 
 
 static PyObject *Plan_decode(PlanObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "decode(data: bytes, pos: int)");
+    AvroReader r;
+    if (avro_reader_from_args(args, nargs, "decode(data: bytes, pos: int)", self->error, self->label, &r) < 0)
         return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
-    AvroReader r = {(const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), pos, self->error,
-                     self->label};
-    if (pos < 0 || pos > r.end) {
-        PyErr_SetString(PyExc_ValueError, "pos outside the data");
-        return NULL;
-    }
     PyObject *out = PyDict_New();
     if (out == NULL)
         return NULL;
