@@ -53,7 +53,7 @@ from base.processor_settings import ProcessorSettings
 from processors.stages import NodePartition
 from processors.testing import T0, inventory, job_event, scrape
 from schemas.codec import AvroCodec
-from schemas.topics import DEVICE_SAMPLES, node_key
+from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES, job_key, node_key
 
 # ------------------------------------------------------------------------------------------ helpers
 ALL_LOOP_STAGES = ("--stage", "rekey", "--stage", "node", "--stage", "job")
@@ -154,16 +154,26 @@ def part_realtime(
     alerts: list[tuple[float, dict[str, Any]]] = []
     stop = threading.Event()
 
+    rows_out: dict[bytes, list[int]] = {}  # job key -> when the node stage produced each of its device-minutes
+
     def collect() -> None:
         codec = AvroCodec()
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": prefix + "bench", "auto.offset.reset": "earliest"})
         c.subscribe([prefix + "alerts.v1"])
+        rows = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": prefix + "bench-rows", "auto.offset.reset": "earliest"}
+        )
+        rows.subscribe([prefix + DEVICE_MINUTES.name])
         while not stop.is_set():
             for m in c.consume(500, 0.1):
                 if m.error() or m.value() is None:
                     continue
                 alerts.append((time.time(), codec.decode(m.value() or b"", "alerts").record))
+            for m in rows.consume(5000, 0):
+                if not m.error() and m.key():
+                    rows_out.setdefault(m.key() or b"", []).append(m.timestamp()[1])  # the producer's CreateTime
         c.close()
+        rows.close()
 
     t = threading.Thread(target=collect, daemon=True)
     t.start()
@@ -202,6 +212,14 @@ def part_realtime(
     idle_lat = [recv - (a["ts_ms"] + GRACE_MS) / 1000 for recv, a in idle]
     # where it goes: until the job stage emitted the alert (its wall clock), and from there to this reader
     idle_emitted = [(a["emitted_ts_ms"] - a["ts_ms"] - GRACE_MS) / 1000 for _, a in idle if a["emitted_ts_ms"]]
+
+    def rows_sent(a: dict[str, Any]) -> float | None:
+        """When the node stage produced the last device-minute of the alert's job-minute, past its due time."""
+        due = a["ts_ms"] + GRACE_MS
+        near = [t for t in rows_out.get(job_key(a["cluster"], a["job_id"]), []) if abs(t - due) < 30_000]
+        return (max(near) - due) / 1000 if near else None
+
+    idle_rows = [x for _, a in idle if (x := rows_sent(a)) is not None]
     dead_nodes = {node_name(i) for i in range(dead)}  # after the run every exporter stops: not counted
     cov_lat = [
         recv - a["ts_ms"] / 1000 for recv, a in alerts if a["kind"] == "COVERAGE_GAP" and a["node"] in dead_nodes
@@ -210,8 +228,7 @@ def part_realtime(
     steady = lags[len(lags) // 4 :] or lags
     return {
         "part": "realtime",
-        "processes": f"run (rekey+node) on core 0, job stage ({job_stage}) "
-        + ("on core 1" if split else "floating"),
+        "processes": f"run (rekey+node) on core 0, job stage ({job_stage}) " + ("on core 1" if split else "floating"),
         "target_samples_per_s": nodes * GPUS,
         "nodes": nodes,
         "duration_s": round(time.time() - t0, 1),
@@ -227,6 +244,8 @@ def part_realtime(
         "idle_alert_latency_s_p99": pct(idle_lat, 0.99),
         "idle_alert_emitted_s_p50": pct(idle_emitted, 0.5),
         "idle_alert_emitted_s_p99": pct(idle_emitted, 0.99),
+        "idle_alert_rows_sent_s_p50": pct(idle_rows, 0.5),
+        "idle_alert_rows_sent_s_p99": pct(idle_rows, 0.99),
         "coverage_alerts_dead_exporters": len(cov_lat),
         "dead_exporter_devices": dead * GPUS,
         "coverage_alert_latency_s_p50": pct(cov_lat, 0.5),
