@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
@@ -38,6 +37,10 @@ log = logging.getLogger("gpuledger.processors")
 
 QUIET_PARTITION_S = 2.0  # a samples partition with nothing new this long follows the others' event time
 LOG_END_TIMEOUT_S = 5.0  # a leader that has not said its log end by then is asked again after a quiet spell
+
+
+def _busy_last(row: dict[str, Any]) -> tuple[int, bool]:
+    return row["minute_start_ms"], bool(row["active_s"] or row["starved_s"])
 
 
 def split_by_activity(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -173,7 +176,7 @@ class NodeDriver(StageDriver):
         """Close what the watermarks allow, emit it, and tick the coverage clocks. `drain_to`: for finite
         inputs, a watermark that closes the last minutes."""
         ticks: list[tuple[NodePartition, int]] = []
-        busy: list[dict[str, Any]] = []
+        held: list[dict[str, Any]] = []
         watermarks = self.watermarks
         with collector_paused():  # the burst of a minute's close: the collector's pass waits until it is sent
             for p, (w, now) in watermarks.compute(drain_to).items():
@@ -181,27 +184,31 @@ class NodeDriver(StageDriver):
                 if w <= NEG_INF:
                     continue
                 watermarks.advanced(p, w)
-                busy.extend(self._emit(part.advance(w)))
+                held.extend(self._emit(part.advance(w)))
                 ticks.append((part, now))
-            busy.sort(key=itemgetter("minute_start_ms"))  # stable: each minute's rows as they were made
-            self._send_rows(busy)
+            held.sort(key=_busy_last)  # stable: minute by minute, each minute's busy rows last
+            self._send_rows(held)
         for part, now in ticks:
             for alert in part.tick(now):
                 self.ctx.emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
 
     def _emit(self, out: NodeOutputs) -> list[dict[str, Any]]:
-        """Send one partition's closed minutes as soon as they are closed: its coverage-minutes and the rows
-        of devices that did not compute, which idle alerts wait for. Returns its busy rows: they only feed
-        rollups, and go after every partition's (a minute of 100,000 device-minutes takes ~1 s to close)."""
+        """Send what one partition closed as soon as it is closed: its coverage-minutes, and the rows of its
+        first closed minute's devices that did not compute, which idle alerts wait for (a minute of 100,000
+        device-minutes takes ~1 s to close). Returns the rest, sent after every partition's: busy rows only
+        feed rollups. The job stage takes a job's minutes in order (a row of a minute before the last one it
+        put out is a replay to it), so nothing of a later minute may go ahead of a busy row of an earlier one."""
         ctx = self.ctx
-        waiting, busy = split_by_activity(out.device_minutes)
+        rows = out.device_minutes  # minute by minute
+        first = [r for r in rows if r["minute_start_ms"] == rows[0]["minute_start_ms"]] if rows else []
+        waiting, busy = split_by_activity(first)
         self._send_rows(waiting)
         for cov in out.coverage_minutes:
             ctx.outputs.send(ctx.topics.cov, COVERAGE_MINUTES.subject, node_key(cov["cluster"], cov["node"]), cov)
         ctx.stats.coverage_minutes += len(out.coverage_minutes)
         if ctx.observer is not None and out.coverage_minutes:
             ctx.observer.coverage(out.coverage_minutes)
-        return busy
+        return busy + rows[len(first) :]
 
     def _send_rows(self, rows: list[dict[str, Any]]) -> None:
         ctx = self.ctx

@@ -1,5 +1,6 @@
 """The node driver sends a partition's waiting rows (devices that did not compute) as soon as that partition's
-minutes close, before the next partition is closed; busy rows follow every partition's, minute by minute."""
+minute closes, before the next partition is closed; busy rows follow every partition's, minute by minute. The job
+stage takes a job's minutes in order: no row of a later minute may go ahead of a busy row of an earlier one."""
 
 from __future__ import annotations
 
@@ -31,30 +32,12 @@ def test_rows_split_by_whether_the_device_computed_keeping_their_order() -> None
     assert [r["job_id"] for r in busy] == ["a", "c"]
 
 
-def test_each_partitions_waiting_rows_go_before_the_next_partition_closes_and_busy_rows_last() -> None:
-    sent: list[str] = []
-    closes: list[int] = []
-
-    class Part:
-        def __init__(self, rows: list[dict[str, Any]]) -> None:
-            self.rows = rows
-
-        def advance(self, w: int) -> NodeOutputs:
-            closes.append(len(sent))  # what was sent when this partition began to close
-            return NodeOutputs(device_minutes=self.rows)
-
-        def tick(self, now: int) -> list[dict[str, Any]]:
-            return []
-
-    parts = {
-        0: Part([_row("p0-busy", 0, active_s=60), _row("p0-idle", 0), _row("p0-busy-m1", 1, active_s=1)]),
-        1: Part([_row("p1-busy", 0, starved_s=60), _row("p1-idle", 0)]),
-    }
+def _driver(parts: dict[int, Any], sent: list[str]) -> NodeDriver:
     outputs = SimpleNamespace(send=lambda topic, subject, key, row: sent.append(row["job_id"]))
     driver = NodeDriver.__new__(NodeDriver)
-    driver.parts = parts  # type: ignore[assignment]
+    driver.parts = parts
     driver.watermarks = SimpleNamespace(  # type: ignore[assignment]
-        compute=lambda drain_to: {0: (T0 + 2 * M, 0), 1: (T0 + 2 * M, 0)}, advanced=lambda p, w: None
+        compute=lambda drain_to: {p: (T0 + 3 * M, 0) for p in parts}, advanced=lambda p, w: None
     )
     driver.ctx = SimpleNamespace(  # type: ignore[assignment]
         outputs=outputs,
@@ -63,7 +46,49 @@ def test_each_partitions_waiting_rows_go_before_the_next_partition_closes_and_bu
         observer=None,
         emit_alert=lambda alert, key: None,
     )
+    return driver
+
+
+class Part:
+    def __init__(self, rows: list[dict[str, Any]], sent: list[str], closes: list[int]) -> None:
+        self.rows, self.sent, self.closes = rows, sent, closes
+
+    def advance(self, w: int) -> NodeOutputs:
+        self.closes.append(len(self.sent))  # what was sent when this partition began to close
+        return NodeOutputs(device_minutes=self.rows)
+
+    def tick(self, now: int) -> list[dict[str, Any]]:
+        return []
+
+
+def test_each_partitions_waiting_rows_go_before_the_next_partition_closes_and_busy_rows_last() -> None:
+    sent: list[str] = []
+    closes: list[int] = []
+    parts = {
+        0: Part([_row("p0-busy", 0, active_s=60), _row("p0-idle", 0)], sent, closes),
+        1: Part([_row("p1-busy", 0, starved_s=60), _row("p1-idle", 0)], sent, closes),
+    }
+    driver = _driver(parts, sent)
     driver.advance()
     assert closes == [0, 1]  # partition 0's idle row was out before partition 1 closed
-    assert sent == ["p0-idle", "p1-idle", "p0-busy", "p1-busy", "p0-busy-m1"]
-    assert driver.ctx.stats.device_minutes == 5
+    assert sent == ["p0-idle", "p1-idle", "p0-busy", "p1-busy"]
+    assert driver.ctx.stats.device_minutes == 4
+
+
+def test_a_partition_closing_several_minutes_sends_none_of_a_later_one_ahead_of_an_earlier_busy_row() -> None:
+    sent: list[str] = []
+    closes: list[int] = []
+    # partition 0 catches up two minutes: job a busy in minute 0 and idle in minute 1 (the job stage would take
+    # minute 1 for out first, and minute 0's busy row for a replay)
+    parts = {
+        0: Part([_row("a", 0, active_s=60), _row("c", 0), _row("a", 1), _row("c", 1)], sent, closes),
+        1: Part([_row("b", 0), _row("b", 0, active_s=5)], sent, closes),
+    }
+    driver = _driver(parts, sent)
+    minutes: list[tuple[str, int]] = []
+    driver.ctx.outputs.send = lambda topic, subject, key, row: minutes.append(  # type: ignore[attr-defined]
+        (row["job_id"], (row["minute_start_ms"] - T0) // M)
+    )
+    driver.advance()
+    # first the waiting rows of each partition's first minute, then minute by minute, busy rows last in each
+    assert minutes == [("c", 0), ("b", 0), ("a", 0), ("b", 0), ("a", 1), ("c", 1)]
