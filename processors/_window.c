@@ -91,6 +91,16 @@ static int as_metric(PyObject *v, double *out) {
     return 0;
 }
 
+/* The place of second `s` in the window's minute, or -1 with IndexError set when it is outside it. */
+static Py_ssize_t window_index(const WindowObject *w, long long s) {
+    long long i = s - w->minute_s;
+    if (i < 0 || i >= SECONDS) {
+        PyErr_Format(PyExc_IndexError, "second %lld is outside the window's minute (from %lld)", s, w->minute_s);
+        return -1;
+    }
+    return (Py_ssize_t)i;
+}
+
 static PyObject *Window_put(WindowObject *w, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "put(second, act, fb, pw)");
@@ -99,15 +109,13 @@ static PyObject *Window_put(WindowObject *w, PyObject *const *args, Py_ssize_t n
     long long s = PyLong_AsLongLong(args[0]);
     if (s == -1 && PyErr_Occurred())
         return NULL;
-    long long i = s - w->minute_s;
-    if (i < 0 || i >= SECONDS) {
-        PyErr_Format(PyExc_IndexError, "second %lld is outside the window's minute (from %lld)", s, w->minute_s);
+    Py_ssize_t i = window_index(w, s);
+    if (i < 0)
         return NULL;
-    }
     double a, f, p;
     if (as_metric(args[1], &a) < 0 || as_metric(args[2], &f) < 0 || as_metric(args[3], &p) < 0)
         return NULL;
-    return PyBool_FromLong(window_put(w, (Py_ssize_t)i, a, f, p));
+    return PyBool_FromLong(window_put(w, i, a, f, p));
 }
 
 static PyObject *Window_count(WindowObject *w, PyObject *unused) {
@@ -154,11 +162,9 @@ static int put_cell(WindowObject *w, PyObject *second, PyObject *cell) {
     long long s = PyLong_AsLongLong(second);
     if (s == -1 && PyErr_Occurred())
         return -1;
-    long long i = s - w->minute_s;
-    if (i < 0 || i >= SECONDS) {
-        PyErr_Format(PyExc_IndexError, "second %lld is outside the window's minute (from %lld)", s, w->minute_s);
+    Py_ssize_t i = window_index(w, s);
+    if (i < 0)
         return -1;
-    }
     if (!PyTuple_Check(cell) || PyTuple_GET_SIZE(cell) != 3) {
         PyErr_SetString(PyExc_TypeError, "a second's cell is (act, fb, pw)");
         return -1;
@@ -167,7 +173,7 @@ static int put_cell(WindowObject *w, PyObject *second, PyObject *cell) {
     if (as_metric(PyTuple_GET_ITEM(cell, 0), &a) < 0 || as_metric(PyTuple_GET_ITEM(cell, 1), &f) < 0 ||
         as_metric(PyTuple_GET_ITEM(cell, 2), &p) < 0)
         return -1;
-    window_put(w, (Py_ssize_t)i, a, f, p);
+    window_put(w, i, a, f, p);
     return 0;
 }
 
@@ -403,9 +409,7 @@ typedef struct {
     PyObject *cluster, *node, *ts_ms, *mapping_version;
     Py_ssize_t devices;             /* how many */
     Py_ssize_t devices_at;          /* where the devices' array starts in data */
-    PyObject *error, *label;        /* the reader's */
-    const ReaderObject *reader;     /* borrowed through `owner` */
-    PyObject *owner;
+    ReaderObject *reader;           /* owned: its plan reads the devices again, its error class and label */
 } ScrapeObject;
 
 static PyTypeObject ReaderType, ScrapeType;
@@ -576,10 +580,7 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *const *args, Py_ssize
     Py_INCREF(args[0]);
     sc->data = args[0];
     Py_INCREF(self);
-    sc->owner = (PyObject *)self;
     sc->reader = self;
-    sc->error = self->error;
-    sc->label = self->label;
     for (Py_ssize_t i = 0; i < self->n_top; i++) {
         int role = self->top[i].role, kind = self->top[i].kind;
         PyObject **slot = role == R_CLUSTER ? &sc->cluster
@@ -634,7 +635,7 @@ static void Scrape_dealloc(ScrapeObject *sc) {
     Py_XDECREF(sc->node);
     Py_XDECREF(sc->ts_ms);
     Py_XDECREF(sc->mapping_version);
-    Py_XDECREF(sc->owner);
+    Py_XDECREF((PyObject *)sc->reader);
     PyObject_Free(sc);
 }
 
@@ -737,7 +738,7 @@ static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t narg
     long long minute_s = second - (second % SECONDS + SECONDS) % SECONDS; /* floored, as Python's % */
     const ReaderObject *rd = sc->reader;
     AvroReader r = {(const unsigned char *)PyBytes_AS_STRING(sc->data), PyBytes_GET_SIZE(sc->data), sc->devices_at,
-                    sc->error, sc->label};
+                    rd->error, rd->label};
     if (sc->devices_at < 0)
         Py_RETURN_NONE;
     PyObject *kept = PyDict_GetItemWithError(keys, key); /* borrowed */
@@ -829,12 +830,9 @@ static PyObject *absorb(PyObject *module, PyObject *const *args, Py_ssize_t narg
                     PyErr_SetString(PyExc_TypeError, "an open minute holds something that is not a DeviceWindow");
                     goto fail_dk;
                 }
-                Py_ssize_t i = (Py_ssize_t)(second - w->minute_s);
-                if (i < 0 || i >= SECONDS) {
-                    PyErr_Format(PyExc_IndexError, "second %lld is outside the window's minute (from %lld)",
-                                 second, w->minute_s);
+                Py_ssize_t i = window_index(w, second);
+                if (i < 0)
                     goto fail_dk;
-                }
                 if (window_put(w, i, activity(&dev), dev.fb, dev.power) && w->mapping != sc->mapping_version) {
                     PyObject *rc = Window_add_mapping(w, sc->mapping_version);
                     if (rc == NULL)
