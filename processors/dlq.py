@@ -14,8 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from base.errors import ContractError
+from processors.fastdecode import device_minutes_reader
 from schemas.codec import AvroCodec, InvalidRecord
 from schemas.consume import DeadLetterSink, SourceRecord, dead_letter, decode_or_dead_letter
+from schemas.topics import DEVICE_MINUTES
 
 
 class FutureTimestamp(InvalidRecord):
@@ -74,3 +76,9 @@ class LeanFirst:
             if record is not None:
                 return record
         return self._decoder.decode(msg, self._subject)
+
+
+def device_minutes(decoder: Decoder) -> LeanFirst:
+    """The job stage's input: device-minutes by the lean decoder of their latest schema, the rest by `decoder`."""
+    lean = device_minutes_reader(decoder.codec)
+    return LeanFirst(lean.decode if lean is not None else None, decoder, DEVICE_MINUTES.subject)

@@ -54,8 +54,7 @@ from mode.signals import BaseSignalT
 from base import metrics
 from base.settings import KafkaSettings, Settings
 from base.shutdown import StopSignal
-from processors.dlq import Decoder, FutureTimestamp, LeanFirst
-from processors.fastdecode import device_minutes_reader
+from processors.dlq import Decoder, FutureTimestamp, device_minutes
 from processors.idle import IdleState, granted_exemptions
 from processors.pipeline import partition_of
 from processors.recovery import RecoveryPolicy
@@ -143,8 +142,7 @@ class JobStageAgents:
         k = settings.kafka
         self.codec = AvroCodec.from_settings(k)
         self.decoder = Decoder(self.codec, FaustDeadLetters(app), k.topic_prefix, lambda: int(time.time() * 1000))
-        lean = device_minutes_reader(self.codec)  # as the loop's job stage reads them
-        self.rows = LeanFirst(lean.decode if lean is not None else None, self.decoder, DEVICE_MINUTES.subject)
+        self.rows = device_minutes(self.decoder)  # as the loop's job stage reads them
         self.t_dm, self.t_jobs = k.topic(DEVICE_MINUTES.name), k.topic(JOB_EVENTS.name)
         self.appeals_policy = appeals_policy
         self.t_appeals = k.topic(APPEALS.name) if appeals_policy is not None else None

@@ -133,10 +133,7 @@ class MinuteWindows:
             return verdict
         m = ts - ts % MINUTE_MS
         s = ts // 1000
-        devices = self.open.get(m)
-        if devices is None:
-            devices = self.open[m] = {}
-            self.first_offset[m] = offset
+        devices = self._minute(m, offset)
         mapping = scrape["mapping_version"]
         for dev in scrape["devices"]:
             key = (node, dev["uuid"], dev["mig_instance_id"])
@@ -162,15 +159,17 @@ class MinuteWindows:
         node's device keys (`processors._window.absorb`)."""
         ts = scrape.ts_ms
         verdict = self.admit(ts, offset)
-        devices = None
-        if verdict is Admit.ACCEPTED:
-            m = ts - ts % MINUTE_MS
-            devices = self.open.get(m)
-            if devices is None:
-                devices = self.open[m] = {}
-                self.first_offset[m] = offset
+        devices = self._minute(ts - ts % MINUTE_MS, offset) if verdict is Admit.ACCEPTED else None
         absorb(scrape, node, devices, ts // 1000, last_seen, index_of, unchecked, keys)
         return verdict
+
+    def _minute(self, m: int, offset: int) -> dict[DevKey, DeviceWindow]:
+        """The open minute `m`'s windows, opened (fed first at `offset`) if it is not open yet."""
+        devices = self.open.get(m)
+        if devices is None:
+            devices = self.open[m] = {}
+            self.first_offset[m] = offset
+        return devices
 
     def start_at(self, ts_ms: int) -> None:
         """Begin closing from the minute of `ts_ms` if nothing has been closed yet."""

@@ -18,9 +18,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from base.errors import ServiceError
 from base.kafka import new_admin, read_to_end
-from processors.dlq import FutureTimestamp, LeanFirst
+from processors.dlq import FutureTimestamp, device_minutes
 from processors.drivers.base import NEG_INF, StageContext, StageDriver
-from processors.fastdecode import device_minutes_reader
 from processors.positions import StateRecord
 from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS, Horizon
@@ -52,8 +51,7 @@ class JobDriver(StageDriver):
         super().__init__(ctx, instance)
         self.parts: dict[int, JobPartition] = {}
         self.dirty: dict[int, dict[str, JobState]] = {}  # states changed since the last commit
-        lean = device_minutes_reader(ctx.codec)
-        self.rows = LeanFirst(lean.decode if lean is not None else None, ctx.decoder, DEVICE_MINUTES.subject)
+        self.rows = device_minutes(ctx.decoder)
 
     def topics(self) -> list[str]:
         t = self.ctx.topics

@@ -39,8 +39,13 @@ QUIET_PARTITION_S = 2.0  # a samples partition with nothing new this long follow
 LOG_END_TIMEOUT_S = 5.0  # a leader that has not said its log end by then is asked again after a quiet spell
 
 
+def _computed(row: dict[str, Any]) -> bool:
+    """The device computed (active or starved) in some second of the row: a busy row."""
+    return bool(row["active_s"] or row["starved_s"])
+
+
 def _busy_last(row: dict[str, Any]) -> tuple[int, bool]:
-    return row["minute_start_ms"], bool(row["active_s"] or row["starved_s"])
+    return row["minute_start_ms"], _computed(row)
 
 
 def split_by_activity(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -49,7 +54,7 @@ def split_by_activity(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     waiting: list[dict[str, Any]] = []
     busy: list[dict[str, Any]] = []
     for row in rows:
-        (busy if row["active_s"] or row["starved_s"] else waiting).append(row)
+        (busy if _computed(row) else waiting).append(row)
     return waiting, busy
 
 
