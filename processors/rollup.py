@@ -121,7 +121,9 @@ class DeviceDirectory:
     ) -> DeviceFacts:
         """A sampled device's facts: its samples' model, its generation and MIG profile (the samples' profile,
         else the inventory's). Kept per node until its inventory changes (at most FACTS_KEPT a node)."""
-        kept = self._facts.setdefault(node, {})
+        kept = self._facts.get(node)
+        if kept is None:
+            kept = self._facts[node] = {}
         key = (uuid, index, mig, model, profile)
         facts = kept.get(key)
         if facts is None:
