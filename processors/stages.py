@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from base.processor_settings import Exemption, ProcessorSettings
 from processors._window import Scrape
-from processors.attribution import AllocationTable, event_nodes, job_key_of
+from processors.attribution import AllocationTable, Interval, event_nodes, job_key_of
 from processors.classify import activity_of
 from processors.coverage import CoverageTracker
 from processors.idle import IdleState, Output, mark_ended, new_state, on_tick, step
@@ -109,6 +109,12 @@ class RekeyStage:
 
 
 # ---------------------------------------------------------------------------------------------------
+def computed(row: Mapping[str, Any]) -> bool:
+    """The device of a device-minute computed (active or starved) in some second of it: a busy row. The
+    others (idle, dark, unallocated) are what an idle alert waits for."""
+    return bool(row["active_s"] or row["starved_s"])
+
+
 @dataclass(slots=True)
 class NodeOutputs:
     device_minutes: list[dict[str, Any]] = field(default_factory=list)
@@ -131,6 +137,7 @@ class NodePartition:
         self.samples_next_offset = 0
         self.allocs_next_offset = 0
         self.emitted_minutes = 0
+        self.waiting_nodes: frozenset[str] = frozenset()  # nodes with a device that did not compute, last minute
         self._next_tick_ms = -(2**62)
         # Job events that reached this stage after a minute they bound had closed (beyond the grace):
         # applied from then on, the closed minute keeps its attribution. Events below `_replay_below`
@@ -211,6 +218,17 @@ class NodePartition:
     def advance(self, watermark_ms: int) -> NodeOutputs:
         """Close every minute the watermark has passed (plus grace) and roll it up."""
         out = NodeOutputs()
+        for part in self.closing(watermark_ms):
+            out.device_minutes.extend(part.device_minutes)
+            out.coverage_minutes.extend(part.coverage_minutes)
+        return out
+
+    def closing(self, watermark_ms: int, ahead: Container[str] = frozenset()) -> Iterator[NodeOutputs]:
+        """`advance` in two steps, for a driver that sends rows as soon as they are made: first the rows and
+        coverage-minutes of the first closed minute's nodes in `ahead` (nothing if no minute closes), then
+        everything else, minute by minute. A driver may close other partitions between the two steps."""
+        first, rest = NodeOutputs(), NodeOutputs()
+        first_pending = True
         w = self.windows
         floor = minute_of(watermark_ms - self.settings.max_lookback_ms)
         if w.next_close_ms is None:
@@ -223,11 +241,12 @@ class NodePartition:
             if not firsts:
                 if w.open and max(w.open) < floor:  # only samples from before the lookback: late
                     w.discard_before(floor)
-                return out
+                yield first
+                yield rest
+                return
             start = min(firsts)
             w.discard_before(start)
             w.start_at(start)
-        th = self.settings.thresholds
         end = minute_of(watermark_ms - MINUTE_MS - self.settings.grace_ms) + MINUTE_MS  # first not closable
         while w.closable(watermark_ms):
             self.advance_steps += 1
@@ -245,21 +264,44 @@ class NodePartition:
             for (nk, uuid, mig), win in closed.devices.items():
                 per_node.setdefault(nk, {})[(uuid, mig)] = win
             intervals = {n: ivs for n in self.table.nodes() if (ivs := self.table.intervals_in(n, m, m + MINUTE_MS))}
-            nodes = set(per_node) | set(self.coverage.expected) | set(intervals)
-            for nk in sorted(nodes):
-                cluster, node = split_qualified_node(nk)
-                wins = per_node.get(nk, {})
-                ivs = intervals.get(nk, [])
-                out.device_minutes.extend(
-                    node_minute_rows(cluster, node, nk, m, wins, ivs, self.table, self.directory, th)
-                )
-                if nk in self.coverage.expected or wins:
-                    cov = self.coverage.minute(cluster, nk, m, wins)
-                    cov["node"] = node
-                    out.coverage_minutes.append(cov)
+            nodes = sorted(set(per_node) | set(self.coverage.expected) | set(intervals))
+            waiting: set[str] = set()
+            if first_pending:
+                first_pending = False
+                self._close_nodes(m, [nk for nk in nodes if nk in ahead], per_node, intervals, first, waiting)
+                yield first
+                nodes = [nk for nk in nodes if nk not in ahead]
+            self._close_nodes(m, nodes, per_node, intervals, rest, waiting)
+            self.waiting_nodes = frozenset(waiting)
             self.emitted_minutes += 1
             self.table.prune(w.next_close_ms or m)
-        return out
+        if first_pending:
+            yield first
+        yield rest
+
+    def _close_nodes(
+        self,
+        m: int,
+        nodes: list[str],
+        per_node: Mapping[str, Mapping[tuple[str, int | None], DeviceWindow]],
+        intervals: Mapping[str, list[Interval]],
+        out: NodeOutputs,
+        waiting: set[str],
+    ) -> None:
+        """Minute `m`'s device-minutes and coverage-minutes of `nodes` into `out`; `waiting` gains the nodes
+        with a device that did not compute."""
+        th = self.settings.thresholds
+        for nk in nodes:
+            cluster, node = split_qualified_node(nk)
+            wins = per_node.get(nk, {})
+            rows = node_minute_rows(cluster, node, nk, m, wins, intervals.get(nk, []), self.table, self.directory, th)
+            out.device_minutes.extend(rows)
+            if not all(computed(r) for r in rows):
+                waiting.add(nk)
+            if nk in self.coverage.expected or wins:
+                cov = self.coverage.minute(cluster, nk, m, wins)
+                cov["node"] = node
+                out.coverage_minutes.append(cov)
 
     def _next_with_rows(self, m: int, floor: int) -> int:
         """The first minute at or after `m` whose close emits a row: one with samples, with an allocation,

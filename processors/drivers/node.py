@@ -28,7 +28,7 @@ from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
 from processors.drivers.rekey import GroupRekeyed, RekeyDriver
 from processors.fastdecode import Framed, UnsupportedSchema, scrape_reader
-from processors.stages import NodeOutputs, NodePartition
+from processors.stages import NodeOutputs, NodePartition, computed
 from processors.windows import MINUTE_MS, Admit, Horizon
 from schemas import load_schema
 from schemas.topics import COVERAGE_MINUTES, DEVICE_MINUTES, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key
@@ -39,13 +39,12 @@ QUIET_PARTITION_S = 2.0  # a samples partition with nothing new this long follow
 LOG_END_TIMEOUT_S = 5.0  # a leader that has not said its log end by then is asked again after a quiet spell
 
 
-def _computed(row: dict[str, Any]) -> bool:
-    """The device computed (active or starved) in some second of the row: a busy row."""
-    return bool(row["active_s"] or row["starved_s"])
-
-
 def _busy_last(row: dict[str, Any]) -> tuple[int, bool]:
-    return row["minute_start_ms"], _computed(row)
+    return row["minute_start_ms"], computed(row)
+
+
+def _first_minute(out: NodeOutputs) -> int | None:
+    return out.device_minutes[0]["minute_start_ms"] if out.device_minutes else None
 
 
 def split_by_activity(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -54,7 +53,7 @@ def split_by_activity(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     waiting: list[dict[str, Any]] = []
     busy: list[dict[str, Any]] = []
     for row in rows:
-        (busy if _computed(row) else waiting).append(row)
+        (busy if computed(row) else waiting).append(row)
     return waiting, busy
 
 
@@ -179,33 +178,47 @@ class NodeDriver(StageDriver):
 
     def advance(self, drain_to: int | None = None) -> None:
         """Close what the watermarks allow, emit it, and tick the coverage clocks. `drain_to`: for finite
-        inputs, a watermark that closes the last minutes."""
+        inputs, a watermark that closes the last minutes.
+
+        Idle alerts wait for the rows of devices that did not compute, and a minute of 100,000 devices takes
+        ~1 s to close: each partition first closes the nodes that had such a device the minute before (an idle
+        job was idle then too), and those rows go out before any partition closes the rest. Then each
+        partition's remaining rows of devices that did not compute go out as it closes. Busy rows follow
+        every partition's, minute by minute: the job stage takes a job's minutes in order (a row of a minute
+        before the last one it put out is a replay to it), so nothing of a later minute may go ahead of a
+        busy row of an earlier one."""
         ticks: list[tuple[NodePartition, int]] = []
         held: list[dict[str, Any]] = []
         watermarks = self.watermarks
         with collector_paused():  # the burst of a minute's close: the collector's pass waits until it is sent
+            closings = []
             for p, (w, now) in watermarks.compute(drain_to).items():
                 part = self.parts[p]
                 if w <= NEG_INF:
                     continue
                 watermarks.advanced(p, w)
-                held.extend(self._emit(part.advance(w)))
+                closing = part.closing(w, part.waiting_nodes)
+                out = next(closing)
+                first = _first_minute(out)
+                held.extend(self._emit(out, first))
+                closings.append((closing, first))
                 ticks.append((part, now))
+            for closing, first in closings:
+                for out in closing:
+                    first = _first_minute(out) if first is None else first
+                    held.extend(self._emit(out, first))
             held.sort(key=_busy_last)  # stable: minute by minute, each minute's busy rows last
             self._send_rows(held)
         for part, now in ticks:
             for alert in part.tick(now):
                 self.ctx.emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
 
-    def _emit(self, out: NodeOutputs) -> list[dict[str, Any]]:
-        """Send what one partition closed as soon as it is closed: its coverage-minutes, and the rows of its
-        first closed minute's devices that did not compute, which idle alerts wait for (a minute of 100,000
-        device-minutes takes ~1 s to close). Returns the rest, sent after every partition's: busy rows only
-        feed rollups. The job stage takes a job's minutes in order (a row of a minute before the last one it
-        put out is a replay to it), so nothing of a later minute may go ahead of a busy row of an earlier one."""
+    def _emit(self, out: NodeOutputs, minute_ms: int | None) -> list[dict[str, Any]]:
+        """Send the coverage-minutes of a step of a partition's close, and its rows of devices that did not
+        compute of `minute_ms`, the partition's first closed minute. Returns the rest."""
         ctx = self.ctx
         rows = out.device_minutes  # minute by minute
-        first = [r for r in rows if r["minute_start_ms"] == rows[0]["minute_start_ms"]] if rows else []
+        first = [r for r in rows if r["minute_start_ms"] == minute_ms]
         waiting, busy = split_by_activity(first)
         self._send_rows(waiting)
         for cov in out.coverage_minutes:

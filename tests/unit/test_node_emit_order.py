@@ -4,6 +4,7 @@ stage takes a job's minutes in order: no row of a later minute may go ahead of a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,10 +15,10 @@ from processors.testing import T0
 M = 60_000
 
 
-def _row(job: str, minute: int, active_s: int = 0, starved_s: int = 0) -> dict[str, Any]:
+def _row(job: str, minute: int, active_s: int = 0, starved_s: int = 0, node: str = "n") -> dict[str, Any]:
     return {
         "cluster": "c1",
-        "node": "n",
+        "node": node,
         "job_id": job,
         "minute_start_ms": T0 + minute * M,
         "active_s": active_s,
@@ -50,12 +51,18 @@ def _driver(parts: dict[int, Any], sent: list[str]) -> NodeDriver:
 
 
 class Part:
+    """A partition whose close gives `rows` in two steps (`NodePartition.closing`): those of the nodes in
+    `ahead` (rows name their node in "node"), then the rest."""
+
     def __init__(self, rows: list[dict[str, Any]], sent: list[str], closes: list[int]) -> None:
         self.rows, self.sent, self.closes = rows, sent, closes
+        self.waiting_nodes: frozenset[str] = frozenset()
 
-    def advance(self, w: int) -> NodeOutputs:
+    def closing(self, w: int, ahead: frozenset[str]) -> Iterator[NodeOutputs]:
         self.closes.append(len(self.sent))  # what was sent when this partition began to close
-        return NodeOutputs(device_minutes=self.rows)
+        yield NodeOutputs(device_minutes=[r for r in self.rows if r["node"] in ahead])
+        self.closes.append(len(self.sent))  # ... and when it closed the rest
+        yield NodeOutputs(device_minutes=[r for r in self.rows if r["node"] not in ahead])
 
     def tick(self, now: int) -> list[dict[str, Any]]:
         return []
@@ -70,7 +77,8 @@ def test_each_partitions_waiting_rows_go_before_the_next_partition_closes_and_bu
     }
     driver = _driver(parts, sent)
     driver.advance()
-    assert closes == [0, 1]  # partition 0's idle row was out before partition 1 closed
+    # both first steps (empty), then partition 0's idle row went out before partition 1 closed the rest
+    assert closes == [0, 0, 0, 1]
     assert sent == ["p0-idle", "p1-idle", "p0-busy", "p1-busy"]
     assert driver.ctx.stats.device_minutes == 4
 
@@ -92,3 +100,36 @@ def test_a_partition_closing_several_minutes_sends_none_of_a_later_one_ahead_of_
     driver.advance()
     # first the waiting rows of each partition's first minute, then minute by minute, busy rows last in each
     assert minutes == [("c", 0), ("b", 0), ("a", 0), ("b", 0), ("a", 1), ("c", 1)]
+
+
+def test_the_nodes_that_waited_the_minute_before_go_out_of_every_partition_before_any_closes_the_rest() -> None:
+    sent: list[str] = []
+    closes: list[int] = []
+    p0 = [_row("p0-idle", 0, node="a"), _row("p0-busy", 0, active_s=9, node="b"), _row("p0-new", 0, node="b")]
+    parts = {
+        0: Part(p0, sent, closes),
+        1: Part([_row("p1-idle", 0, node="c"), _row("p1-busy", 0, starved_s=9, node="d")], sent, closes),
+    }
+    parts[0].waiting_nodes = frozenset({"a"})
+    parts[1].waiting_nodes = frozenset({"c"})
+    driver = _driver(parts, sent)
+    driver.advance()
+    # each partition's first step, then each one's rest
+    assert closes == [0, 1, 2, 3]
+    assert sent == ["p0-idle", "p1-idle", "p0-new", "p0-busy", "p1-busy"]
+
+
+def test_a_first_step_holding_a_whole_minute_does_not_let_the_next_minutes_waiting_rows_ahead() -> None:
+    sent: list[str] = []
+    closes: list[int] = []
+    # every node waited the minute before, so the first step holds all of minute 0; minute 1 closes too
+    rows = [_row("a", 0, active_s=60), _row("c", 0), _row("a", 1, node="m"), _row("c", 1, node="m")]
+    parts = {0: Part(rows, sent, closes)}
+    parts[0].waiting_nodes = frozenset({"n"})
+    driver = _driver(parts, sent)
+    minutes: list[tuple[str, int]] = []
+    driver.ctx.outputs.send = lambda topic, subject, key, row: minutes.append(  # type: ignore[attr-defined]
+        (row["job_id"], (row["minute_start_ms"] - T0) // M)
+    )
+    driver.advance()
+    assert minutes == [("c", 0), ("a", 0), ("a", 1), ("c", 1)]

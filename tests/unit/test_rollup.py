@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -334,3 +335,34 @@ def test_the_native_span_pass_adds_and_compares_as_the_general_path_on_awkward_v
             return {k: struct.pack("<d", v) if isinstance(v, float) else v for k, v in row.items()}
 
         assert bits(fast) == bits(general), (i, i0, i1)
+
+
+def test_a_close_in_two_steps_gives_the_rows_of_one_close_and_learns_which_nodes_waited() -> None:
+    from base.processor_settings import ProcessorSettings
+    from processors.stages import NodePartition, computed
+
+    def fed() -> NodePartition:
+        part = NodePartition(ProcessorSettings())
+        part.on_allocation("c1/n1", job_event("STARTED", "j1", T0, {"n1": ["GPU-a"]}), 0)
+        part.on_allocation("c1/n2", job_event("STARTED", "j2", T0, {"n2": ["GPU-b"]}), 1)
+        for s in range(135):  # n1 idle throughout; n2 busy in minute 0, idle in minute 1
+            part.on_scrape(scrape("n1", T0 + s * 1000, [device("GPU-a", 0, sm=0.0)]), 2 * s)
+            part.on_scrape(scrape("n2", T0 + s * 1000, [device("GPU-b", 0, sm=0.9 if s < 60 else 0.0)]), 2 * s + 1)
+        return part
+
+    whole = fed().advance(T0 + 130_000)  # minutes 0 and 1
+    part = fed()
+    first, rest = part.closing(T0 + 130_000, frozenset({"c1/n2"}))
+    assert [(r["node"], r["minute_start_ms"]) for r in first.device_minutes] == [("n2", T0)]
+    assert [c["node"] for c in first.coverage_minutes] == ["n2"]
+
+    def same(rows: list[dict[str, Any]]) -> list[str]:
+        return sorted(json.dumps(r, sort_keys=True) for r in rows)
+
+    assert same(first.device_minutes + rest.device_minutes) == same(whole.device_minutes)
+    assert same(first.coverage_minutes + rest.coverage_minutes) == same(whole.coverage_minutes)
+    assert [r["minute_start_ms"] for r in rest.device_minutes] == [T0, T0 + 60_000, T0 + 60_000]  # minute by minute
+    assert part.waiting_nodes == {"c1/n1", "c1/n2"}  # the last closed minute's nodes with a device not computing
+    assert [computed(r) for r in first.device_minutes] == [True]
+    # no minute to close: two empty steps
+    assert [s.device_minutes for s in part.closing(T0 + 130_000, frozenset({"c1/n1"}))] == [[], []]
