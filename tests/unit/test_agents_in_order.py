@@ -314,3 +314,54 @@ def test_a_batchs_new_partitions_are_asked_their_start_offsets_at_once() -> None
 
     asyncio.run(scenario())
     assert consumer.most_at_once == 4
+
+
+def test_the_fetch_looks_again_soon_at_which_partitions_it_may_read(tmp_path: Path) -> None:
+    """faust waits up to the fetch's 1 s for the partitions it may read when it asked, or sleeps 1 s when it may
+    read none (every stream buffer full): a partition resumed meanwhile waited that long. The project's consumer
+    asks again within FETCH_RECHECK_S."""
+    from schemas.agents import FETCH_RECHECK_S
+
+    asked: list[tuple[set[TP], float]] = []
+
+    async def getmany(active_partitions: set[TP], timeout: float) -> dict[TP, list[Any]]:
+        asked.append((set(active_partitions), timeout))
+        return {}
+
+    async def scenario() -> None:
+        app = build_app(Settings(state_dir=tmp_path, broker=BrokerSettings(enabled=False)), partitions=4)
+        consumer = app.consumer
+        assert isinstance(consumer, GaplessConsumer)
+        consumer._getmany = getmany  # type: ignore[method-assign]
+
+        async def waited(stock: bool) -> float:
+            wait = super(GaplessConsumer, consumer)._wait_next_records if stock else consumer._wait_next_records
+            t0 = asyncio.get_running_loop().time()
+            await wait(1.0)
+            return asyncio.get_running_loop().time() - t0
+
+        consumer._set_active_tps(set())  # every partition paused: its buffer is full
+        assert await waited(stock=True) >= 0.9
+        assert await waited(stock=False) < 0.5 and asked == []
+        consumer._set_active_tps({DM, JOBS})
+        await waited(stock=False)
+        assert asked == [({DM, JOBS}, FETCH_RECHECK_S)]
+
+    asyncio.run(scenario())
+
+
+def test_the_brokers_hold_on_a_fetch_is_short(tmp_path: Path) -> None:
+    """faust builds its aiokafka consumer with fetch_max_wait_ms=1500, and aiokafka keeps one fetch in flight per
+    broker: partitions read to the end of what was fetched waited behind a fetch of partitions with nothing new."""
+    from schemas.agents import FETCH_MAX_WAIT_MS
+
+    async def scenario() -> None:
+        app = build_app(Settings(state_dir=tmp_path, broker=BrokerSettings(enabled=False)), partitions=4)
+        consumer = app.consumer
+        assert isinstance(consumer, GaplessConsumer)
+        thread: Any = consumer._new_consumer_thread()
+        client = thread._create_worker_consumer(app.transport)
+        assert client._fetch_max_wait_ms == FETCH_MAX_WAIT_MS < 1500
+        await client.stop()
+
+    asyncio.run(scenario())
