@@ -56,7 +56,7 @@ LEFTOVER_WAIT_S = 2.0  # the longest the tasks an app left behind get to end onc
 RESEEK_AFTER_S = 1.0  # a partition still skipping this long after its seek back is sought back again
 POSITION_WAIT_S = 5.0  # the longest `InOrder.check` and `caught_up` wait on one offset or position call
 DELIVERY_TIMEOUT_S = 120.0  # the longest `IdempotentProducer.delivered` waits for the broker
-FETCH_RECHECK_S = 0.05  # the longest a fetch waits before it looks again at which partitions it may read
+FETCH_RECHECK_S = 0.05  # while a partition waits for its stream buffer to drain: how often a fetch looks again
 FETCH_MAX_WAIT_MS = 100  # the longest the broker holds a fetch with no data for it (faust: 1,500)
 
 
@@ -131,6 +131,8 @@ class GaplessConsumer(AiokafkaConsumer):
         return None
 
     async def _wait_next_records(self, timeout: float) -> tuple[Any, set[TP] | None]:
+        if not self._buffered_partitions:  # none waits for its buffer to drain: faust's wait loses nothing
+            return await super()._wait_next_records(timeout)
         if self.flow_active and not self.app.client_only and not self._get_active_partitions():
             await self.sleep(FETCH_RECHECK_S)  # every partition's buffer is full: look again soon
             return {}, set()
