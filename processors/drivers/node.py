@@ -217,16 +217,18 @@ class NodeDriver(StageDriver):
         """Send the coverage-minutes of a step of a partition's close, and its rows of devices that did not
         compute of `minute_ms`, the partition's first closed minute. Returns the rest."""
         ctx = self.ctx
-        rows = out.device_minutes  # minute by minute
-        first = [r for r in rows if r["minute_start_ms"] == minute_ms]
-        waiting, busy = split_by_activity(first)
+        rows = out.device_minutes  # minute by minute: `minute_ms`'s rows, if any, lead
+        n = 0
+        while n < len(rows) and rows[n]["minute_start_ms"] == minute_ms:
+            n += 1
+        waiting, busy = split_by_activity(rows[:n])
         self._send_rows(waiting)
         for cov in out.coverage_minutes:
             ctx.outputs.send(ctx.topics.cov, COVERAGE_MINUTES.subject, node_key(cov["cluster"], cov["node"]), cov)
         ctx.stats.coverage_minutes += len(out.coverage_minutes)
         if ctx.observer is not None and out.coverage_minutes:
             ctx.observer.coverage(out.coverage_minutes)
-        return busy + rows[len(first) :]
+        return busy + rows[n:]
 
     def _send_rows(self, rows: list[dict[str, Any]]) -> None:
         ctx = self.ctx
