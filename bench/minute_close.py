@@ -12,7 +12,8 @@ them; then the watermark passes the minute's end plus grace and
 - close: `NodePartition.advance` (attribution per second, classification, the device-minute and
   coverage-minute rows);
 - encode: each device-minute row's Kafka key and value (`AvroCodec.encode`: the lean walk, fastavro off
-  its plain path), rows of devices that did not compute first, as `processors run` sends them;
+  its plain path), rows of devices that did not compute first, as `processors run` sends them, and the
+  same values bundled by job for the job stage (`processors.job_rows.Bundler`);
 - encode (fastavro): the same rows through fastavro's schemaless_writer, for comparison.
 
 The close and the encode run with the cyclic collector held off, as the node driver runs its burst
@@ -46,6 +47,7 @@ from base.processor_settings import ProcessorSettings
 from bench._common import GPUS, ScrapeTemplate, kind_of, node_name
 from processors.drivers.node import split_by_activity
 from processors.fastdecode import Framed, scrape_reader
+from processors.job_rows import Bundler
 from processors.stages import NodePartition
 from processors.testing import T0, inventory, job_event
 from processors.windows import MINUTE_MS
@@ -105,10 +107,15 @@ def one_close(part: NodePartition, nodes: int, minute: int, codec: AvroCodec) ->
         waiting, busy = split_by_activity(out.device_minutes)
         rows = waiting + busy
         encoded = 0
+        bundler = Bundler(codec)
         for row in rows:
             jid = row["job_id"]
             key = job_key(row["cluster"], jid) if jid is not None else node_key(row["cluster"], row["node"])
-            encoded += len(key) + len(codec.encode(DEVICE_MINUTES.subject, row))
+            value = codec.encode(DEVICE_MINUTES.subject, row)
+            if jid is not None:
+                bundler.add(key, row["minute_start_ms"], value)
+            encoded += len(key) + len(value)
+        bundles = bundler.bundles()
         t2 = time.perf_counter()
     parsed = codec.parsed_schema(DEVICE_MINUTES.subject)
     for row in rows:
@@ -123,6 +130,8 @@ def one_close(part: NodePartition, nodes: int, minute: int, codec: AvroCodec) ->
         "encode_s": t2 - t1,
         "fastavro_encode_s": t3 - t2,
         "bytes": encoded,
+        "bundles": len(bundles),
+        "bundle_bytes": sum(len(k) + len(v) for k, v in bundles),
     }
 
 

@@ -49,8 +49,9 @@ class Decoder:
             self.dead_lettered += 1
         return record
 
-    def refuse(self, msg: Any, subject: str, error: InvalidRecord) -> None:
-        """Dead-letter a record that decoded but that a stage does not admit, with the reason."""
+    def refuse(self, msg: Any, subject: str, error: ContractError) -> None:
+        """Dead-letter a record that decoded but that a stage does not admit (or whose contents do not
+        decode), with the reason."""
         dead_letter(SourceRecord.of(msg), error, self.codec, self._sink, subject=subject, clock=self._clock_ms)
         self.dead_lettered += 1
 

@@ -4,8 +4,9 @@ An alternative to the job stage of `processors/runtime.py`, written to find out 
 it under the same guarantees (issue 16, item 8). It reuses the pure stage (`processors.stages.JobPartition`
 over `processors.idle`) and only adapts it to faust:
 
-- One agent reads `usage.device-minutes.v1` and `sched.job-events.v1` (both keyed `cluster/job_id`,
-  co-partitioned), in batches (`noack_take`), one `JobPartition` per source partition.
+- One agent reads the node stage's device-minutes bundled by job (`processors.job-device-minutes.v1`,
+  `processors.job_rows`) and `sched.job-events.v1` (both keyed `cluster/job_id`, co-partitioned), in
+  batches (`noack_take`), one `JobPartition` per source partition.
 - The idle states live in a faust Table whose changelog is the state topic (`processors.idle-state.v1`
   by default): keys `cluster/job_id` as UTF-8, values the same JSON the runtime writes
   (`stages.encode_job_state`: `IdleState.to_json` or `{"ended_ms": ..., "forgotten": true}`), partitioned
@@ -54,8 +55,9 @@ from mode.signals import BaseSignalT
 from base import metrics
 from base.settings import KafkaSettings, Settings
 from base.shutdown import StopSignal
-from processors.dlq import Decoder, FutureTimestamp, device_minutes
+from processors.dlq import Decoder, FutureTimestamp
 from processors.idle import IdleState, granted_exemptions
+from processors.job_rows import JobRows
 from processors.pipeline import partition_of
 from processors.recovery import RecoveryPolicy
 from processors.runtime import IDLE_STATE_TOPIC
@@ -80,7 +82,7 @@ from schemas.policy import Policy
 from schemas.topics import (
     ALERTS,
     APPEALS,
-    DEVICE_MINUTES,
+    JOB_DEVICE_MINUTES,
     JOB_EVENTS,
     JOB_MINUTES,
     RECLAIM_ACTIONS,
@@ -100,11 +102,11 @@ def app_id(settings: Settings) -> str:
 
 
 def source_partitions(kafka: KafkaSettings) -> int:
-    """Partitions of the device-minutes topic (the state topic has as many)."""
-    md = AdminClient(dict(kafka.client_config())).list_topics(kafka.topic(DEVICE_MINUTES.name), timeout=30)
-    topic = md.topics.get(kafka.topic(DEVICE_MINUTES.name))
+    """Partitions of the job stage's device-minutes topic (the state topic has as many)."""
+    md = AdminClient(dict(kafka.client_config())).list_topics(kafka.topic(JOB_DEVICE_MINUTES.name), timeout=30)
+    topic = md.topics.get(kafka.topic(JOB_DEVICE_MINUTES.name))
     if topic is None or topic.error is not None or not topic.partitions:
-        return DEVICE_MINUTES.partitions
+        return JOB_DEVICE_MINUTES.partitions
     return len(topic.partitions)
 
 
@@ -142,8 +144,8 @@ class JobStageAgents:
         k = settings.kafka
         self.codec = AvroCodec.from_settings(k)
         self.decoder = Decoder(self.codec, FaustDeadLetters(app), k.topic_prefix, lambda: int(time.time() * 1000))
-        self.rows = device_minutes(self.decoder)  # as the loop's job stage reads them
-        self.t_dm, self.t_jobs = k.topic(DEVICE_MINUTES.name), k.topic(JOB_EVENTS.name)
+        self.rows = JobRows(self.decoder)  # as the loop's job stage reads them
+        self.t_dm, self.t_jobs = k.topic(JOB_DEVICE_MINUTES.name), k.topic(JOB_EVENTS.name)
         self.appeals_policy = appeals_policy
         self.t_appeals = k.topic(APPEALS.name) if appeals_policy is not None else None
         inputs = (self.t_dm, self.t_jobs) + ((self.t_appeals,) if self.t_appeals is not None else ())
@@ -251,10 +253,11 @@ class JobStageAgents:
         part = self._part(p)
         self.stats.events += 1
         if topic == self.t_dm:
-            row = self.rows.decode(msg, msg.value or b"")
-            if row is not None and not part.on_device_minute(row, off):
-                reason = part.horizon.reason(int(row["minute_start_ms"]))
-                self.decoder.refuse(msg, DEVICE_MINUTES.subject, FutureTimestamp(reason))
+            rows = self.rows.decode(msg)
+            beyond = part.on_job_rows(rows, off) if rows is not None else None
+            if beyond is not None:
+                reason = FutureTimestamp(part.horizon.reason(beyond))
+                self.decoder.refuse(msg, JOB_DEVICE_MINUTES.subject, reason)
         elif topic == self.t_jobs:
             ev = self.decoder.decode(msg, JOB_EVENTS.subject)
             if ev is not None and not part.on_job_event(ev, off):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -465,6 +465,17 @@ class JobPartition:
             st = mark_ended(st, ev["ts_ms"])
         self._set_state(jid, st)
         return True
+
+    def on_job_rows(self, rows: Sequence[Mapping[str, Any]], offset: int) -> int | None:
+        """The device-minutes of one bundle (`processors.job_rows`), all or none: None once taken, else the
+        first minute beyond the horizon (nothing taken; the caller dead-letters the bundle)."""
+        for row in rows:
+            if row.get("job_id") is not None and not self.horizon.admits(int(row["minute_start_ms"])):
+                return int(row["minute_start_ms"])
+        self.rows_next_offset = offset + 1
+        for row in rows:
+            self.on_device_minute(row, offset)
+        return None
 
     def on_device_minute(self, row: Mapping[str, Any], offset: int) -> bool:
         """False: a minute beyond the horizon, not admitted (the caller dead-letters it)."""

@@ -1,13 +1,17 @@
-"""Builders of contract records (NodeScrape, JobEvent, NodeInventory) for worked ledgers and benches.
+"""Builders of contract records (NodeScrape, JobEvent, NodeInventory, the job stage's JobDeviceMinutes) for
+worked ledgers and benches.
 
 Records carry every field of their schema, so they also encode with `schemas.codec.AvroCodec`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import cache
 from typing import Any
 
-from schemas.codec import avro_long
+from schemas.codec import AvroCodec, avro_long
+from schemas.topics import DEVICE_MINUTES
 
 T0 = 1_772_450_400_000  # 2026-03-02T11:20:00Z, a minute boundary
 
@@ -157,3 +161,15 @@ def poison_scrapes(header: bytes, valid_record: bytes) -> dict[str, bytes]:
         "memory-bomb": header + b"\x00" * 6 + avro_long(2**60) + b"\x00" * 23 + b"\x02" + avro_long(-25),
         "negative-length": header + avro_long(-5) + valid_record[11:],
     }
+
+
+@cache
+def _default_codec() -> AvroCodec:
+    return AvroCodec()
+
+
+def job_rows(rows: Iterable[dict[str, Any]], codec: AvroCodec | None = None) -> dict[str, Any]:
+    """A `processors.job-device-minutes` record (the job stage's input) holding `rows`, each encoded as
+    `usage.device-minutes.v1` carries it."""
+    codec = codec or _default_codec()
+    return {"rows": [codec.encode(DEVICE_MINUTES.subject, row) for row in rows]}

@@ -298,13 +298,19 @@ class AvroCodec:
 
     # -- encode / decode ----------------------------------------------------------------------
 
-    def encode(self, subject: str, record: dict[str, Any]) -> bytes:
+    def header(self, subject: str) -> bytes:
+        """The framing `encode` puts before a `subject` body (registering the schema on first use with a
+        registry): for writers that build a body themselves."""
         header = self._headers.get(subject)
         if header is None:
             raise ContractError(f"no schema for subject {subject!r}")
         if self._registry is not None and header[:1] != CONFLUENT_MAGIC:
             self.schema_id(subject)
             header = self._headers[subject]
+        return header
+
+    def encode(self, subject: str, record: dict[str, Any]) -> bytes:
+        header = self.header(subject)
         lean = self._lean_writers[subject]
         if lean is not None:
             body = lean.encode(record)

@@ -417,6 +417,31 @@ class NodeInventory:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class JobDeviceMinutes:
+    """Internal, between the processors' stages: the device-minutes of one job and one minute that the node stage
+    sent together, for the job stage to read as one record (it takes a job's devices together anyway). Key:
+    cluster/job_id, co-partitioned with sched.job-events.v1. Each item is a device-minute record exactly as
+    usage.device-minutes.v1 carries it, its own framing included, so each item names its writer schema and evolves
+    with usage.device-minutes. Analysts and downstream consumers read usage.device-minutes.v1, never this topic.
+    """
+
+    SUBJECT: ClassVar[str] = "processors.job-device-minutes"
+
+    rows: tuple[bytes, ...]
+
+    def to_avro(self) -> dict[str, Any]:
+        return {
+            "rows": list(self.rows),
+        }
+
+    @classmethod
+    def from_avro(cls, d: Mapping[str, Any]) -> JobDeviceMinutes:
+        return cls(
+            rows=tuple(d["rows"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReservationEvent:
     """One step of a reservation of GPUs for a team (issue 19): requested, approved, extended, rendered onto and
     removed from the scheduler, warned idle, released, expired. Every step names who and when. Key:
@@ -1058,6 +1083,7 @@ ContractRecord = (
     | AttributionCorrection
     | DeadLetter
     | NodeInventory
+    | JobDeviceMinutes
     | ReservationEvent
     | JobEvent
     | NodeScrape
@@ -1074,6 +1100,7 @@ RECORDS: dict[str, type[ContractRecord]] = {
     "attribution.corrections": AttributionCorrection,
     "deadletter": DeadLetter,
     "inventory.devices": NodeInventory,
+    "processors.job-device-minutes": JobDeviceMinutes,
     "reservations": ReservationEvent,
     "sched.job-events": JobEvent,
     "telemetry.device-samples": NodeScrape,

@@ -40,6 +40,10 @@ JOB_EVENTS = Topic("sched.job-events.v1", "sched.job-events", "cluster/job_id", 
 ALLOCATIONS = Topic("sched.allocations.v1", "sched.job-events", "cluster/node", retention_ms=30 * DAY_MS)
 CORRECTIONS = Topic("attribution.corrections.v1", "attribution.corrections", "cluster/job_id", retention_ms=-1)
 DEVICE_MINUTES = Topic("usage.device-minutes.v1", "usage.device-minutes", "cluster/job_id", retention_ms=30 * DAY_MS)
+# Device-minutes bundled by job for the job stage (internal): one record per job where there are one per device.
+JOB_DEVICE_MINUTES = Topic(
+    "processors.job-device-minutes.v1", "processors.job-device-minutes", "cluster/job_id", retention_ms=7 * DAY_MS
+)
 JOB_MINUTES = Topic("usage.job-minutes.v1", "usage.job-minutes", "cluster/job_id", retention_ms=30 * DAY_MS)
 COVERAGE_MINUTES = Topic(
     "usage.coverage-minutes.v1", "usage.coverage-minutes", "cluster/node", retention_ms=30 * DAY_MS
@@ -58,6 +62,7 @@ CATALOGUE: tuple[Topic, ...] = (
     ALLOCATIONS,
     CORRECTIONS,
     DEVICE_MINUTES,
+    JOB_DEVICE_MINUTES,
     JOB_MINUTES,
     COVERAGE_MINUTES,
     ALERTS,

@@ -31,6 +31,7 @@ from schemas.topics import (
     DEVICE_MINUTES,
     DEVICE_SAMPLES,
     INVENTORY,
+    JOB_DEVICE_MINUTES,
     JOB_EVENTS,
     JOB_MINUTES,
     LATE_SAMPLES,
@@ -80,6 +81,7 @@ class Topics:
     inventory: str
     jobs: str
     dm: str
+    job_dm: str  # device-minutes bundled by job: the job stage's input
     jm: str
     cov: str
     alerts: str
@@ -95,6 +97,7 @@ class Topics:
             inventory=k.topic(INVENTORY.name),
             jobs=k.topic(JOB_EVENTS.name),
             dm=k.topic(DEVICE_MINUTES.name),
+            job_dm=k.topic(JOB_DEVICE_MINUTES.name),
             jm=k.topic(JOB_MINUTES.name),
             cov=k.topic(COVERAGE_MINUTES.name),
             alerts=k.topic(ALERTS.name),

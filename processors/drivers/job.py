@@ -1,5 +1,5 @@
-"""The job stage's driver: device-minutes and job events (both keyed by job) into job-minutes, and each
-job's idle state machine into alerts and reclaim actions (`JobPartition`).
+"""The job stage's driver: device-minutes (bundled by job, `processors.job_rows`) and job events (both
+keyed by job) into job-minutes, and each job's idle state machine into alerts and reclaim actions (`JobPartition`).
 
 The idle states live in a compacted internal topic (`processors.idle-state.v1`, `stages.encode_job_state`:
 JSON of `IdleState`, or a forgotten job's tombstone `{"ended_ms": ..., "forgotten": true}`), partition p for
@@ -18,12 +18,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from base.errors import ServiceError
 from base.kafka import new_admin, read_to_end
-from processors.dlq import FutureTimestamp, device_minutes
+from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, StageContext, StageDriver
+from processors.job_rows import JobRows
 from processors.positions import StateRecord
 from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS, Horizon
-from schemas.topics import DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
+from schemas.topics import JOB_DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
 
 log = logging.getLogger("gpuledger.processors")
 
@@ -51,11 +52,11 @@ class JobDriver(StageDriver):
         super().__init__(ctx, instance)
         self.parts: dict[int, JobPartition] = {}
         self.dirty: dict[int, dict[str, JobState]] = {}  # states changed since the last commit
-        self.rows = device_minutes(ctx.decoder)
+        self.rows = JobRows(ctx.decoder)
 
     def topics(self) -> list[str]:
         t = self.ctx.topics
-        return [t.dm, t.jobs]
+        return [t.job_dm, t.jobs]
 
     def ensure_state_topic(self) -> None:
         """The idle-state topic: compacted, co-partitioned with the job-keyed topics."""
@@ -63,8 +64,8 @@ class JobDriver(StageDriver):
         admin = new_admin(self.ctx.settings.kafka)
         md = admin.list_topics(timeout=10)
         if t.state not in md.topics:
-            dm = md.topics.get(t.dm)
-            parts = len(dm.partitions) if dm is not None and dm.partitions else DEVICE_MINUTES.partitions
+            dm = md.topics.get(t.job_dm)
+            parts = len(dm.partitions) if dm is not None and dm.partitions else JOB_DEVICE_MINUTES.partitions
             kafka = self.ctx.settings.kafka
             config = {
                 "cleanup.policy": "compact,delete",
@@ -81,7 +82,7 @@ class JobDriver(StageDriver):
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.resume(partitions)
-        parts = sorted({tp.partition for tp in partitions if tp.topic == self.ctx.topics.dm})
+        parts = sorted({tp.partition for tp in partitions if tp.topic == self.ctx.topics.job_dm})
         for p in parts:
             self.parts[p] = JobPartition(self.ctx.ps)
         for p, jkey, state in self._read_states(parts):
@@ -101,7 +102,7 @@ class JobDriver(StageDriver):
         return [(p, key.decode(), decode_job_state(v)) for (p, key), v in sorted(table.items())]
 
     def drop(self, tp: TopicPartition) -> None:
-        if tp.topic == self.ctx.topics.dm:
+        if tp.topic == self.ctx.topics.job_dm:
             self.parts.pop(tp.partition, None)
 
     def horizons(self) -> list[Horizon]:
@@ -117,11 +118,11 @@ class JobDriver(StageDriver):
             part = self.parts.get(p)
             if part is None:
                 continue
-            if topic == t.dm:
-                row = self.rows.decode(msg, msg.value() or b"")
-                if row is not None and not part.on_device_minute(row, off):
-                    reason = part.horizon.reason(int(row["minute_start_ms"]))
-                    decoder.refuse(msg, DEVICE_MINUTES.subject, FutureTimestamp(reason))
+            if topic == t.job_dm:
+                rows = self.rows.decode(msg)
+                beyond = part.on_job_rows(rows, off) if rows is not None else None
+                if beyond is not None:
+                    decoder.refuse(msg, JOB_DEVICE_MINUTES.subject, FutureTimestamp(part.horizon.reason(beyond)))
             elif topic == t.jobs:
                 ev = decoder.decode(msg, JOB_EVENTS.subject)
                 if ev is not None and not part.on_job_event(ev, off):
@@ -161,12 +162,12 @@ class JobDriver(StageDriver):
         return records
 
     def commit_offsets(self) -> list[TopicPartition]:
-        """Device-minutes: the lowest offset of one still waiting for its job-minute; job events: the
+        """Device-minute bundles: the lowest offset of one still waiting for its job-minute; job events: the
         oldest offset of an allocation still live."""
         t, positions = self.ctx.topics, self.ctx.positions
         offsets = []
-        for p, _ in positions.committable(self.stage, t.dm, self.parts):
-            offsets.append(TopicPartition(t.dm, p, self.parts[p].rows_commit_offset()))
+        for p, _ in positions.committable(self.stage, t.job_dm, self.parts):
+            offsets.append(TopicPartition(t.job_dm, p, self.parts[p].rows_commit_offset()))
         for p, _ in positions.committable(self.stage, t.jobs, self.parts):
             offsets.append(TopicPartition(t.jobs, p, self.parts[p].events_commit_offset()))
         return offsets

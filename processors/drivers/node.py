@@ -28,6 +28,7 @@ from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
 from processors.drivers.rekey import GroupRekeyed, RekeyDriver
 from processors.fastdecode import Framed, UnsupportedSchema, scrape_reader
+from processors.job_rows import Bundler
 from processors.stages import NodeOutputs, NodePartition, computed
 from processors.windows import MINUTE_MS, Admit, Horizon
 from schemas import load_schema
@@ -77,6 +78,7 @@ class NodeDriver(StageDriver):
         self.parts: dict[int, NodePartition] = {}
         self.watermarks = NodeWatermarks(self, rekey)
         self.fast_scrapes = _lean_scrapes(ctx)
+        self.bundler = Bundler(ctx.codec)
 
     def topics(self) -> list[str]:
         t = self.ctx.topics
@@ -231,12 +233,23 @@ class NodeDriver(StageDriver):
         return busy + rows[n:]
 
     def _send_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Each row to device-minutes, and the allocated ones bundled by job to the job stage's input
+        (`processors.job_rows`), the bundles first: they are what alerts wait for."""
         ctx = self.ctx
-        dm, outputs = ctx.topics.dm, ctx.outputs
+        encode, bundler = ctx.codec.encode, self.bundler
+        encoded = []
         for row in rows:
             jid = row["job_id"]
             key = job_key(row["cluster"], jid) if jid is not None else node_key(row["cluster"], row["node"])
-            outputs.send(dm, DEVICE_MINUTES.subject, key, row)
+            value = encode(DEVICE_MINUTES.subject, row)
+            if jid is not None:
+                bundler.add(key, row["minute_start_ms"], value)
+            encoded.append((key, value))
+        send, t = ctx.outputs.send_raw, ctx.topics
+        for key, value in bundler.bundles():
+            send(t.job_dm, key, value)
+        for key, value in encoded:
+            send(t.dm, key, value)
         ctx.stats.device_minutes += len(rows)
 
     # -- commits and counters

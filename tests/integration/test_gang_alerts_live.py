@@ -26,8 +26,8 @@ from test_processor_harness import REPO, create_topics, publish, start_worker, w
 from base.settings import ClickHouseSettings
 from gpuledger.web.model import open_warnings
 from gpuledger.web.queries import Warehouse
-from processors.testing import T0, job_event
-from schemas.topics import ALERTS, DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
+from processors.testing import T0, job_event, job_rows
+from schemas.topics import ALERTS, JOB_DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
 from sinks.chat import WebhookReceiver
 from sinks.db import connect, migrate
 
@@ -63,7 +63,8 @@ def test_a_gang_is_warned_once_and_reclaimed_once_end_to_end(
     for m in range(MINUTES):
         for job, (node, devs) in PODS.items():
             busy = job == "ml/p1" and m < 2
-            records += [(DEVICE_MINUTES, job_key("c1", job), _row(job, node, d, m, busy)) for d in devs]
+            rows = [_row(job, node, d, m, busy) for d in devs]
+            records.append((JOB_DEVICE_MINUTES, job_key("c1", job), job_rows(rows)))
     publish(kafka_bootstrap, prefix, records)
 
     policy = {"idle__idle_after_min_batch": "3", "idle__grace_min": "2", "commit_interval_ms": "500"}

@@ -23,8 +23,8 @@ from test_processor_harness import create_topics, decode_all, publish, read_all,
 from test_statements_close import env as cli_env
 
 from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
-from processors.testing import job_event
-from schemas.topics import ALERTS, DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, Topic, job_key
+from processors.testing import job_event, job_rows
+from schemas.topics import ALERTS, JOB_DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, Topic, job_key
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.writer import LedgerWriter
@@ -49,7 +49,7 @@ JOBS = {"nb": "n1", "ctl": "n2"}
 
 def minutes(base: int, first: int, last: int) -> list[tuple[Topic, bytes, dict[str, Any]]]:
     """Both jobs idle in minutes first..last (from `base`)."""
-    return [(DEVICE_MINUTES, job_key("c1", job), _row(job, node, f"GPU-{job}", base + m * M, "idle"))
+    return [(JOB_DEVICE_MINUTES, job_key("c1", job), job_rows([_row(job, node, f"GPU-{job}", base + m * M, "idle")]))
             for m in range(first, last + 1) for job, node in JOBS.items()]  # fmt: skip
 
 

@@ -27,8 +27,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from test_processor_harness import REPO, create_topics, decode_all, publish, read_all, start_worker, worker_env
 
-from processors.testing import T0, job_event
-from schemas.topics import ALERTS, DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, Topic, job_key
+from processors.testing import T0, job_event, job_rows
+from schemas.topics import ALERTS, JOB_DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, Topic, job_key
 
 pytestmark = pytest.mark.integration
 
@@ -91,10 +91,9 @@ def workload(jobs: int, minutes: int, chunks: int = 1) -> list[list[Record]]:
     for m in range(minutes):
         chunk = parts[min(chunks - 1, m * chunks // minutes)]
         for i, (job, alloc) in enumerate(layout.items()):
-            for node, devs in alloc.items():
-                for dev in devs:
-                    row = _row(job, node, dev, T0 + m * 60_000, _kind(i, m))
-                    chunk.append((DEVICE_MINUTES, job_key("c1", job), row))
+            for node, devs in alloc.items():  # one bundle a node, as the node stage sends them
+                rows = [_row(job, node, dev, T0 + m * 60_000, _kind(i, m)) for dev in devs]
+                chunk.append((JOB_DEVICE_MINUTES, job_key("c1", job), job_rows(rows)))
     for job in layout:
         parts[-1].append((JOB_EVENTS, job_key("c1", job), job_event("ENDED", job, T0 + minutes * 60_000)))
     return parts
@@ -311,8 +310,8 @@ def test_the_agents_serve_their_metrics_records_lag_and_alert_latency(kafka_boot
                         out[key] = out.get(key, 0.0) + s.value
             return out
 
-        dm, jm, alerts = prefix + DEVICE_MINUTES.name, prefix + JOB_MINUTES.name, prefix + ALERTS.name
-        n_dm = sum(1 for topic, _, _ in records if topic is DEVICE_MINUTES)
+        dm, jm, alerts = prefix + JOB_DEVICE_MINUTES.name, prefix + JOB_MINUTES.name, prefix + ALERTS.name
+        n_dm = sum(1 for topic, _, _ in records if topic is JOB_DEVICE_MINUTES)
 
         def read_all_of_it() -> bool:
             now = scraped()
@@ -329,3 +328,57 @@ def test_the_agents_serve_their_metrics_records_lag_and_alert_latency(kafka_boot
     assert got[("records_in_total", prefix + JOB_EVENTS.name)] >= 16  # 8 starts and 8 ends
     latencies = sum(v for (name, _), v in got.items() if name == "alert_latency_seconds_count")
     assert latencies == n_alerts, got
+
+
+def test_hostile_bundles_are_dead_lettered_whole_and_both_job_stages_go_on_exactly(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Bundles that do not decode (a truncated item, a value in no framing, more items than the bound) go to
+    `processors.job-device-minutes.v1.dlq` with the reason, from the runtime's job stage and from the agents
+    alike; every other bundle makes exactly the job-minutes of a run without them."""
+    from confluent_kafka import Producer
+
+    from schemas.codec import AvroCodec
+    from schemas.topics import DEVICE_MINUTES
+
+    clean, ref, fst = f"cln-{uuid.uuid4().hex[:8]}.", *_prefixes()
+    chunks = workload(jobs=4, minutes=6, chunks=2)
+    codec = AvroCodec()
+    item = codec.encode(DEVICE_MINUTES.subject, _row("j1", "n2", "GPU-1-0", T0, "idle"))
+    hostile = {
+        b"c1/j1": (codec.encode(JOB_DEVICE_MINUTES.subject, {"rows": [item, item[:25]]}), "device-minute 1 of"),
+        b"c1/j2": (b"\x01 neither framing", "MalformedRecord"),
+        b"c1/j3": (codec.encode(JOB_DEVICE_MINUTES.subject, {"rows": [item] * 513}), "at most 512"),
+    }
+    for prefix in (clean, ref, fst):
+        create_topics(kafka_bootstrap, prefix, PARTITIONS)
+        publish(kafka_bootstrap, prefix, chunks[0])
+        if prefix != clean:
+            producer = Producer({"bootstrap.servers": kafka_bootstrap})
+            for key, (value, _) in hostile.items():
+                producer.produce(prefix + JOB_DEVICE_MINUTES.name, key=key, value=value)
+            assert producer.flush(30) == 0
+        publish(kafka_bootstrap, prefix, chunks[1])
+    n_jm = 4 * 6
+    run_reference(kafka_bootstrap, clean, tmp_path / "clean", tmp_path / "clean.log", n_jm)
+    run_reference(kafka_bootstrap, ref, tmp_path / "ref", tmp_path / "ref.log", n_jm)
+    env, log = faust_env(kafka_bootstrap, fst, tmp_path / "fst"), tmp_path / "faust.log"
+    proc = start_faust(env, log)
+    try:
+        until(lambda: count(kafka_bootstrap, fst, JOB_MINUTES) >= n_jm, "every job-minute", 180, log)
+        until(lambda: count(kafka_bootstrap, fst, Topic(JOB_DEVICE_MINUTES.dlq, "deadletter", "")) >= 3,
+              "the dead letters", 60, log)  # fmt: skip
+    finally:
+        stop(proc)
+    want, _ = outputs(kafka_bootstrap, clean)
+    assert len(want[JOB_MINUTES.name]) == n_jm
+    for prefix in (ref, fst):
+        got, _ = outputs(kafka_bootstrap, prefix)
+        assert got[JOB_MINUTES.name] == want[JOB_MINUTES.name], prefix
+        assert got[ALERTS.name].keys() == want[ALERTS.name].keys(), prefix
+        dead = decode_all(read_all(kafka_bootstrap, prefix + JOB_DEVICE_MINUTES.dlq), "deadletter")
+        by_key = {rec["key"]: rec for _, rec in dead}
+        assert by_key.keys() == hostile.keys(), (prefix, [rec["error_message"] for _, rec in dead])
+        for key, (value, reason) in hostile.items():
+            assert by_key[key]["value"] == value, (prefix, key)
+            assert reason in f"{by_key[key]['error_class']}: {by_key[key]['error_message']}", (prefix, by_key[key])

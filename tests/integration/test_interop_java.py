@@ -40,6 +40,7 @@ from schemas.topics import (
     DEVICE_MINUTES,
     DEVICE_SAMPLES,
     INVENTORY,
+    JOB_DEVICE_MINUTES,
     JOB_EVENTS,
     JOB_MINUTES,
     Topic,
@@ -50,8 +51,11 @@ pytestmark = pytest.mark.integration
 CFG = SimConfig(seed=5, nodes=2, duration_s=1800)
 # The public topics a downstream consumer reads (docs/consumers.md).
 PUBLIC = (DEVICE_MINUTES, JOB_MINUTES, COVERAGE_MINUTES, ALERTS, JOB_EVENTS, DEVICE_SAMPLES)
+# What the readers nobody here wrote decode: the public topics, and the job stage's bundles, whose bodies the
+# node stage writes by hand (`processors/job_rows.py`).
+DECODED = (*PUBLIC, JOB_DEVICE_MINUTES)
 # Every dead-letter topic the processors write.
-DLQS = (DEVICE_SAMPLES.dlq, JOB_EVENTS.dlq, INVENTORY.dlq, ALLOCATIONS.dlq, DEVICE_MINUTES.dlq)
+DLQS = (DEVICE_SAMPLES.dlq, JOB_EVENTS.dlq, INVENTORY.dlq, ALLOCATIONS.dlq, DEVICE_MINUTES.dlq, JOB_DEVICE_MINUTES.dlq)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +74,7 @@ def _run_processors(bootstrap: str, prefix: str, state: Path, registry_url: str 
 
 def _java_decode(java: InteropJava, bootstrap: str, prefix: str, registry_url: str | None = None) -> dict[str, Any]:
     args = ["decode", "--bootstrap", bootstrap, "--schemas", str(SCHEMA_DIR)]
-    for topic in PUBLIC:
+    for topic in DECODED:
         args += ["--topic", f"{prefix}{topic.name}={topic.subject}"]
     if registry_url is not None:
         args += ["--registry", registry_url]
@@ -82,7 +86,7 @@ def _java_decode(java: InteropJava, bootstrap: str, prefix: str, registry_url: s
 
 def _assert_all_decoded(counts: dict[str, Any], framing: str) -> None:
     print(framing, {t: f"{c['decoded']}/{c['records']}" for t, c in counts.items()})  # the figures, with -s
-    for topic in PUBLIC:
+    for topic in DECODED:
         c = counts[topic.name]
         assert c["records"] > 0, f"{topic.name}: nothing published"
         assert (c["decoded"], c["failed"], c[framing]) == (c["records"], 0, c["records"]), (topic.name, c)
@@ -154,7 +158,7 @@ def test_confluent_consumers_decode_every_record_we_write(
 
     _assert_all_decoded(_java_decode(interop_java, kafka_bootstrap, prefix, registry_url), "confluent")
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
-    for topic in PUBLIC:
+    for topic in DECODED:
         raw = read_all(kafka_bootstrap, prefix + topic.name)
         ctx = SerializationContext(prefix + topic.name, MessageField.VALUE)
         decoded = [deserializer(value, ctx) for _, value in raw]

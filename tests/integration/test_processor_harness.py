@@ -45,6 +45,7 @@ def create_topics(bootstrap: str, prefix: str, partitions: int, timeout_s: float
     admin = AdminClient({"bootstrap.servers": bootstrap})
     names = [prefix + t.name for t in CATALOGUE] + [prefix + t.dlq for t in (DEVICE_SAMPLES, JOB_EVENTS, INVENTORY)]
     names += [prefix + "sched.allocations.v1.dlq", prefix + "usage.device-minutes.v1.dlq"]
+    names += [prefix + "processors.job-device-minutes.v1.dlq"]
     missing = set(names)
     deadline = time.monotonic() + timeout_s
     while missing:

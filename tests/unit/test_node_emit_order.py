@@ -4,13 +4,19 @@ stage takes a job's minutes in order: no row of a later minute may go ahead of a
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import fastavro
+
 from processors.drivers.node import NodeDriver, split_by_activity
+from processors.job_rows import Bundler
 from processors.stages import NodeOutputs
 from processors.testing import T0
+from schemas import load_schema
+from schemas.topics import JOB_DEVICE_MINUTES
 
 M = 60_000
 
@@ -33,16 +39,48 @@ def test_rows_split_by_whether_the_device_computed_keeping_their_order() -> None
     assert [r["job_id"] for r in busy] == ["a", "c"]
 
 
-def _driver(parts: dict[int, Any], sent: list[str]) -> NodeDriver:
-    outputs = SimpleNamespace(send=lambda topic, subject, key, row: sent.append(row["job_id"]))
+class Codec:
+    """Encodes a device-minute as "job|minute" (what these tests read back); no framing."""
+
+    def encode(self, subject: str, row: dict[str, Any]) -> bytes:
+        return f"{row['job_id']}|{(row['minute_start_ms'] - T0) // M}".encode()
+
+    def header(self, subject: str) -> bytes:
+        return b""
+
+
+def _read(value: bytes) -> tuple[str, int]:
+    job, minute = value.decode().split("|")
+    return job, int(minute)
+
+
+def _driver(
+    parts: dict[int, Any], sent: list[str], minutes: list[tuple[str, int]] | None = None,
+    bundled: list[tuple[str, int]] | None = None,
+) -> NodeDriver:  # fmt: skip
+    """A node driver over `parts`: each device-minute sent appends its job to `sent` (and (job, minute) to
+    `minutes`); each row of the job stage's bundles appends (job, minute) to `bundled`, in the order sent."""
+    schema = fastavro.parse_schema(load_schema(JOB_DEVICE_MINUTES.subject))
+
+    def send_raw(topic: str, key: bytes, value: bytes) -> None:
+        if topic == "dm":
+            sent.append(_read(value)[0])
+            if minutes is not None:
+                minutes.append(_read(value))
+        elif topic == "job_dm" and bundled is not None:
+            bundle: Any = fastavro.schemaless_reader(io.BytesIO(value), schema)
+            bundled.extend(_read(item) for item in bundle["rows"])
+
     driver = NodeDriver.__new__(NodeDriver)
     driver.parts = parts
+    driver.bundler = Bundler(Codec())  # type: ignore[arg-type]
     driver.watermarks = SimpleNamespace(  # type: ignore[assignment]
         compute=lambda drain_to: {p: (T0 + 3 * M, 0) for p in parts}, advanced=lambda p, w: None
     )
     driver.ctx = SimpleNamespace(  # type: ignore[assignment]
-        outputs=outputs,
-        topics=SimpleNamespace(dm="dm", cov="cov"),
+        outputs=SimpleNamespace(send_raw=send_raw, send=lambda *a: None),
+        codec=Codec(),
+        topics=SimpleNamespace(dm="dm", job_dm="job_dm", cov="cov"),
         stats=SimpleNamespace(device_minutes=0, coverage_minutes=0),
         observer=None,
         emit_alert=lambda alert, key: None,
@@ -92,14 +130,13 @@ def test_a_partition_closing_several_minutes_sends_none_of_a_later_one_ahead_of_
         0: Part([_row("a", 0, active_s=60), _row("c", 0), _row("a", 1), _row("c", 1)], sent, closes),
         1: Part([_row("b", 0), _row("b", 0, active_s=5)], sent, closes),
     }
-    driver = _driver(parts, sent)
     minutes: list[tuple[str, int]] = []
-    driver.ctx.outputs.send = lambda topic, subject, key, row: minutes.append(  # type: ignore[attr-defined]
-        (row["job_id"], (row["minute_start_ms"] - T0) // M)
-    )
+    bundled: list[tuple[str, int]] = []
+    driver = _driver(parts, sent, minutes, bundled)
     driver.advance()
     # first the waiting rows of each partition's first minute, then minute by minute, busy rows last in each
     assert minutes == [("c", 0), ("b", 0), ("a", 0), ("b", 0), ("a", 1), ("c", 1)]
+    assert bundled == minutes  # the job stage's bundles, in the same order
 
 
 def test_the_nodes_that_waited_the_minute_before_go_out_of_every_partition_before_any_closes_the_rest() -> None:
@@ -126,10 +163,9 @@ def test_a_first_step_holding_a_whole_minute_does_not_let_the_next_minutes_waiti
     rows = [_row("a", 0, active_s=60), _row("c", 0), _row("a", 1, node="m"), _row("c", 1, node="m")]
     parts = {0: Part(rows, sent, closes)}
     parts[0].waiting_nodes = frozenset({"n"})
-    driver = _driver(parts, sent)
     minutes: list[tuple[str, int]] = []
-    driver.ctx.outputs.send = lambda topic, subject, key, row: minutes.append(  # type: ignore[attr-defined]
-        (row["job_id"], (row["minute_start_ms"] - T0) // M)
-    )
+    bundled: list[tuple[str, int]] = []
+    driver = _driver(parts, sent, minutes, bundled)
     driver.advance()
     assert minutes == [("c", 0), ("a", 0), ("a", 1), ("c", 1)]
+    assert bundled == minutes
