@@ -13,7 +13,8 @@ them; then the watermark passes the minute's end plus grace and
   coverage-minute rows);
 - encode: each device-minute row's Kafka key and value (`AvroCodec.encode`: the lean walk, fastavro off
   its plain path), rows of devices that did not compute first, as `processors run` sends them, and the
-  same values bundled by job for the job stage (`processors.job_rows.Bundler`);
+  same values bundled by job for the job stage (`processors.job_rows.encode_rows`, what the node driver
+  calls);
 - encode (fastavro): the same rows through fastavro's schemaless_writer, for comparison.
 
 The close and the encode run with the cyclic collector held off, as the node driver runs its burst
@@ -47,13 +48,13 @@ from base.processor_settings import ProcessorSettings
 from bench._common import GPUS, ScrapeTemplate, kind_of, node_name
 from processors.drivers.node import split_by_activity
 from processors.fastdecode import Framed, scrape_reader
-from processors.job_rows import Bundler
+from processors.job_rows import encode_rows
 from processors.stages import NodePartition
 from processors.testing import T0, inventory, job_event
 from processors.windows import MINUTE_MS
 from schemas import load_schema
 from schemas.codec import AvroCodec
-from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES, job_key, node_key
+from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES, node_key
 
 CLUSTER = "bench"
 
@@ -106,17 +107,11 @@ def one_close(part: NodePartition, nodes: int, minute: int, codec: AvroCodec) ->
         t1 = time.perf_counter()
         waiting, busy = split_by_activity(out.device_minutes)
         rows = waiting + busy
-        encoded = 0
-        bundler = Bundler(codec)
-        for row in rows:
-            jid = row["job_id"]
-            key = job_key(row["cluster"], jid) if jid is not None else node_key(row["cluster"], row["node"])
-            value = codec.encode(DEVICE_MINUTES.subject, row)
-            if jid is not None:
-                bundler.add(key, row["minute_start_ms"], value)
-            encoded += len(key) + len(value)
-        bundles = bundler.bundles()
+        sent, bundles = encode_rows(codec, waiting)  # two sends, as the node driver makes them
+        sent_busy, bundles_busy = encode_rows(codec, busy)
         t2 = time.perf_counter()
+        sent += sent_busy
+        bundles += bundles_busy
     parsed = codec.parsed_schema(DEVICE_MINUTES.subject)
     for row in rows:
         buf = io.BytesIO()
@@ -129,7 +124,7 @@ def one_close(part: NodePartition, nodes: int, minute: int, codec: AvroCodec) ->
         "close_s": t1 - t0,
         "encode_s": t2 - t1,
         "fastavro_encode_s": t3 - t2,
-        "bytes": encoded,
+        "bytes": sum(len(k) + len(v) for k, v in sent),
         "bundles": len(bundles),
         "bundle_bytes": sum(len(k) + len(v) for k, v in bundles),
     }

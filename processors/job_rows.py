@@ -22,73 +22,79 @@ from processors.dlq import Decoder
 from processors.fastdecode import device_minutes_reader
 from schemas.codec import AvroCodec, InvalidRecord, MalformedRecord, avro_long
 from schemas.models import validate
-from schemas.topics import DEVICE_MINUTES, JOB_DEVICE_MINUTES
+from schemas.topics import DEVICE_MINUTES, JOB_DEVICE_MINUTES, job_key, node_key
 
 MAX_BUNDLE_ROWS = 512  # a larger group goes out as several bundles; a bundle read with more is refused
 
-_LENGTHS = [avro_long(n) for n in range(4096)]  # items' lengths and counts, looked up: most are short
-
-
-def _long(n: int) -> bytes:
-    return _LENGTHS[n] if n < 4096 else avro_long(n)
+_SHORT = 4096
+_LENGTHS = [avro_long(n) for n in range(_SHORT)]  # items' lengths and counts, looked up: most are short
 
 
 def bundle_body(values: Iterable[bytes]) -> bytes:
     """A `JobDeviceMinutes` body (no framing): one array block holding `values`, then the end marker."""
     items = list(values)
-    parts = [_long(len(items))] if items else []
+    if not items:
+        return b"\x00"
+    lengths = _LENGTHS
+    n = len(items)
+    parts = [lengths[n] if n < _SHORT else avro_long(n)]
+    append = parts.append
     for value in items:
-        parts.append(_long(len(value)))
-        parts.append(value)
-    parts.append(b"\x00")
+        n = len(value)
+        append(lengths[n] if n < _SHORT else avro_long(n))
+        append(value)
+    append(b"\x00")
     return b"".join(parts)
 
 
-class Bundler:
-    """Collects what one send of device-minutes holds for the job stage: (key, bundle value) per job and
-    minute, at most `MAX_BUNDLE_ROWS` items each. Groups keep their order of first appearance within a run
-    of one minute, and a new minute starts new groups, so no bundle of a later minute goes ahead of an
-    earlier minute's rows that were sent before it."""
+Keyed = list[tuple[bytes, bytes]]
 
-    __slots__ = ("_codec", "_groups", "_header", "_minute", "_out")
 
-    def __init__(self, codec: AvroCodec) -> None:
-        self._codec = codec
-        self._header: bytes | None = None  # asked at the first bundle (with a registry: registered then)
-        self._groups: dict[bytes, list[bytes]] = {}
-        self._minute: int | None = None
-        self._out: list[tuple[bytes, bytes]] = []
+def encode_rows(codec: AvroCodec, rows: Iterable[dict[str, Any]]) -> tuple[Keyed, Keyed]:
+    """What the node stage sends for `rows`: each row's (key, value) for `usage.device-minutes.v1`, and the
+    job stage's bundles of the allocated ones, (key, value) for `processors.job-device-minutes.v1`.
 
-    def add(self, key: bytes, minute_ms: int, value: bytes) -> None:
-        if minute_ms != self._minute:
-            self._flush()
-            self._minute = minute_ms
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = []
-        elif len(group) == MAX_BUNDLE_ROWS:
-            self._out.append((key, self._framing() + bundle_body(group)))
-            group.clear()
+    A bundle holds one job's rows of one minute, at most `MAX_BUNDLE_ROWS`, in the order given. Bundles
+    follow the rows' order of first appearance within a run of one minute, and a new minute starts new
+    bundles, so no bundle of a later minute goes ahead of rows of an earlier one that came before it."""
+    subject, encode = DEVICE_MINUTES.subject, codec.encode
+    encoded: Keyed = []
+    bundles: Keyed = []
+    groups: dict[bytes, list[bytes]] = {}
+    minute: int | None = None
+    job: str | None = None
+    cluster: str | None = None
+    key = b""
+    group: list[bytes] = []
+    for row in rows:
+        value = encode(subject, row)
+        jid = row["job_id"]
+        if jid is None:
+            encoded.append((node_key(row["cluster"], row["node"]), value))
+            continue
+        m = row["minute_start_ms"]
+        if m != minute:
+            _bundle(codec, groups, bundles)
+            minute, job = m, None
+        if jid != job or row["cluster"] != cluster:  # rows of a job on a node come together: one lookup
+            job, cluster = jid, row["cluster"]
+            key = job_key(cluster, jid)
+            group = groups.setdefault(key, [])
         group.append(value)
+        encoded.append((key, value))
+    _bundle(codec, groups, bundles)
+    return encoded, bundles
 
-    def _framing(self) -> bytes:
-        if self._header is None:
-            self._header = self._codec.header(JOB_DEVICE_MINUTES.subject)
-        return self._header
 
-    def _flush(self) -> None:
-        if not self._groups:
-            return
-        header = self._framing()
-        self._out.extend((key, header + bundle_body(group)) for key, group in self._groups.items())
-        self._groups.clear()
-
-    def bundles(self) -> list[tuple[bytes, bytes]]:
-        """Every bundle so far, in order; the bundler starts empty again."""
-        self._flush()
-        self._minute = None
-        out, self._out = self._out, []
-        return out
+def _bundle(codec: AvroCodec, groups: dict[bytes, list[bytes]], out: Keyed) -> None:
+    """`groups` (one minute's, by job) as bundles onto `out`; `groups` is left empty."""
+    if not groups:
+        return
+    header = codec.header(JOB_DEVICE_MINUTES.subject)
+    for key, values in groups.items():
+        for at in range(0, len(values), MAX_BUNDLE_ROWS):
+            out.append((key, header + bundle_body(values[at : at + MAX_BUNDLE_ROWS])))
+    groups.clear()
 
 
 class JobRows:

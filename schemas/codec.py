@@ -310,7 +310,9 @@ class AvroCodec:
         return header
 
     def encode(self, subject: str, record: dict[str, Any]) -> bytes:
-        header = self.header(subject)
+        header = self._headers.get(subject)
+        if header is None or (self._registry is not None and header[:1] != CONFLUENT_MAGIC):
+            header = self.header(subject)
         lean = self._lean_writers[subject]
         if lean is not None:
             body = lean.encode(record)

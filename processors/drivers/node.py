@@ -28,11 +28,11 @@ from processors.dlq import FutureTimestamp
 from processors.drivers.base import NEG_INF, LogEndProbe, StageContext, StageDriver
 from processors.drivers.rekey import GroupRekeyed, RekeyDriver
 from processors.fastdecode import Framed, UnsupportedSchema, scrape_reader
-from processors.job_rows import Bundler
+from processors.job_rows import encode_rows
 from processors.stages import NodeOutputs, NodePartition, computed
 from processors.windows import MINUTE_MS, Admit, Horizon
 from schemas import load_schema
-from schemas.topics import COVERAGE_MINUTES, DEVICE_MINUTES, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key
+from schemas.topics import COVERAGE_MINUTES, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, node_key
 
 log = logging.getLogger("gpuledger.processors")
 
@@ -78,7 +78,6 @@ class NodeDriver(StageDriver):
         self.parts: dict[int, NodePartition] = {}
         self.watermarks = NodeWatermarks(self, rekey)
         self.fast_scrapes = _lean_scrapes(ctx)
-        self.bundler = Bundler(ctx.codec)
 
     def topics(self) -> list[str]:
         t = self.ctx.topics
@@ -236,17 +235,9 @@ class NodeDriver(StageDriver):
         """Each row to device-minutes, and the allocated ones bundled by job to the job stage's input
         (`processors.job_rows`), the bundles first: they are what alerts wait for."""
         ctx = self.ctx
-        encode, bundler = ctx.codec.encode, self.bundler
-        encoded = []
-        for row in rows:
-            jid = row["job_id"]
-            key = job_key(row["cluster"], jid) if jid is not None else node_key(row["cluster"], row["node"])
-            value = encode(DEVICE_MINUTES.subject, row)
-            if jid is not None:
-                bundler.add(key, row["minute_start_ms"], value)
-            encoded.append((key, value))
+        encoded, bundles = encode_rows(ctx.codec, rows)
         send, t = ctx.outputs.send_raw, ctx.topics
-        for key, value in bundler.bundles():
+        for key, value in bundles:
             send(t.job_dm, key, value)
         for key, value in encoded:
             send(t.dm, key, value)

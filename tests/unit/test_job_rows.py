@@ -11,7 +11,7 @@ import pytest
 
 from base.processor_settings import ProcessorSettings
 from processors.dlq import Decoder
-from processors.job_rows import MAX_BUNDLE_ROWS, Bundler, JobRows, bundle_body
+from processors.job_rows import MAX_BUNDLE_ROWS, JobRows, bundle_body, encode_rows
 from processors.stages import JobPartition
 from processors.testing import T0, job_rows
 from schemas import load_schema
@@ -86,43 +86,44 @@ def _fastavro_items(value: bytes) -> list[bytes]:
 
 def test_a_bundle_is_the_registered_schema_with_the_device_minute_records_as_items() -> None:
     rows = [_row("j1", f"GPU-{d}", T0) for d in range(3)] + [_row("j1", "GPU-x" * 200, T0)]  # a 2-byte length
+    rows.append({**_row("j1", "GPU-u", T0), "job_id": None})  # unallocated: keyed by node, not bundled
+    encoded, bundles = encode_rows(CODEC, rows)
     values = [CODEC.encode(DEVICE_MINUTES.subject, r) for r in rows]
-    bundler = Bundler(CODEC)
-    for value in values:
-        bundler.add(job_key("c1", "j1"), T0, value)
-    ((key, bundle),) = bundler.bundles()
+    keys = [job_key("c1", "j1")] * 4 + [b"c1/n1"]
+    assert encoded == list(zip(keys, values, strict=True))
+    ((key, bundle),) = bundles
     assert key == job_key("c1", "j1")
-    assert _fastavro_items(bundle) == values
-    assert bundle == CODEC.encode(JOB_DEVICE_MINUTES.subject, {"rows": values})  # fastavro's writer, same bytes
+    assert _fastavro_items(bundle) == values[:4]
+    assert bundle == CODEC.encode(JOB_DEVICE_MINUTES.subject, {"rows": values[:4]})  # fastavro's writer, same bytes
     assert bundle_body([]) == b"\x00"
+    assert encode_rows(CODEC, []) == ([], [])
 
 
 def test_bundles_group_by_job_within_a_minute_and_keep_minutes_in_order() -> None:
-    bundler = Bundler(CODEC)
     sent = [("a", T0), ("b", T0), ("a", T0), ("a", T0 + M), ("b", T0 + M), ("b", T0), ("a", T0)]
-    for n, (job, minute) in enumerate(sent):
-        bundler.add(job_key("c1", job), minute, CODEC.encode(DEVICE_MINUTES.subject, _row(job, f"GPU-{n}", minute)))
+    rows = [_row(job, f"GPU-{n}", minute) for n, (job, minute) in enumerate(sent)]
+    rows.insert(1, {**_row("b", "GPU-c2", T0), "cluster": "c2"})  # job b of another cluster: another job
     got = [
         (key.decode(), [CODEC.decode(v, DEVICE_MINUTES.subject).record["device_uuid"] for v in _fastavro_items(b)])
-        for key, b in bundler.bundles()
+        for key, b in encode_rows(CODEC, rows)[1]
     ]
     assert got == [
         ("c1/a", ["GPU-0", "GPU-2"]),
+        ("c2/b", ["GPU-c2"]),
         ("c1/b", ["GPU-1"]),
         ("c1/a", ["GPU-3"]),
         ("c1/b", ["GPU-4"]),
         ("c1/b", ["GPU-5"]),  # back to the earlier minute: after the later one, as sent
         ("c1/a", ["GPU-6"]),
     ]
-    assert bundler.bundles() == []
 
 
 def test_a_large_group_is_split_at_the_bound() -> None:
-    bundler = Bundler(CODEC)
-    value = CODEC.encode(DEVICE_MINUTES.subject, _row("j1", "GPU-0", T0))
-    for _ in range(MAX_BUNDLE_ROWS * 2 + 1):
-        bundler.add(job_key("c1", "j1"), T0, value)
-    assert [len(_fastavro_items(b)) for _, b in bundler.bundles()] == [MAX_BUNDLE_ROWS, MAX_BUNDLE_ROWS, 1]
+    rows = [_row("j1", f"GPU-{n}", T0) for n in range(MAX_BUNDLE_ROWS * 2 + 1)]
+    bundles = encode_rows(CODEC, rows)[1]
+    assert [len(_fastavro_items(b)) for _, b in bundles] == [MAX_BUNDLE_ROWS, MAX_BUNDLE_ROWS, 1]
+    items = [item for _, b in bundles for item in _fastavro_items(b)]
+    assert items == [CODEC.encode(DEVICE_MINUTES.subject, r) for r in rows]
 
 
 def test_the_reader_takes_a_bundle_whole_or_dead_letters_it_whole() -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import fastavro
 
 from processors.drivers.node import NodeDriver, split_by_activity
-from processors.job_rows import Bundler
 from processors.stages import NodeOutputs
 from processors.testing import T0
 from schemas import load_schema
@@ -73,7 +72,6 @@ def _driver(
 
     driver = NodeDriver.__new__(NodeDriver)
     driver.parts = parts
-    driver.bundler = Bundler(Codec())  # type: ignore[arg-type]
     driver.watermarks = SimpleNamespace(  # type: ignore[assignment]
         compute=lambda drain_to: {p: (T0 + 3 * M, 0) for p in parts}, advanced=lambda p, w: None
     )
