@@ -237,6 +237,26 @@ def allocated_row(
     return row
 
 
+def likely_waiting(
+    per_node: Mapping[str, Mapping[Any, DeviceWindow]], allocated: Iterable[str], thresholds: Thresholds
+) -> set[str]:
+    """Of the `allocated` nodes (holding a job in the minute), those with a device that looks as if it did not
+    compute, its whole minute taken as one span (one native pass a device): idle, no sample, or no window
+    at all. A guess, for ordering only: the rows say what each device did."""
+    out = set()
+    for nk in allocated:
+        wins = per_node.get(nk)
+        if not wins:
+            out.add(nk)
+            continue
+        for win in wins.values():
+            _, n_act, total, _, max_fb_act, _, _, _ = span_stats(win, 0, 60)
+            if not n_act or classify_minute(total / n_act, max_fb_act, thresholds) is MinuteClass.IDLE:
+                out.add(nk)
+                break
+    return out
+
+
 def span_row(row: dict[str, Any], win: DeviceWindow, i0: int, i1: int, thresholds: Thresholds) -> dict[str, Any]:
     """`allocated_row` for one job holding seconds [i0, i1) of the window's minute, read straight from
     the window's arrays in one native pass (`processors/_window.c`; NaN = absent). Same sums in the same

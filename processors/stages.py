@@ -32,7 +32,7 @@ from processors.attribution import AllocationTable, Interval, event_nodes, job_k
 from processors.classify import activity_of
 from processors.coverage import CoverageTracker
 from processors.idle import IdleState, Output, mark_ended, new_state, on_tick, step
-from processors.rollup import DeviceDirectory, device_row_key, job_minute, node_minute_rows
+from processors.rollup import DeviceDirectory, device_row_key, job_minute, likely_waiting, node_minute_rows
 from processors.windows import MINUTE_MS, Admit, DeviceWindow, DevKey, Horizon, MinuteWindows, minute_of
 from schemas.topics import qualified_job, qualified_node, split_qualified_node
 
@@ -137,7 +137,8 @@ class NodePartition:
         self.samples_next_offset = 0
         self.allocs_next_offset = 0
         self.emitted_minutes = 0
-        self.waiting_nodes: frozenset[str] = frozenset()  # nodes with a device that did not compute, last minute
+        # Nodes with a device that did not compute in the last minute closed; None until one has closed.
+        self.waiting_nodes: frozenset[str] | None = None
         self._next_tick_ms = -(2**62)
         # Job events that reached this stage after a minute they bound had closed (beyond the grace):
         # applied from then on, the closed minute keeps its attribution. Events below `_replay_below`
@@ -223,10 +224,12 @@ class NodePartition:
             out.coverage_minutes.extend(part.coverage_minutes)
         return out
 
-    def closing(self, watermark_ms: int, ahead: Container[str] = frozenset()) -> Iterator[NodeOutputs]:
+    def closing(self, watermark_ms: int, ahead: Container[str] | None = frozenset()) -> Iterator[NodeOutputs]:
         """`advance` in two steps, for a driver that sends rows as soon as they are made: first the rows and
         coverage-minutes of the first closed minute's nodes in `ahead` (nothing if no minute closes), then
-        everything else, minute by minute. A driver may close other partitions between the two steps."""
+        everything else, minute by minute. A driver may close other partitions between the two steps.
+        `ahead` None: the nodes that look as if they held a device that did not compute in that minute
+        (`rollup.likely_waiting`), for a partition with no closed minute to go by (`waiting_nodes` None)."""
         first, rest = NodeOutputs(), NodeOutputs()
         first_pending = True
         w = self.windows
@@ -268,6 +271,8 @@ class NodePartition:
             waiting: set[str] = set()
             if first_pending:
                 first_pending = False
+                if ahead is None:
+                    ahead = likely_waiting(per_node, intervals, self.settings.thresholds)
                 self._close_nodes(m, [nk for nk in nodes if nk in ahead], per_node, intervals, first, waiting)
                 yield first
                 nodes = [nk for nk in nodes if nk not in ahead]

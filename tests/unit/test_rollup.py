@@ -366,3 +366,37 @@ def test_a_close_in_two_steps_gives_the_rows_of_one_close_and_learns_which_nodes
     assert [computed(r) for r in first.device_minutes] == [True]
     # no minute to close: two empty steps
     assert [s.device_minutes for s in part.closing(T0 + 130_000, frozenset({"c1/n1"}))] == [[], []]
+
+
+def test_a_first_close_with_no_minute_to_go_by_puts_the_nodes_that_look_idle_first() -> None:
+    """`ahead` None (a partition that has closed nothing yet): the first step holds the nodes holding a job
+    whose device looks idle or dark over the minute; the busy node and the node nobody holds wait."""
+    from base.processor_settings import ProcessorSettings
+    from processors.stages import NodePartition, computed
+
+    def fed() -> NodePartition:
+        part = NodePartition(ProcessorSettings())
+        part.on_allocation("c1/n1", job_event("STARTED", "j1", T0, {"n1": ["GPU-a"]}), 0)
+        part.on_allocation("c1/n2", job_event("STARTED", "j2", T0, {"n2": ["GPU-b"]}), 1)
+        part.on_allocation("c1/n3", job_event("STARTED", "j3", T0, {"n3": ["GPU-c"]}), 2)
+        part.on_allocation("c1/n4", job_event("STARTED", "j4", T0, {"n4": ["GPU-d", "GPU-e"]}), 3)
+        for s in range(75):  # n1 idle, n2 busy, n3 starved, n4 one device busy and one idle, n5 held by nobody
+            ts = T0 + s * 1000
+            part.on_scrape(scrape("n1", ts, [device("GPU-a", 0, sm=0.0)]), 5 * s)
+            part.on_scrape(scrape("n2", ts, [device("GPU-b", 0, sm=0.9)]), 5 * s + 1)
+            part.on_scrape(scrape("n3", ts, [device("GPU-c", 0, sm=0.2, fb_mib=40_000)]), 5 * s + 2)
+            part.on_scrape(scrape("n4", ts, [device("GPU-d", 0, sm=0.9), device("GPU-e", 1, sm=0.0)]), 5 * s + 3)
+            part.on_scrape(scrape("n5", ts, [device("GPU-f", 0, sm=0.0)]), 5 * s + 4)
+        return part
+
+    whole = fed().advance(T0 + 75_000)
+    part = fed()
+    assert part.waiting_nodes is None
+    first, rest = part.closing(T0 + 75_000, None)
+    assert sorted({r["node"] for r in first.device_minutes}) == ["n1", "n4"]
+    assert sorted({r["node"] for r in rest.device_minutes}) == ["n2", "n3", "n5"]
+    assert [computed(r) for r in rest.device_minutes if r["node"] in ("n2", "n3")] == [True, True]
+    assert sorted(json.dumps(r, sort_keys=True) for r in first.device_minutes + rest.device_minutes) == sorted(
+        json.dumps(r, sort_keys=True) for r in whole.device_minutes
+    )
+    assert part.waiting_nodes == {"c1/n1", "c1/n4", "c1/n5"}  # from here on, the rows say
