@@ -239,6 +239,10 @@ def part_realtime(
     by_close: dict[int, list[float]] = {}
     for lat, (_, a) in zip(idle_lat, idle, strict=True):
         by_close.setdefault(a["ts_ms"], []).append(lat)
+    # An idle job on a node whose exporter died goes dark: whether it was warned first depends on when in its
+    # minute the exporter died (the idle machine does not count dark minutes as idle).
+    warned = {a["job_id"] for _, a in idle if a["kind"] == "IDLE_WARNING"}
+    never_warned = [i for i in range(nodes) if kind_of(i)[0] and f"j{i}" not in warned]
     dead_nodes = {node_name(i) for i in range(dead)}  # after the run every exporter stops: not counted
     cov_lat = [
         recv - a["ts_ms"] / 1000 for recv, a in alerts if a["kind"] == "COVERAGE_GAP" and a["node"] in dead_nodes
@@ -259,6 +263,8 @@ def part_realtime(
         "lag_samples_last": lags[-1] if lags else None,
         "lag_samples_steady_max": max(steady, default=None),
         "idle_alerts": len(idle_lat),
+        "idle_jobs_never_warned": len(never_warned),
+        "idle_jobs_never_warned_exporter_dead": sum(1 for i in never_warned if i < dead),
         "idle_alert_latency_s_p50": pct(idle_lat, 0.5),
         "idle_alert_latency_s_p99": pct(idle_lat, 0.99),
         "idle_alert_latency_s_p99_after_first_close": pct(later, 0.99),
