@@ -204,15 +204,17 @@ class NodeDriver(StageDriver):
                 held.extend(self._emit(out, first))
                 closings.append((closing, first))
                 ticks.append((part, now))
+            # The coverage clocks tick before the rest of the close, not after it: a deadline they pass does
+            # not wait for it (their state is the samples seen, which the close does not touch).
+            for part, now in ticks:
+                for alert in part.tick(now):
+                    self.ctx.emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
             for closing, first in closings:
                 for out in closing:
                     first = _first_minute(out) if first is None else first
                     held.extend(self._emit(out, first))
             held.sort(key=_busy_last)  # stable: minute by minute, each minute's busy rows last
             self._send_rows(held)
-        for part, now in ticks:
-            for alert in part.tick(now):
-                self.ctx.emit_alert(alert, node_key(alert["cluster"], alert["node"] or ""))
 
     def _emit(self, out: NodeOutputs, minute_ms: int | None) -> list[dict[str, Any]]:
         """Send the coverage-minutes of a step of a partition's close, and its rows of devices that did not

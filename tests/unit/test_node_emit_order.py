@@ -167,3 +167,23 @@ def test_a_first_step_holding_a_whole_minute_does_not_let_the_next_minutes_waiti
     driver.advance()
     assert minutes == [("c", 0), ("a", 0), ("a", 1), ("c", 1)]
     assert bundled == minutes
+
+
+def test_the_coverage_clocks_tick_before_the_rest_of_the_close() -> None:
+    """A coverage deadline does not wait for a minute's close: every partition's clock ticks once the rows of
+    the first steps are out, before any partition closes the rest."""
+    sent: list[str] = []
+    closes: list[int] = []
+    ticked: list[int] = []
+    parts = {
+        0: Part([_row("p0-idle", 0, node="a"), _row("p0-busy", 0, active_s=9, node="b")], sent, closes),
+        1: Part([_row("p1-idle", 0, node="c"), _row("p1-busy", 0, starved_s=9, node="d")], sent, closes),
+    }
+    for part in parts.values():
+        part.waiting_nodes = frozenset({"a", "c"})
+        part.tick = lambda now: ticked.append(len(sent)) or []  # type: ignore[method-assign]
+    driver = _driver(parts, sent)
+    driver.advance()
+    assert ticked == [2, 2]  # after both first steps' rows, before the rest
+    assert closes == [0, 1, 2, 2]
+    assert sent == ["p0-idle", "p1-idle", "p0-busy", "p1-busy"]
