@@ -32,6 +32,15 @@ COVERAGE_TIMEOUT_MS = 20_000
 CLI = "from gpuledger.cli import main; main()"
 
 
+def cpu_s(pid: int) -> float | None:
+    """user + sys of a live process, all threads, from /proc/<pid>/stat (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15 of stat(5)
+
+
 def rss_mib(pid: int) -> float:
     """The process's resident set size in MiB (NaN when /proc does not say)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -35,6 +35,7 @@ from _common import (
     GPUS,
     REPO,
     broker_for,
+    cpu_s,
     create_topics,
     machine,
     produce_backlog,
@@ -48,7 +49,6 @@ from processors.testing import T0
 
 SIZES = (1_000, 10_000, 50_000, 100_000)
 PLOT = REPO / "docs" / "images" / "cost-curves-processors.png"
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -61,15 +61,6 @@ class Usage:
     wall_s: float
     exit_code: int
     stats: dict[str, Any]
-
-
-def _cpu_s(pid: int) -> float | None:
-    """user + sys of a live process, from /proc/<pid>/stat (None once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime: fields 14 and 15 of stat(5)
 
 
 def measure(
@@ -105,7 +96,7 @@ def measure(
         if pid:
             break
         if startup is None and read_stats(state, name).get(started):
-            startup = _cpu_s(proc.pid)
+            startup = cpu_s(proc.pid)
         if time.monotonic() - t0 > timeout_s:
             proc.send_signal(signal.SIGTERM)
             pid, status, ru = os.wait4(proc.pid, 0)

@@ -37,6 +37,7 @@ from _common import (
     GRACE_MS,
     ScrapeTemplate,
     broker_for,
+    cpu_s,
     create_topics,
     kind_of,
     node_devices,
@@ -211,6 +212,7 @@ def part_realtime(
     produced = json.loads((producer.stdout.read() if producer.stdout else b"{}").decode() or "{}")
     time.sleep(GRACE_MS / 1000 + 15)  # let the last minutes close and the alerts arrive
     st = read_stats(state)
+    cpu = {"worker_cpu_s": cpu_s(proc.pid), "job_stage_cpu_s": cpu_s(job_proc.pid)}  # start-up included
     proc.terminate()
     proc.wait(timeout=60)
     job_proc.terminate()
@@ -280,6 +282,7 @@ def part_realtime(
         "dead_exporter_devices": dead * GPUS,
         "coverage_alert_latency_s_p50": pct(cov_lat, 0.5),
         "coverage_alert_latency_s_max": round(max(cov_lat), 3) if cov_lat else None,
+        **{k: round(v, 1) if v is not None else None for k, v in cpu.items()},
         "worker_rss_mib_max": round(max(rss), 1) if rss else None,
         "devices": nodes * GPUS,
     }
