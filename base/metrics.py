@@ -511,6 +511,7 @@ class ProcessorObserver:
         rt, s = self.rt, self.rt.stats
         out = {
             rt.t_dm: s.device_minutes,
+            rt.t_job_dm: s.job_device_minutes,
             rt.t_jm: s.job_minutes,
             rt.t_cov: s.coverage_minutes,
             rt.t_alerts: s.alerts,

@@ -94,6 +94,7 @@ class ProcessorRuntime:
         # What the /metrics observer (base/metrics.py) and tests read of a runtime.
         t = ctx.topics
         self.t_samples, self.t_dm, self.t_jm, self.t_cov = t.samples, t.dm, t.jm, t.cov
+        self.t_job_dm = t.job_dm
         self.t_alerts, self.t_actions, self.t_late = t.alerts, t.actions, t.late
         self.pos, self.start_pos = ctx.positions.read, ctx.positions.resumed
         self.producer, self.decoder = ctx.outputs.producer, ctx.decoder

@@ -57,6 +57,7 @@ class Stats:
     late_scrapes: int = 0
     dead_lettered: int = 0
     device_minutes: int = 0
+    job_device_minutes: int = 0  # the job stage's bundles of them (`processors.job_rows`)
     job_minutes: int = 0
     coverage_minutes: int = 0
     alerts: int = 0

@@ -244,6 +244,7 @@ class NodeDriver(StageDriver):
         for key, value in encoded:
             send(t.dm, key, value)
         ctx.stats.device_minutes += len(rows)
+        ctx.stats.job_device_minutes += len(bundles)
 
     # -- commits and counters
     def commit_offsets(self) -> list[TopicPartition]:

@@ -205,13 +205,13 @@ def test_counting_publisher_counts_records_out_per_topic() -> None:
 
 def _runtime() -> Any:
     stats = SimpleNamespace(
-        device_minutes=5, job_minutes=2, coverage_minutes=4, alerts=1, actions=0, late_scrapes=1,
+        device_minutes=5, job_device_minutes=2, job_minutes=2, coverage_minutes=4, alerts=1, actions=0, late_scrapes=1,
         extra={"late_job_events_total": 3},
     )  # fmt: skip
     return SimpleNamespace(
         ps=SimpleNamespace(grace_ms=10_000, group_id="gp"),
         stats=stats,
-        t_dm="dm", t_jm="jm", t_cov="cov", t_alerts="alerts", t_actions="actions", t_late="late",
+        t_dm="dm", t_job_dm="job_dm", t_jm="jm", t_cov="cov", t_alerts="alerts", t_actions="actions", t_late="late",
         pos={}, start_pos={}, rekey_c=None, job_c=None, node_c=None,
     )  # fmt: skip
 
@@ -239,6 +239,7 @@ def test_processor_observer_alert_latency_coverage_and_counters() -> None:
     assert m.coverage_ == {"sim": 0.5}
     s = _exposed(coll)
     assert _value(s, P + "records_out_total", topic="dm") == 5
+    assert _value(s, P + "records_out_total", topic="job_dm") == 2
     assert _value(s, P + "late_samples_total") == 1
     assert _value(s, P + "late_job_events_total") == 3
 

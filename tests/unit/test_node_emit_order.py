@@ -79,7 +79,7 @@ def _driver(
         outputs=SimpleNamespace(send_raw=send_raw, send=lambda *a: None),
         codec=Codec(),
         topics=SimpleNamespace(dm="dm", job_dm="job_dm", cov="cov"),
-        stats=SimpleNamespace(device_minutes=0, coverage_minutes=0),
+        stats=SimpleNamespace(device_minutes=0, job_device_minutes=0, coverage_minutes=0),
         observer=None,
         emit_alert=lambda alert, key: None,
     )
@@ -117,6 +117,7 @@ def test_each_partitions_waiting_rows_go_before_the_next_partition_closes_and_bu
     assert closes == [0, 0, 0, 1]
     assert sent == ["p0-idle", "p1-idle", "p0-busy", "p1-busy"]
     assert driver.ctx.stats.device_minutes == 4
+    assert driver.ctx.stats.job_device_minutes == 4  # one job a row here: a bundle each
 
 
 def test_a_partition_closing_several_minutes_sends_none_of_a_later_one_ahead_of_an_earlier_busy_row() -> None:
