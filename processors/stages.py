@@ -5,10 +5,10 @@
   DEVICE_SAMPLES). Remembers each running job's nodes, because an end event may not list them.
 - `NodePartition`: one DEVICE_SAMPLES partition with its ALLOCATIONS and INVENTORY partitions:
   windows, attribution at window close, DeviceMinute and CoverageMinute rows, coverage alerts.
-- `JobPartition`: one DEVICE_MINUTES partition with its JOB_EVENTS partition: collects each job's
-  device-minutes from every node, emits a JobMinute once every device the allocation names has
-  reported for that minute (so the output never depends on arrival timing), and steps the job's
-  idle state machine.
+- `JobPartition`: one JOB_DEVICE_MINUTES partition (device-minutes bundled by job) with its JOB_EVENTS
+  partition: collects each job's device-minutes from every node, emits a JobMinute once every device
+  the allocation names has reported for that minute (so the output never depends on arrival timing),
+  and steps the job's idle state machine.
 
 Every stage has a `Horizon` (windows.py): an event further ahead of the processing clock than
 `processor.max_future_ms` is refused (the runtime dead-letters it) and moves no watermark. The runtime
