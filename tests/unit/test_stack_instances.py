@@ -18,7 +18,7 @@ from schemas.topics import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE_TOPICS = ("telemetry.device-samples.v1", "sched.job-events.v1", "sched.allocations.v1", "inventory.devices.v1",
-                "usage.device-minutes.v1")  # fmt: skip
+                "usage.device-minutes.v1", "processors.job-device-minutes.v1")  # fmt: skip
 
 
 def _up(settings: Settings) -> dict[str, list[str]]:
