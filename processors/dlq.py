@@ -17,6 +17,7 @@ from base.errors import ContractError
 from processors.fastdecode import device_minutes_reader
 from schemas.codec import AvroCodec, InvalidRecord
 from schemas.consume import DeadLetterSink, SourceRecord, dead_letter, decode_or_dead_letter
+from schemas.models import validate
 from schemas.topics import DEVICE_MINUTES
 
 
@@ -57,29 +58,30 @@ class Decoder:
 
 
 class LeanFirst:
-    """A hot topic's records read by its lean reader (`read(value)`: the record, or None when the framing is
-    not the one it was built for) and, for anything it does not take, by `decoder`, which has the last
-    word: it decodes the record or dead-letters it with the reason. `read` None: the general codec alone."""
+    """Records of one subject read by its lean reader (`read(value)`: the record, or None when the framing is
+    not the one it was built for) and, for anything it does not take, by the general codec, which has the
+    last word: it decodes the record and checks the model's rules, or raises. `read` None: the codec alone."""
 
-    def __init__(
-        self, read: Callable[[bytes], dict[str, Any] | None] | None, decoder: Decoder, subject: str
-    ) -> None:
+    def __init__(self, read: Callable[[bytes], dict[str, Any] | None] | None, codec: AvroCodec, subject: str) -> None:
         self._read = read
-        self._decoder = decoder
+        self._codec = codec
         self._subject = subject
 
-    def decode(self, msg: Any, value: bytes) -> dict[str, Any] | None:
+    def record(self, value: bytes) -> dict[str, Any]:
+        """The record of `value`; raises `ContractError` (`MalformedRecord`, `InvalidRecord`) with the reason."""
         if self._read is not None:
             try:
                 record = self._read(value)
-            except ContractError:  # a body only the lean reader refuses is returned; a bad one dead-lettered
+            except ContractError:  # a body only the lean reader refuses goes to the codec; a bad one raises there
                 record = None
             if record is not None:
                 return record
-        return self._decoder.decode(msg, self._subject)
+        decoded = self._codec.decode(value, expected_subject=self._subject)
+        validate(decoded.subject, decoded.record)
+        return decoded.record
 
 
-def device_minutes(decoder: Decoder) -> LeanFirst:
-    """The job stage's input: device-minutes by the lean decoder of their latest schema, the rest by `decoder`."""
-    lean = device_minutes_reader(decoder.codec)
-    return LeanFirst(lean.decode if lean is not None else None, decoder, DEVICE_MINUTES.subject)
+def device_minutes(codec: AvroCodec) -> LeanFirst:
+    """Device-minutes by the lean decoder of their latest schema, the rest by the general codec."""
+    lean = device_minutes_reader(codec)
+    return LeanFirst(lean.decode if lean is not None else None, codec, DEVICE_MINUTES.subject)

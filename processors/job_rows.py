@@ -18,10 +18,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from base.errors import ContractError
-from processors.dlq import Decoder
-from processors.fastdecode import device_minutes_reader
+from processors.dlq import Decoder, device_minutes
 from schemas.codec import AvroCodec, InvalidRecord, MalformedRecord, avro_long
-from schemas.models import validate
 from schemas.topics import DEVICE_MINUTES, JOB_DEVICE_MINUTES, job_key, node_key
 
 MAX_BUNDLE_ROWS = 512  # a larger group goes out as several bundles; a bundle read with more is refused
@@ -104,9 +102,7 @@ class JobRows:
 
     def __init__(self, decoder: Decoder) -> None:
         self._decoder = decoder
-        self._codec = decoder.codec
-        lean = device_minutes_reader(decoder.codec)
-        self._lean = lean.decode if lean is not None else None
+        self._device_minutes = device_minutes(decoder.codec)
 
     def decode(self, msg: Any) -> list[dict[str, Any]] | None:
         bundle = self._decoder.decode(msg, JOB_DEVICE_MINUTES.subject)
@@ -122,13 +118,10 @@ class JobRows:
             return None
 
     def _rows(self, items: list[bytes]) -> Iterator[dict[str, Any]]:
-        lean, codec = self._lean, self._codec
+        read = self._device_minutes.record
         for n, item in enumerate(items):
             try:
-                row = lean(item) if lean is not None else None
-                if row is None:  # another writer's framing: the general codec and the model's rules
-                    row = codec.decode(item, DEVICE_MINUTES.subject).record
-                    validate(DEVICE_MINUTES.subject, row)
+                row = read(item)
             except InvalidRecord as exc:
                 raise InvalidRecord(f"device-minute {n} of the bundle: {exc}") from exc
             except ContractError as exc:

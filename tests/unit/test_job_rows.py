@@ -9,13 +9,14 @@ from typing import Any
 import fastavro
 import pytest
 
+from base.errors import ContractError
 from base.processor_settings import ProcessorSettings
-from processors.dlq import Decoder
+from processors.dlq import Decoder, LeanFirst
 from processors.job_rows import MAX_BUNDLE_ROWS, JobRows, bundle_body, encode_rows
 from processors.stages import JobPartition
 from processors.testing import T0, job_rows
 from schemas import load_schema
-from schemas.codec import AvroCodec
+from schemas.codec import AvroCodec, MalformedRecord
 from schemas.topics import DEVICE_MINUTES, JOB_DEVICE_MINUTES, job_key
 
 M = 60_000
@@ -181,3 +182,16 @@ def test_lengths_are_avro_longs(n: int) -> None:
     body = bundle_body([b"x" * n])
     schema = fastavro.parse_schema(load_schema(JOB_DEVICE_MINUTES.subject))
     assert fastavro.schemaless_reader(io.BytesIO(body), schema) == {"rows": [b"x" * n]}
+
+
+def test_an_item_only_the_lean_reader_refuses_is_the_codecs_to_judge() -> None:
+    """`dlq.LeanFirst`, which the bundles' reader uses per item: the lean reader's refusal is not the last word."""
+    def refuses(value: bytes) -> dict[str, Any] | None:
+        raise ContractError("the lean reader cannot take this one")
+
+    row = _row("j1", "GPU-0", T0)
+    value = CODEC.encode(DEVICE_MINUTES.subject, row)
+    reader = LeanFirst(refuses, CODEC, DEVICE_MINUTES.subject)
+    assert reader.record(value) == CODEC.decode(value, DEVICE_MINUTES.subject).record
+    with pytest.raises(MalformedRecord, match="trailing"):
+        reader.record(value + b"\x00")  # the codec refuses it too: the reason is its own
