@@ -145,10 +145,10 @@ class JobStageAgents:
         self.codec = AvroCodec.from_settings(k)
         self.decoder = Decoder(self.codec, FaustDeadLetters(app), k.topic_prefix, lambda: int(time.time() * 1000))
         self.rows = JobRows(self.decoder)  # as the loop's job stage reads them
-        self.t_dm, self.t_jobs = k.topic(JOB_DEVICE_MINUTES.name), k.topic(JOB_EVENTS.name)
+        self.t_job_dm, self.t_jobs = k.topic(JOB_DEVICE_MINUTES.name), k.topic(JOB_EVENTS.name)
         self.appeals_policy = appeals_policy
         self.t_appeals = k.topic(APPEALS.name) if appeals_policy is not None else None
-        inputs = (self.t_dm, self.t_jobs) + ((self.t_appeals,) if self.t_appeals is not None else ())
+        inputs = (self.t_job_dm, self.t_jobs) + ((self.t_appeals,) if self.t_appeals is not None else ())
         self.source = raw_topic(app, *inputs)
         self.appeal_steps: dict[str, dict[str, dict[str, Any]]] = {}  # by job, by event id
         self.granted_states: dict[str, IdleState] = {}  # changed by an appeal, to write
@@ -199,9 +199,9 @@ class JobStageAgents:
         """Revoked: the consumer resumes these from the committed offsets; the state is rebuilt from there."""
         for p in partitions:
             self.parts.pop(p, None)
-            self.unacked.pop((self.t_dm, p), None)
+            self.unacked.pop((self.t_job_dm, p), None)
             self.unacked.pop((self.t_jobs, p), None)
-            self.order.forget((self.t_dm, p), (self.t_jobs, p))
+            self.order.forget((self.t_job_dm, p), (self.t_jobs, p))
 
     def _part(self, p: int) -> JobPartition:
         part = self.parts.get(p)
@@ -252,7 +252,7 @@ class JobStageAgents:
         self.unacked.setdefault((topic, p), []).append(event)
         part = self._part(p)
         self.stats.events += 1
-        if topic == self.t_dm:
+        if topic == self.t_job_dm:
             rows = self.rows.decode(msg)
             beyond = part.on_job_rows(rows, off) if rows is not None else None
             if beyond is not None:
@@ -330,7 +330,7 @@ class JobStageAgents:
             part = self.parts.get(p)
             if part is None or not pending:
                 continue
-            below = part.rows_commit_offset() if topic == self.t_dm else part.events_commit_offset()
+            below = part.rows_commit_offset() if topic == self.t_job_dm else part.events_commit_offset()
             keep = []
             for event in pending:
                 if event.message.offset < below:
@@ -442,7 +442,7 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
         agents.forget({tp.partition for tp in revoked})
 
     # Records faust fetched and dropped at a partition's end: no later record will show the skip (`InOrder`).
-    agents.order.keep_checked((agents.t_dm, agents.t_jobs), agents.lock)
+    agents.order.keep_checked((agents.t_job_dm, agents.t_jobs), agents.lock)
 
     if ps.realtime:
 
@@ -486,7 +486,7 @@ async def _serve(
     async def idle(ready: bool) -> bool:
         if exit_when_idle_s is None:
             return False
-        if await drained(app, agents, (agents.t_dm, agents.t_jobs), exit_when_idle_s, ready):
+        if await drained(app, agents, (agents.t_job_dm, agents.t_jobs), exit_when_idle_s, ready):
             log.info("agents: input drained and quiet for %.1f s: stopping", exit_when_idle_s)
             return True
         return False
