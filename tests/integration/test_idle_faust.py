@@ -24,11 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from test_processor_harness import REPO, create_topics, decode_all, publish, read_all, start_worker, worker_env
 
 from processors.testing import T0, job_event, job_rows
-from schemas.topics import ALERTS, JOB_DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, Topic, job_key
+from schemas.codec import AvroCodec
+from schemas.topics import (
+    ALERTS,
+    DEVICE_MINUTES,
+    JOB_DEVICE_MINUTES,
+    JOB_EVENTS,
+    JOB_MINUTES,
+    RECLAIM_ACTIONS,
+    Topic,
+    job_key,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -336,11 +346,6 @@ def test_hostile_bundles_are_dead_lettered_whole_and_both_job_stages_go_on_exact
     """Bundles that do not decode (a truncated item, a value in no framing, more items than the bound) go to
     `processors.job-device-minutes.v1.dlq` with the reason, from the runtime's job stage and from the agents
     alike; every other bundle makes exactly the job-minutes of a run without them."""
-    from confluent_kafka import Producer
-
-    from schemas.codec import AvroCodec
-    from schemas.topics import DEVICE_MINUTES
-
     clean, ref, fst = f"cln-{uuid.uuid4().hex[:8]}.", *_prefixes()
     chunks = workload(jobs=4, minutes=6, chunks=2)
     codec = AvroCodec()
