@@ -74,6 +74,10 @@ def test_the_job_agents_log_in_as_the_processors_and_need_no_grant_of_their_own(
     assert app_id(settings).startswith("p")
     state = {g.operation for g in grants if g.user == user and g.name == "staging.processors.idle-state.v1"}
     assert state == {"READ", "WRITE", "CREATE", "DESCRIBE"}
+    # The job stage reads the node stage's bundles, not the public device-minutes (which only the sinks read).
+    reads = _may(grants, "processors", "READ")
+    assert "staging.processors.job-device-minutes.v1" in reads and "staging.usage.device-minutes.v1" not in reads
+    assert "staging.processors.job-device-minutes.v1.dlq" in _may(grants, "processors", "WRITE")
     app = build_app(settings, partitions=4)
     assert app.conf.topic_disable_leader
 
