@@ -51,6 +51,13 @@ JobEventType = Literal["SUBMITTED", "STARTED", "ENDED", "PREEMPTED", "SUSPENDED"
 SchedulerKind = Literal["SLURM", "KUBERNETES", "KUEUE", "VOLCANO", "SIMULATOR"]
 """Scheduler kind."""
 
+UserSource = Literal["SCHEDULER", "STAMPED", "SELF_DECLARED", "NAMESPACE"]
+"""Where `user` comes from. SCHEDULER: the scheduler's own record of the submitter (Slurm). STAMPED: the API server's
+userInfo of the creating request, stamped by gpuledger's admission policy (Kubernetes; cannot be written by the
+submitter). SELF_DECLARED: a label or annotation the submitter wrote. NAMESPACE: nothing named a user; the
+namespace stands in.
+"""
+
 ProjectSource = Literal["EXPLICIT", "DEFAULT", "MISSING"]
 """Where the project came from."""
 
@@ -608,6 +615,10 @@ class JobEvent:
     het_job_offset: int | None = None
     job_name: str | None = None
     user: str
+    user_uid: str | None = None
+    user_source: UserSource | None = None
+    user_claimed: str | None = None
+    user_groups: tuple[str, ...] = ()
     account: str | None = None
     project: str | None = None
     project_source: ProjectSource
@@ -644,6 +655,10 @@ class JobEvent:
             "het_job_offset": self.het_job_offset,
             "job_name": self.job_name,
             "user": self.user,
+            "user_uid": self.user_uid,
+            "user_source": self.user_source,
+            "user_claimed": self.user_claimed,
+            "user_groups": list(self.user_groups),
             "account": self.account,
             "project": self.project,
             "project_source": self.project_source,
@@ -682,6 +697,10 @@ class JobEvent:
             het_job_offset=d.get("het_job_offset"),
             job_name=d.get("job_name"),
             user=d["user"],
+            user_uid=d.get("user_uid"),
+            user_source=d.get("user_source"),
+            user_claimed=d.get("user_claimed"),
+            user_groups=tuple(d.get("user_groups", [])),
             account=d.get("account"),
             project=d.get("project"),
             project_source=d["project_source"],

@@ -29,15 +29,16 @@ def test_load_schema_returns_the_latest_and_versions_are_numbered():
         latest = schemas.latest_version(subject)
         assert load_schema(subject) == load_schema(subject, latest)
         assert json.loads((SCHEMA_DIR / f"{subject}.avsc").read_text()) == load_schema(subject)
-    assert schemas.latest_version("sched.job-events") == 3
+    assert schemas.latest_version("sched.job-events") == 4
     assert "projects" not in json.dumps(load_schema("sched.job-events", 1))
     assert "project_claimed" not in json.dumps(load_schema("sched.job-events", 2))
+    assert "user_uid" not in json.dumps(load_schema("sched.job-events", 3))
 
 
 def test_unknown_subject_or_version():
     with pytest.raises(KeyError, match="no schema"):
         load_schema("nope")
-    with pytest.raises(KeyError, match=r"versions 1\.\.3"):
+    with pytest.raises(KeyError, match=r"versions 1\.\.4"):
         load_schema("sched.job-events", 7)
 
 
