@@ -104,6 +104,7 @@ class SlurmJob:
     user: str
     source: str  # squeue-json, sacct-json, scontrol
     state_flags: tuple[str, ...] = ()
+    user_uid: str | None = None  # the POSIX uid beside the name, where the source prints it (sacct does not)
     name: str | None = None
     account: str | None = None
     partition: str | None = None
@@ -409,6 +410,18 @@ def _ts_ms(value: Any) -> int | None:
     return secs * 1000
 
 
+MAX_UID = 4_294_967_294  # uid_t is 32 bits; (uid_t)-1 means "no user"
+
+
+def uid_text(value: Any) -> str | None:
+    """A POSIX uid as the ledger keeps it (decimal text), from a number or digits; None when absent or not a
+    uid (negative, above `MAX_UID`, not a number): the job then says its identifier is unknown."""
+    if isinstance(value, str) and len(value.strip()) > 10:
+        return None
+    uid = _num(value)
+    return str(uid) if uid is not None and 0 <= uid <= MAX_UID else None
+
+
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -505,7 +518,8 @@ def parse_ctld_job(rec: Mapping[str, Any]) -> SlurmJob:
     if not gpus and state in ACTIVE_STATES | TERMINAL_STATES:
         gpus = even_split(nodes, count)
     start, end = _when_ran(state, _ts_ms(rec.get("start_time")), _ts_ms(rec.get("end_time")), nodes)
-    user = _text(rec.get("user_name")) or str(_num(rec.get("user_id")) or "unknown")
+    uid = uid_text(rec.get("user_id"))
+    user = _text(rec.get("user_name")) or uid or "unknown"
     batch = rec.get("batch_flag")
     return SlurmJob(
         job_id=job_id,
@@ -513,6 +527,7 @@ def parse_ctld_job(rec: Mapping[str, Any]) -> SlurmJob:
         state=state,
         state_flags=flags,
         user=user,
+        user_uid=uid,
         source="squeue-json",
         name=_text(rec.get("name")),
         account=_text(rec.get("account")),
@@ -661,6 +676,13 @@ def _name_in_parens(value: str | None) -> str | None:
     return value.split("(", 1)[0] or None
 
 
+def _id_in_parens(value: str | None) -> str | None:
+    """`user1(100)` -> `100` (the uid); None when there is no `(digits)` after the name."""
+    if not value or not value.endswith(")") or "(" not in value:
+        return None
+    return uid_text(value[value.rindex("(") + 1 : -1])
+
+
 def _scontrol_opt(value: str | None) -> str | None:
     if value is None or value in ("(null)", "N/A", ""):
         return None
@@ -717,6 +739,7 @@ def parse_scontrol_job(lines: list[str], tz: tzinfo = UTC) -> SlurmJob:
         state=state,
         state_flags=flags,
         user=_name_in_parens(fields.get("UserId")) or "unknown",
+        user_uid=_id_in_parens(fields.get("UserId")),
         source="scontrol",
         name=_scontrol_opt(fields.get("JobName")),
         account=_scontrol_opt(fields.get("Account")),

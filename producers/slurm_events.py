@@ -70,6 +70,8 @@ def slurm_event(
         scheduler="SLURM",
         job_id=job.job_id,
         user=job.user,
+        user_uid=job.user_uid,
+        user_source="SCHEDULER" if job.user != "unknown" else None,  # slurmctld's own word (munge-authenticated)
         attribution=slurm_attribution(job, ctx),
         held=held_devices(job),
         id_extra=id_extra,

@@ -22,7 +22,7 @@ from base.errors import ParseError
 from base.untrusted import parses_untrusted
 from producers.devicemap import DeviceMap
 from producers.jobevents import EventContext
-from producers.slurm import NodeGpus, SlurmJob, even_split, expand_hostlist, gpus_in_tres, parse_state
+from producers.slurm import NodeGpus, SlurmJob, even_split, expand_hostlist, gpus_in_tres, parse_state, uid_text
 from producers.slurm_events import slurm_event
 
 MAX_RECORD_BYTES = 1 << 20
@@ -106,12 +106,14 @@ def parse_jobcomp(rec: Mapping[str, Any], tz: tzinfo = UTC) -> SlurmJob:
     exit_text = str(rec.get("exit_code") if rec.get("exit_code") is not None else "")
     head = exit_text.split(":", 1)[0]
     end = _time(rec.get("@end"), tz)
+    uid = uid_text(rec.get("user_id")) if not isinstance(rec.get("user_id"), bool) else None
     return SlurmJob(
         job_id=job_id,
         numeric_id=numeric,
         state=state if end is not None or state != "UNKNOWN" else "RUNNING",
         state_flags=flags,
-        user=str(rec.get("username") or rec.get("user_id") or "unknown"),
+        user=str(_opt_text(rec, "username") or uid or "unknown"),
+        user_uid=uid,
         source="jobcomp",
         name=_opt_text(rec, "job_name"),
         account=_opt_text(rec, "account"),

@@ -194,7 +194,8 @@ def step(
             if acct.terminal or acct.state == "REQUEUED":
                 # keep the device detail the listing had; take the real times and final state from sacct
                 merged = replace(
-                    acct, gpus=vanished.job.gpus or acct.gpus, gpu_count=vanished.job.gpu_count or acct.gpu_count
+                    acct, gpus=vanished.job.gpus or acct.gpus, gpu_count=vanished.job.gpu_count or acct.gpu_count,
+                    user_uid=acct.user_uid or _same_user_uid(vanished.job, acct),
                 )
                 if acct.state == "REQUEUED":
                     emit(merged, [("REQUEUED", acct.end_ms or now_ms)], vanished)
@@ -229,7 +230,13 @@ def _with_requested_gpus(state: PollState, acct: SlurmJob) -> SlurmJob:
     if pending is None or _is_gpu(acct) or not acct.nodes:
         return acct
     count = pending.job.gpu_count
-    return replace(acct, gpu_count=count, gpus=even_split(acct.nodes, count))
+    uid = acct.user_uid or _same_user_uid(pending.job, acct)
+    return replace(acct, gpu_count=count, gpus=even_split(acct.nodes, count), user_uid=uid)
+
+
+def _same_user_uid(listed: SlurmJob, acct: SlurmJob) -> str | None:
+    """sacct prints no uid: the uid the listing printed for the same job and user name."""
+    return listed.user_uid if listed.user == acct.user else None
 
 
 def _forget_old(state: PollState, now_ms: int, cfg: PollConfig) -> None:

@@ -20,7 +20,7 @@ from base.errors import ContractError, ParseError
 from base.untrusted import parses_untrusted
 from producers.jobevents import EventContext, EventSink, HeldDevices, job_event
 from producers.projects import Attribution
-from producers.slurm import MAX_NODE_GPUS, parse_index_list
+from producers.slurm import MAX_NODE_GPUS, parse_index_list, uid_text
 from schemas.topics import JOB_EVENTS, job_key
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class HookRecord:
     job_id: str
     numeric_id: int
     user: str
+    user_uid: str | None  # SLURM_JOB_UID, which slurmd sets from the job's credential
     ts_ms: int
     env: Mapping[str, str]
     indices: tuple[int, ...]
@@ -93,12 +94,14 @@ def parse_hook_record(data: Mapping[str, Any]) -> HookRecord:
     if kind == "end" and ts_ms > hook_ts > 0:
         ts_ms = hook_ts  # END_TIME in the epilog can be the projected limit: the job is over now
     indices, uuids = _gpu_env(env)
+    uid = uid_text(env.get("SLURM_JOB_UID"))
     return HookRecord(
         kind=kind,
         node=str(data.get("host") or env.get("SLURMD_NODENAME") or "unknown"),
         job_id=job_id,
         numeric_id=numeric,
-        user=env.get("SLURM_JOB_USER") or env.get("SLURM_JOB_UID") or "unknown",
+        user=env.get("SLURM_JOB_USER") or uid or "unknown",
+        user_uid=uid,
         ts_ms=ts_ms,
         env=env,
         indices=indices,
@@ -137,6 +140,8 @@ def hook_event(rec: HookRecord, ctx: EventContext) -> dict[str, Any]:
         scheduler="SLURM",
         job_id=rec.job_id,
         user=rec.user,
+        user_uid=rec.user_uid,
+        user_source="SCHEDULER" if rec.user != "unknown" else None,
         attribution=attribution,
         held=held,
         id_extra=("node", rec.node),
