@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: up down status test lint setup bench fault kube
+.PHONY: up down status test lint setup bench fault kube repeat
 
 $(STAMP): pyproject.toml schemas/_leanavro.c schemas/_avroread.h processors/_window.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuledger needs Python >= 3.11; run make PYTHON=python3.11 ...")'
@@ -52,6 +52,13 @@ test: $(STAMP)
 # restart, ClickHouse outage (GPULEDGER_FAULT_OUTAGE_S, default 60), duplicates and late events.
 fault: $(STAMP)
 	$(VENV)/bin/pytest -m fault tests/fault --durations=0
+
+# Runs a set of tests RUNS times, each on a clean state, and prints each test's pass rate and slowest run
+# (tests/repeat.py): SET=live (the live Slurm and Kubernetes), faust (the agents on a real broker), fault.
+SET ?= live
+RUNS ?= 10
+repeat: $(STAMP)
+	$(VENV)/bin/python tests/repeat.py --set $(SET) --runs $(RUNS)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/broker_startup.py
