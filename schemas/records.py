@@ -30,6 +30,19 @@ AppealEventType = Literal["FILED", "DECIDED", "ESCALATED"]
 AppealDecision = Literal["EXEMPTION", "CREDIT", "DENIED"]
 """The decision."""
 
+BaselineEventType = Literal["SET", "CLEARED"]
+"""SET: the baseline is baseline_start_ms from now on; CLEARED: attribution is no longer required (grace mode, no
+date), no baseline is in force.
+"""
+
+BaselineSource = Literal["POLICY_DATE", "STRICT_MODE", "GRACE_MODE"]
+"""POLICY_DATE: the policy's attribution.baseline; STRICT_MODE: the day the applied policy first found attribution
+strict; GRACE_MODE: attribution back to grace with no date (CLEARED).
+"""
+
+AttributionMode = Literal["GRACE", "STRICT"]
+"""GRACE: a job without a project is charged to its user's default; STRICT: the scheduler rejects it."""
+
 ReservationEventType = Literal[
     "REQUESTED",
     "APPROVED",
@@ -257,6 +270,57 @@ class AppealEvent:
             credit_cents=d.get("credit_cents"),
             exemption_until_ms=d.get("exemption_until_ms"),
             deadline_ms=d.get("deadline_ms"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttributionBaseline:
+    """The attribution baseline (issue 38): the day from which every job had to name its project (the policy's
+    attribution mode turned strict, or the date the policy states), written by `gpuledger policy apply` when the
+    baseline it implies differs from the one in force. The latest event (by ts_ms, then topic order) is in force;
+    a CLEARED event means none is. Key: the constant `baseline` (one organisation-wide fact, one partition).
+    """
+
+    SUBJECT: ClassVar[str] = "attribution.baseline"
+
+    event_id: str
+    event_type: BaselineEventType
+    ts_ms: int
+    actor: str
+    baseline_start_ms: int | None = None
+    source: BaselineSource
+    attribution_mode: AttributionMode
+    engine: str | None = None
+    cluster: str
+    policy_sha256: str
+
+    def to_avro(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "event_type": self.event_type,
+            "ts_ms": self.ts_ms,
+            "actor": self.actor,
+            "baseline_start_ms": self.baseline_start_ms,
+            "source": self.source,
+            "attribution_mode": self.attribution_mode,
+            "engine": self.engine,
+            "cluster": self.cluster,
+            "policy_sha256": self.policy_sha256,
+        }
+
+    @classmethod
+    def from_avro(cls, d: Mapping[str, Any]) -> AttributionBaseline:
+        return cls(
+            event_id=d["event_id"],
+            event_type=d["event_type"],
+            ts_ms=d["ts_ms"],
+            actor=d["actor"],
+            baseline_start_ms=d.get("baseline_start_ms"),
+            source=d["source"],
+            attribution_mode=d["attribution_mode"],
+            engine=d.get("engine"),
+            cluster=d["cluster"],
+            policy_sha256=d["policy_sha256"],
         )
 
 
@@ -1099,6 +1163,7 @@ ContractRecord = (
     ReclaimAction
     | Alert
     | AppealEvent
+    | AttributionBaseline
     | AttributionCorrection
     | DeadLetter
     | NodeInventory
@@ -1116,6 +1181,7 @@ RECORDS: dict[str, type[ContractRecord]] = {
     "actions.reclaim": ReclaimAction,
     "alerts": Alert,
     "appeals": AppealEvent,
+    "attribution.baseline": AttributionBaseline,
     "attribution.corrections": AttributionCorrection,
     "deadletter": DeadLetter,
     "inventory.devices": NodeInventory,
