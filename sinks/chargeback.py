@@ -143,15 +143,21 @@ def unidentified(client: Any, period: str) -> Unidentified:
 
 
 EXPLAIN_COLUMNS = (
-    "cluster", "job_id", "job_start", "user", "team", "project", "original_project", "correction_id", "cost_centre",
-    "generation", "pricing_tier", "preemptible", "gpu_share_slices", "gpu_share_of", "first_day", "last_day",
-    "allocated_s", "active_s", "starved_s", "idle_s", "dark_s", "charge", "claimed_project",
+    "cluster", "job_id", "job_start", "user", "user_uid", "identity", "user_source", "team", "project",
+    "original_project", "correction_id", "cost_centre", "generation", "pricing_tier", "preemptible", "gpu_share_slices",
+    "gpu_share_of", "first_day", "last_day", "allocated_s", "active_s", "starved_s", "idle_s", "dark_s", "charge",
+    "claimed_project", "claimed_user",
 )  # fmt: skip
+_IDENTITY_COLUMNS = ("user_uid", "identity", "user_source", "claimed_user")  # read beside the charge (032)
 # `job_start`: the job's first start, UTC (ISO 8601; empty when its job events never arrived). Job ids are reused
 # (a reinstalled scheduler counts from 1 again), so a job is (cluster, job_id, job_start): two jobs that shared an
 # id are two lines (v_job_lives, migration 022).
 # `claimed_project`: the project the job named but its user is not a member of (v_job_claims); the
 # job is charged to `project`, never to the claim. Empty for every other job.
+# `user_uid`, `identity`, `user_source`: who the job ran as, a name and its identifier (`alice (uid 1001)`; `(uid
+# unknown)` where the source gave none) and where the name came from (SCHEDULER, STAMPED, SELF_DECLARED, NAMESPACE;
+# empty before sched.job-events v4). Two identifiers under one name are two identities (`explain_identities`).
+# `claimed_user`: a self-declared user that disagreed with the verified one; the job is charged to `user`.
 # `gpu_share_slices` of `gpu_share_of`: the share of its GPU the segment's device held (1 of 1 a whole GPU, 1 of 7
 # a 1g MIG slice, 0 of 1 a slice of unknown profile, unpriced); a job on slices of two sizes has two segments.
 
@@ -163,7 +169,10 @@ def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
     period = check_period(period)
     if not project:
         raise ConfigError("--project must not be empty")
-    selected = ", ".join(_EXPLAIN_READ.get(c, f"j.{c}") for c in EXPLAIN_COLUMNS if c != "claimed_project")
+    from sinks.identities import job_identities
+
+    read = [c for c in EXPLAIN_COLUMNS if c != "claimed_project" and c not in _IDENTITY_COLUMNS]
+    selected = ", ".join(_EXPLAIN_READ.get(c, f"j.{c}") for c in read)
     result = client.query(
         f"SELECT {selected}, c.claimed_project FROM v_chargeback_jobs AS j "
         "LEFT JOIN v_job_claims AS c ON j.cluster = c.cluster AND j.job_id = c.job_id "
@@ -172,10 +181,48 @@ def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
         "j.gpu_share_slices",
         parameters={"period": period, "project": project},
     )
-    rows = [dict(zip(EXPLAIN_COLUMNS, row, strict=True)) for row in result.result_rows]
-    for row in rows:
+    read_rows = [dict(zip((*read, "claimed_project"), row, strict=True)) for row in result.result_rows]
+    who = job_identities(client, ((r["cluster"], r["job_id"]) for r in read_rows))
+    rows = []
+    for row in read_rows:
+        found = who.get((row["cluster"], row["job_id"], int(row["job_start"])))
+        row.update(user_uid=found.uid if found else None, user_source=found.source if found else None,
+                   claimed_user=found.claimed if found else None)  # fmt: skip
+        # the identity is the usage's user (as charged) with the events' identifier of that job
+        row["identity"] = identity_text(str(row["user"]), row["user_uid"])
         row["job_start"] = utc_text(int(row["job_start"]))
+        rows.append({c: row[c] for c in EXPLAIN_COLUMNS})
     return rows
+
+
+IDENTITY_SUMMARY_COLUMNS = ("identity", "user", "user_uid", "user_source", "jobs", "allocated_s", "charge")
+
+
+def explain_identities(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The identities behind explain's rows: one per (name, identifier), never one per name, with their jobs,
+    allocated seconds and charge (pure)."""
+    out: dict[tuple[str, str | None], dict[str, Any]] = {}
+    jobs: dict[tuple[str, str | None], set[tuple[str, str, str]]] = {}
+    for row in rows:
+        key = (str(row["user"]), row["user_uid"])
+        line = out.setdefault(key, {"identity": row["identity"], "user": key[0], "user_uid": key[1],
+                                    "user_source": row["user_source"], "jobs": 0, "allocated_s": 0,
+                                    "charge": Decimal(0)})  # fmt: skip
+        jobs.setdefault(key, set()).add((row["cluster"], row["job_id"], row["job_start"]))
+        line["allocated_s"] += int(row["allocated_s"])
+        line["charge"] += Decimal(row["charge"])
+    for key, line in out.items():
+        line["jobs"] = len(jobs[key])
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], k[1] or ""))]
+
+
+def identity_text(user: str, uid: str | None, *, short: bool = False) -> str:
+    """`alice (uid 1001)`, `ci-robot (uid 3f2a…)` (short: a long identifier by its first 8 characters),
+    `alice (uid unknown)`."""
+    if not uid:
+        return f"{user} (uid unknown)"
+    shown = uid[:8] + "…" if short and len(uid) > 10 else uid
+    return f"{user} (uid {shown})"
 
 
 def utc_text(epoch_ms: int) -> str:

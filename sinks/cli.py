@@ -257,6 +257,7 @@ def report_chargeback(
             typer.echo(f"data quality: {unknown.gpu_h} GPU-h of {unknown.jobs} job(s) on devices no source identified "
                        f"(device_uuid {cb.UNIDENTIFIED_PREFIX}*: charged per device, counted dark)")
         _echo_overlaps(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")
+        _echo_identities(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")
     if closed is not None and fmt == "table":
         rows = [{"posted_in": where, "team": a.team, "job_id": a.job_id, "project": a.project, "charge": a.charge,
                  "cause_kind": a.cause_kind, "cause_ref": a.cause_ref} for where, a in since]  # fmt: skip
@@ -283,6 +284,7 @@ def _cluster_report(settings: Settings, period: str, fmt: str, output: Path | No
     if fmt == "table":
         typer.echo(quality.text())
         _echo_overlaps(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")
+        _echo_identities(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")
 
 
 def _echo_overlaps(client: Any, period: str, label: str = "data quality") -> None:
@@ -293,6 +295,22 @@ def _echo_overlaps(client: Any, period: str, label: str = "data quality") -> Non
         found = reconcile.overlaps(client, period)
     for overlap in found:
         typer.echo(f"{label}: {overlap.text()}")
+
+
+def _echo_identities(client: Any, period: str, label: str = "data quality", team: str | None = None) -> None:
+    """The data-quality finding under a table: each cluster whose jobs' users are only self-declared (no
+    admission stamp seen), and how many self-declared users disagreed with the verified one (issue 38)."""
+    from sinks.identities import cluster_identities
+
+    with _warehouse_errors():
+        found = cluster_identities(client, period, team)
+    for cluster in found:
+        note = cluster.note()
+        if note is not None:
+            typer.echo(f"{label}: {note}")
+        if cluster.claimed_user_jobs:
+            typer.echo(f"{label}: on {cluster.cluster}, {cluster.claimed_user_jobs} job(s) named a user other than "
+                       "their verified submitter (charged to the submitter)")
 
 
 def _quota_report(settings: Settings, period: str, policy_path: Path | None, fmt: str, output: Path | None) -> None:
@@ -331,6 +349,9 @@ def report_explain(
         quality = data_quality(client, period, project)
     _emit(_with_quality(rows, quality, fmt), fmt, output, f"jobs behind {project} in {period}", cb.EXPLAIN_COLUMNS)
     if fmt == "table":
+        # one line per identity, a name and its identifier: a name recreated with another identifier is two
+        _emit(cb.explain_identities(rows), fmt, None, f"identities behind {project} in {period}",
+              cb.IDENTITY_SUMMARY_COLUMNS)  # fmt: skip
         typer.echo(quality.text())
 
 

@@ -12,7 +12,11 @@ How far a month's charges can be trusted, over the jobs behind them (the whole m
 - `unpriced_gpu_h`, `unknown_mig_gpu_h`: allocated time with no rate, and the part of it on MIG slices
   whose share of the GPU is unknown (left unpriced rather than guessed, schemas/mig.py);
 - `overlap_gpu_h`, `overlap_jobs`: device time two clusters' jobs both claimed, ceded by the job that started
-  first and charged to the other (migration 016; `report chargeback` names each pair, sinks/reconcile.py).
+  first and charged to the other (migration 016; `report chargeback` names each pair, sinks/reconcile.py);
+- `claimed_user_jobs`: jobs whose self-declared user (a label the submitter wrote) disagreed with the verified
+  submitter (charged to the verified one; `user_claimed`, migration 032);
+- `self_declared_gpu_h`: allocated time of jobs whose user is only self-declared (`user_source` SELF_DECLARED or
+  NAMESPACE: a Kubernetes cluster without the admission stamp); per cluster, sinks/identities.py says which.
 
 `figure` is pure over per-job facts; `data_quality` reads them (bound parameters, fixed identifiers).
 
@@ -45,6 +49,8 @@ class JobFacts:
     project_source: str  # EXPLICIT, DEFAULT or MISSING (the job's latest event)
     claimed: bool  # named a project its user is not a member of
     ceded_s: int = 0  # seconds it claimed that a later-started job of another cluster held (not charged to it)
+    user_source: str | None = None  # SCHEDULER, STAMPED, SELF_DECLARED, NAMESPACE; None: not recorded (before v4)
+    claimed_user: bool = False  # its self-declared user disagreed with the verified one
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,8 @@ class DataQuality:
     unknown_mig_gpu_h: Decimal
     overlap_gpu_h: Decimal = Decimal("0.000")
     overlap_jobs: int = 0
+    claimed_user_jobs: int = 0
+    self_declared_gpu_h: Decimal = Decimal("0.000")
     frozen: bool = False  # the figure a closed month's statements froze, not the ledger's now
 
     def columns(self) -> dict[str, Any]:
@@ -77,6 +85,11 @@ class DataQuality:
         if self.overlap_jobs:
             line += (f"; claimed by two clusters at once {self.overlap_gpu_h} GPU-h, ceded by {self.overlap_jobs} "
                      "jobs (charged once)")  # fmt: skip
+        if self.claimed_user_jobs:
+            line += (f"; self-declared user disagreed with the verified submitter on {self.claimed_user_jobs} jobs "
+                     "(charged to the verified one)")  # fmt: skip
+        if self.self_declared_gpu_h:
+            line += f"; identity only self-declared {self.self_declared_gpu_h} GPU-h"
         return line
 
 
@@ -107,6 +120,9 @@ class Tally:
     unknown_mig_s: int = 0
     ceded_s: int = 0
     overlap_jobs: int = 0
+    # issue 38 (migration 032): left out of a statement's hashed text while 0, so statements closed before keep theirs
+    claimed_user_jobs: int = 0
+    self_declared_s: int = 0
 
     @classmethod
     def of(cls, jobs: Iterable[JobFacts]) -> Tally:
@@ -123,6 +139,8 @@ class Tally:
             unknown_mig_s=sum(j.unknown_mig_s for j in listed),
             ceded_s=sum(j.ceded_s for j in listed),
             overlap_jobs=sum(1 for j in listed if j.ceded_s > 0),
+            claimed_user_jobs=sum(1 for j in listed if j.claimed_user),
+            self_declared_s=sum(j.allocated_s for j in listed if j.user_source in SELF_DECLARED_SOURCES),
         )
 
     def __add__(self, other: Tally) -> Tally:
@@ -143,11 +161,21 @@ class Tally:
             unknown_mig_gpu_h=_gpu_h(self.unknown_mig_s),
             overlap_gpu_h=_gpu_h(self.ceded_s),
             overlap_jobs=self.overlap_jobs,
+            claimed_user_jobs=self.claimed_user_jobs,
+            self_declared_gpu_h=_gpu_h(self.self_declared_s),
             frozen=frozen,
         )
 
 
+    def canonical(self) -> dict[str, int]:
+        """The tally as a statement's hash covers it: the fields added later only when not 0, so a statement closed
+        before they existed (read back with 0) keeps the hash it closed with."""
+        return {k: v for k, v in asdict(self).items() if v or k not in LATER_FIELDS}
+
+
 TALLY_FIELDS = tuple(Tally.__dataclass_fields__)
+LATER_FIELDS = frozenset({"claimed_user_jobs", "self_declared_s"})
+SELF_DECLARED_SOURCES = frozenset({"SELF_DECLARED", "NAMESPACE"})
 
 
 def figure(scope: str, jobs: Iterable[JobFacts]) -> DataQuality:
@@ -191,7 +219,8 @@ def job_facts(client: Any, period: str, project: str | None = None) -> list[tupl
         parameters=params,
     ).result_rows
     sources = client.query(
-        "SELECT cluster, job_id, argMax(project_source, ts_ms), max(project_claimed IS NOT NULL) FROM job_events "
+        "SELECT cluster, job_id, argMax(project_source, ts_ms), max(project_claimed IS NOT NULL), "
+        "argMax(user_source, ts_ms), max(user_claimed IS NOT NULL) FROM job_events "
         f"WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM usage_daily WHERE {_MONTH} AND job_id != '') "
         "GROUP BY cluster, job_id",
         parameters=params,
@@ -205,12 +234,13 @@ def job_facts(client: Any, period: str, project: str | None = None) -> list[tupl
         "GROUP BY cluster, job_id",
         parameters=params,
     ).result_rows
-    source = {(c, j): (str(s), bool(claimed)) for c, j, s, claimed in sources}
+    source = {(c, j): (str(s), bool(claimed), None if us is None else str(us), bool(uc))
+              for c, j, s, claimed, us, uc in sources}  # fmt: skip
     unknown = {(c, j): int(s) for c, j, s in unidentified}
     given = {(c, j): int(s) for c, j, s in ceded}
     facts = []
     for c, j, a, d, u, m, team in usage:
-        project_source, claimed = source.get((c, j), ("MISSING", False))
+        project_source, claimed, user_source, claimed_user = source.get((c, j), ("MISSING", False, None, False))
         facts.append((str(team), JobFacts(int(a), int(d), int(u), int(m), unknown.get((c, j), 0), project_source,
-                                          claimed, given.get((c, j), 0))))  # fmt: skip
+                                          claimed, given.get((c, j), 0), user_source, claimed_user)))  # fmt: skip
     return facts

@@ -128,10 +128,10 @@ def raw_sample_rows(r: NodeScrape) -> list[Row]:
 
 JOB_EVENT_COLUMNS = (
     "event_id", "event_type", "ts_ms", "scheduler", "cluster", "job_id", "array_job_id", "array_task_id",
-    "het_job_id", "het_job_offset", "job_name", "user", "account", "project", "project_source",
-    "project_validation", "project_claimed", "team", "cost_centre", "partition", "qos", "preemptible", "interactive",
-    "checkpointable", "gang_size", "gang_id", "allocations", "requested_devices", "pricing_tier", "submit_ts_ms",
-    "start_ts_ms", "end_ts_ms", "exit_state", "exit_code",
+    "het_job_id", "het_job_offset", "job_name", "user", "user_uid", "user_source", "user_claimed", "user_groups",
+    "account", "project", "project_source", "project_validation", "project_claimed", "team", "cost_centre",
+    "partition", "qos", "preemptible", "interactive", "checkpointable", "gang_size", "gang_id", "allocations",
+    "requested_devices", "pricing_tier", "submit_ts_ms", "start_ts_ms", "end_ts_ms", "exit_state", "exit_code",
 )  # fmt: skip
 
 
@@ -142,10 +142,11 @@ def job_event_rows(r: JobEvent) -> list[Row]:
     allocations = json.dumps([a.to_avro() for a in r.allocations], sort_keys=True)
     return [[
         r.event_id, r.event_type, r.ts_ms, r.scheduler, r.cluster, r.job_id, r.array_job_id, r.array_task_id,
-        r.het_job_id, r.het_job_offset, r.job_name, r.user, r.account, r.project, r.project_source,
-        r.project_validation, r.project_claimed, team, cost_centre, r.partition, r.qos, r.preemptible, r.interactive,
-        r.checkpointable, r.gang_size, r.gang_id, allocations, r.requested_devices, r.pricing_tier, r.submit_ts_ms,
-        r.start_ts_ms, r.end_ts_ms, r.exit_state, r.exit_code,
+        r.het_job_id, r.het_job_offset, r.job_name, r.user, r.user_uid, r.user_source, r.user_claimed,
+        list(r.user_groups), r.account, r.project, r.project_source, r.project_validation, r.project_claimed, team,
+        cost_centre, r.partition, r.qos, r.preemptible, r.interactive, r.checkpointable, r.gang_size, r.gang_id,
+        allocations, r.requested_devices, r.pricing_tier, r.submit_ts_ms, r.start_ts_ms, r.end_ts_ms, r.exit_state,
+        r.exit_code,
     ]]  # fmt: skip
 
 

@@ -166,7 +166,13 @@ def statement_show(
     if team is not None and not chosen:
         raise ConfigError(f"no statement for team {team!r} in {period}")
     rows = line_rows(chosen, state)
+    notes: dict[str, list[str]] = {}
     if fmt == "table":
+        from sinks.identities import cluster_identities, self_declared_notes
+
+        with _warehouse_errors():
+            notes = {s.team: self_declared_notes(cluster_identities(client, period, s.team)) for s in chosen
+                     if s.team}  # fmt: skip
         for s in chosen:
             total = getattr(s, "total_charge", None) or s.total()
             typer.echo(f"{s.period} {s.team or '(no team)'} [{state}] total {total}  statement "
@@ -174,6 +180,8 @@ def statement_show(
             quality = _team_quality(s, state)
             if quality is not None:
                 typer.echo(f"  {quality.text()}")
+            for note in notes.get(s.team, []):  # where the team's jobs' names are only self-declared (issue 38)
+                typer.echo(f"  data quality (the ledger now): {note}" if state == "closed" else f"  {note}")
     _emit(rows, fmt, output, f"statements {period} ({state})", TABLE_COLUMNS if fmt == "table" else
           STATEMENT_LINE_COLUMNS)  # fmt: skip
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -194,7 +194,7 @@ class Statement:
         out: dict[str, Any] = {"period": self.period, "team": self.team, "card_version": self.card_version,
                                "lines": lines}  # fmt: skip
         if self.quality is not None:  # absent, not null, on a statement that froze none: its hash stays
-            out["data_quality"] = asdict(self.quality)
+            out["data_quality"] = self.quality.canonical()
         return out
 
     @property

@@ -21,6 +21,14 @@ def test_job_event_rows_and_identity_snapshot() -> None:
     assert values["team"] == "vision" and values["cost_centre"] == "CC-100"
     assert json.loads(values["allocations"])[0]["devices"][0]["uuid"] == "GPU-a"
     assert values["event_type"] == "STARTED" and values["checkpointable"] is True
+    assert (values["user_uid"], values["user_source"], values["user_claimed"], values["user_groups"]) == (
+        None, None, None, [])  # a v3 event: no identifier, source unknown
+    stamped = job_event("STARTED", 1_000, user_uid="3f2a", user_source="STAMPED", user_claimed="bob",
+                        user_groups=["system:authenticated"])  # fmt: skip
+    validate("sched.job-events", stamped)
+    values = dict(zip(events.columns, events.rows(stamped)[0], strict=True))
+    assert (values["user_uid"], values["user_source"], values["user_claimed"], values["user_groups"]) == (
+        "3f2a", "STAMPED", "bob", ["system:authenticated"])
     (snap,) = identities.rows(started)
     assert dict(zip(identities.columns, snap, strict=True))["teams"] == ["vision", "infra"]
     assert identities.rows(job_event("ENDED", 2_000)) == []  # only STARTED carries the snapshot
