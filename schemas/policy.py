@@ -25,6 +25,8 @@ governance:                 # issue 19: who decides appeals and approves reserva
 teams:
   - {name: vision, slurm_account: vision, namespaces: [vision], tiers: [production, sweeps],
      quota: {hopper: 2}, borrowing_limit: {hopper: 1}, lending_limit: {hopper: 2}, shares: 1}
+robots:                     # issue 38: who owns each robot account (a Kubernetes service account or a Slurm user)
+  - {account: "system:serviceaccount:vision:ci-robot", team: vision, project: vision-seg}
 ```
 """
 
@@ -57,6 +59,9 @@ DEFAULT_HALF_LIFE_DAYS = Decimal(7)
 # Slurm account/QOS names and Kubernetes object names: one lower-case DNS label keeps both engines happy.
 _NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _USER = r"^[A-Za-z0-9_][-A-Za-z0-9_.]{0,63}$"
+_PROJECT = r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$"
+# A Kubernetes service account as the API server names it: system:serviceaccount:<namespace>:<name>.
+_SERVICE_ACCOUNT = r"system:serviceaccount:([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?):([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
 _LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 _LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
 
@@ -131,6 +136,24 @@ class Team(_Strict):
         return self.slurm_account or self.name
 
 
+class Robot(_Strict):
+    """A robot account and who owns it (issue 38: "a robot identity that belongs to everyone and nobody"): the
+    directory and the job page name its team and project; a robot nobody owns is shown as such. `account` is the
+    name jobs run as: `system:serviceaccount:<namespace>:<name>` on Kubernetes, a user name on Slurm. Ownership is
+    by name: every identifier the account has had (a recreated service account) is the same owner's."""
+
+    account: str = Field(max_length=320)
+    team: str
+    project: str | None = Field(default=None, pattern=_PROJECT)
+    description: str = Field(default="", max_length=512)
+
+    @property
+    def service_account(self) -> tuple[str, str] | None:
+        """(namespace, name) of a Kubernetes service account, None for a Slurm user."""
+        found = re.fullmatch(_SERVICE_ACCOUNT, self.account)
+        return (found.group(1), found.group(3)) if found else None
+
+
 class AppealRules(_Strict):
     """Who decides appeals and by when (issue 19). Deciders: the users who may decide; none listed, the operators."""
 
@@ -181,6 +204,11 @@ class Policy(_Strict):
     kueue: KueueOptions = Field(default_factory=KueueOptions)
     governance: Governance = Field(default_factory=Governance)
     teams: tuple[Team, ...] = Field(min_length=1, max_length=MAX_TEAMS)
+    robots: tuple[Robot, ...] = Field(default=(), max_length=MAX_MEMBERS)
+
+    def robot(self, account: str) -> Robot | None:
+        """Who owns the robot account `account` (the name a job ran as), or None when the policy names no owner."""
+        return next((r for r in self.robots if r.account == account), None)
 
     def tier(self, name: str) -> Tier:
         return next(t for t in self.tiers if t.name == name)
@@ -419,12 +447,27 @@ def _governance_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
             "reservations.idle_warn_minutes must be below idle_release_minutes (the warning comes first)")
 
 
+def _robot_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
+    teams = {t.name for t in policy.teams}
+    seen: dict[str, int] = {}
+    for i, robot in enumerate(policy.robots):
+        if not (re.fullmatch(_SERVICE_ACCOUNT, robot.account) or re.fullmatch(_USER, robot.account)):
+            yield ("robots", i, "account"), (
+                f"{robot.account[:80]!r} is neither system:serviceaccount:<namespace>:<name> nor a user name")
+        if robot.account in seen:
+            yield ("robots", i, "account"), f"robot {robot.account!r} is already robots[{seen[robot.account]}]"
+        seen.setdefault(robot.account, i)
+        if robot.team not in teams:
+            yield ("robots", i, "team"), f"robot {robot.account!r} names unknown team {robot.team!r}"
+
+
 def _semantic_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
     yield from _generation_problems(policy)
     yield from _governance_problems(policy)
     yield from _tier_problems(policy)
     yield from _team_problems(policy)
     yield from _fleet_problems(policy)
+    yield from _robot_problems(policy)
     fs = policy.fair_share
     if fs.mode == "accumulate" and fs.half_life_days is not None:
         yield ("fair_share", "half_life_days"), (

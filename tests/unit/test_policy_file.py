@@ -123,3 +123,37 @@ def test_the_cli_prints_the_problems_exits_2_and_renders_nothing(tmp_path: Path)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"{bad}:10: team 'b' names unknown tier 'gold'"]
     assert not out.exists()
+
+
+def test_robots_name_their_owners_and_bad_entries_point_at_their_lines() -> None:
+    policy = parse_policy(GOOD + """\
+robots:
+  - {account: "system:serviceaccount:a:ci-robot", team: a, project: p-a}
+  - {account: svc-etl, team: b}
+""")
+    robot = policy.robot("system:serviceaccount:a:ci-robot")
+    assert robot is not None and (robot.team, robot.project, robot.service_account) == ("a", "p-a", ("a", "ci-robot"))
+    slurm = policy.robot("svc-etl")
+    assert slurm is not None and slurm.service_account is None and slurm.project is None
+    assert policy.robot("system:serviceaccount:a:other") is None  # nobody owns it
+    found = problems(GOOD + """\
+robots:
+  - {account: "system:serviceaccount:A_B:x", team: a}
+  - {account: svc-etl, team: nobody}
+  - {account: svc-etl, team: b}
+  - {account: svc-x, team: b, owner: me}
+""")
+    assert found == [
+        "p.yaml:15: robots.3.owner: Extra inputs are not permitted",
+    ]
+    found = problems(GOOD + """\
+robots:
+  - {account: "system:serviceaccount:A_B:x", team: a}
+  - {account: svc-etl, team: nobody}
+  - {account: svc-etl, team: b}
+""")
+    assert found == [
+        "p.yaml:12: 'system:serviceaccount:A_B:x' is neither system:serviceaccount:<namespace>:<name> nor a user name",
+        "p.yaml:13: robot 'svc-etl' names unknown team 'nobody'",
+        "p.yaml:14: robot 'svc-etl' is already robots[1]",
+    ]
