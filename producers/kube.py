@@ -36,6 +36,8 @@ from base.errors import ContractError, ParseError
 from base.untrusted import parses_untrusted
 from producers.devicemap import iter_dcgm_labels
 from producers.jobevents import EventContext, EventSink, HeldDevices, job_event
+from producers.kube_identity import USER_KEYS as USER_KEYS  # re-exported: the self-declared user keys
+from producers.kube_identity import IdentityResolver, OwnerSource
 from producers.projects import Attribution
 from producers.slurm import MAX_JOB_GPUS, MAX_NODE_GPUS
 from schemas.topics import JOB_EVENTS, job_key
@@ -45,7 +47,6 @@ log = logging.getLogger(__name__)
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 PROJECT_LABEL = "gpuledger.io/project"
-USER_KEYS = ("gpuledger.io/user", "kueue.x-k8s.io/user")
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
@@ -281,21 +282,16 @@ class GangBook:
 
 
 class KubeEventBuilder:
-    """Turns pods and gang objects into job events: who (user, project attribution), which scheduler,
-    and the gang a pod belongs to."""
+    """Turns pods and gang objects into job events: who (the verified submitter, else the self-declared user,
+    else the namespace: producers/kube_identity.py; project attribution), which scheduler, and the gang a pod
+    belongs to."""
 
-    def __init__(self, ctx: EventContext, book: GangBook, project_label: str) -> None:
+    def __init__(self, ctx: EventContext, book: GangBook, project_label: str,
+                 identity: IdentityResolver | None = None) -> None:  # fmt: skip
         self.ctx = ctx
         self.book = book
         self.project_label = project_label
-
-    def _user(self, obj: Mapping[str, Any]) -> str:
-        m = _meta(obj)
-        for src in (m.get("labels") or {}, m.get("annotations") or {}):
-            for k in USER_KEYS:
-                if src.get(k):
-                    return str(src[k])
-        return str(m.get("namespace") or "unknown")
+        self.identity = identity or IdentityResolver()
 
     def _attribution(self, user: str, obj: Mapping[str, Any]) -> Attribution:
         labels = _meta(obj).get("labels") or {}
@@ -322,7 +318,8 @@ class KubeEventBuilder:
                   **fields: Any) -> dict[str, Any]:
         m = _meta(pod)
         spec = pod.get("spec") or {}
-        user = self._user(pod)
+        who = self.identity.resolve(pod)
+        user = who.user
         gang = self.book.gang_of(pod)
         gang_state = self.book.state(gang)
         labels = m.get("labels") or {}
@@ -347,12 +344,14 @@ class KubeEventBuilder:
             gang_size=self.book.size(gang, req.devices),
             requested_devices=req.devices,
             submit_ts_ms=parse_time(m.get("creationTimestamp")),
+            **who.fields(),
             **fields,
         )
 
     def gang_event(self, obj: Mapping[str, Any], kind: str, scheduler: str, etype: str, ts: int,
                    gs: _GangState, **fields: Any) -> dict[str, Any]:
-        user = self._user(obj)
+        who = self.identity.resolve(obj)
+        user = who.user
         return job_event(
             self.ctx,
             event_type=etype,
@@ -369,6 +368,7 @@ class KubeEventBuilder:
             requested_devices=gs.devices,
             submit_ts_ms=parse_time(_meta(obj).get("creationTimestamp")),
             id_extra=(kind,),
+            **who.fields(),
             **fields,
         )
 
@@ -537,12 +537,14 @@ class KubeTracker:
         pod_devices: PodDeviceSource | None = None,
         *,
         project_label: str = PROJECT_LABEL,
+        owners: OwnerSource | None = None,
     ) -> None:
         self.ctx = ctx
         self.pod_devices = pod_devices
         self.pods: dict[str, _PodState] = {}
         self.book = GangBook()
-        self.events = KubeEventBuilder(ctx, self.book, project_label)
+        self.identity = IdentityResolver(owners)  # owners: where a controller-made object's submitter is read
+        self.events = KubeEventBuilder(ctx, self.book, project_label, self.identity)
 
     def gang_of(self, pod: Mapping[str, Any]) -> str | None:
         return self.book.gang_of(pod)

@@ -1,9 +1,12 @@
 """`gpuledger policy render|apply|diff --engine slurm|kueue [--policy FILE]`: the organisation's policy.yaml
 (schemas/policy.py) onto the scheduler, and the drift between the two.
 
-- render: files only (Slurm: `sacctmgr-policy.sh` and `slurm-policy.conf`; Kueue: `kueue-policy.yaml`).
+- render: files only (Slurm: `sacctmgr-policy.sh` and `slurm-policy.conf`; Kueue: `kueue-policy.yaml` and
+  `submitter-stamp.yaml`, the admission policies that stamp and lock the verified submitter,
+  producers/policy_stamp.py).
 - apply: Slurm: the `sacctmgr -i` commands that turn today's accounting state into the policy's (add what
-  is missing, modify what differs); Kueue: server-side apply of every object through the Kubernetes API.
+  is missing, modify what differs); Kueue: server-side apply of every object (the submitter stamp's
+  admission policies first, then the Kueue objects) through the Kubernetes API.
 - diff: reads the live state (`sacctmgr -n -P show qos|assoc`, the Kubernetes API) and prints one line per
   difference; exit 1 when there is any, 0 when none. On Kueue a team's quota raised by its active reservations
   (reservations.v1, the reservation service's bump) is expected: a raise they account for exactly is printed as
@@ -23,7 +26,7 @@ import typer
 from base.errors import ConfigError, ServiceError
 from base.kube import load_credentials
 from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
-from producers import policy_kueue, policy_slurm
+from producers import policy_kueue, policy_slurm, policy_stamp
 from schemas.policy import Policy, PolicyError, load_policy
 
 ENGINES = ("slurm", "kueue")
@@ -69,9 +72,10 @@ def render_files(policy: Policy, engine: str, out: Path) -> list[Path]:
         script.write_text(policy_slurm.render_script(policy_slurm.desired_state(policy)), encoding="utf-8")
         conf.write_text(policy_slurm.render_conf(policy), encoding="utf-8")
         return [script, conf]
-    manifest = out / "kueue-policy.yaml"
+    manifest, stamp = out / "kueue-policy.yaml", out / "submitter-stamp.yaml"
     manifest.write_text(policy_kueue.render_yaml(policy_kueue.render_objects(policy)), encoding="utf-8")
-    return [manifest]
+    stamp.write_text(policy_kueue.render_yaml(policy_stamp.render_objects()), encoding="utf-8")
+    return [manifest, stamp]
 
 
 # -- Slurm ----------------------------------------------------------------------------------------
@@ -109,6 +113,19 @@ def kube_api(kubeconfig: Path | None) -> Any:
     return client.CustomObjectsApi()
 
 
+def kueue_objects(policy: Policy) -> list[dict[str, Any]]:
+    """What `apply --engine kueue` writes and `diff` compares: the submitter stamp's admission policies (before
+    anything is queued, so every Job is stamped), then the Kueue objects."""
+    return [*policy_stamp.render_objects(), *policy_kueue.render_objects(policy)]
+
+
+def _resource(kind: str) -> tuple[str, str, str, bool]:
+    """(group, version, plural, namespaced) of a rendered kind."""
+    if kind in policy_stamp.KINDS:
+        return (policy_stamp.GROUP, policy_stamp.VERSION, *policy_stamp.KINDS[kind])
+    return (policy_kueue.GROUP, policy_kueue.VERSION, *policy_kueue.KINDS[kind])
+
+
 def kueue_live(api: Any, want: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
     """The live objects of the kinds and names the policy renders (a missing one is simply absent)."""
     from kubernetes.client.exceptions import ApiException
@@ -116,8 +133,7 @@ def kueue_live(api: Any, want: Sequence[dict[str, Any]]) -> dict[tuple[str, str,
     live: dict[tuple[str, str, str], dict[str, Any]] = {}
     for obj in want:
         kind, ns, name = policy_kueue.object_key(obj)
-        plural, namespaced = policy_kueue.KINDS[kind]
-        g, v = policy_kueue.GROUP, policy_kueue.VERSION
+        g, v, plural, namespaced = _resource(kind)
         try:
             got = (api.get_namespaced_custom_object(g, v, ns, plural, name) if namespaced
                    else api.get_cluster_custom_object(g, v, plural, name))  # fmt: skip
@@ -133,10 +149,9 @@ def kueue_apply(api: Any, objs: Sequence[dict[str, Any]]) -> None:
     """Server-side apply of each object (force: the policy owns the fields it sets)."""
     from kubernetes.client.exceptions import ApiException
 
-    g, v = policy_kueue.GROUP, policy_kueue.VERSION
     for obj in objs:
         kind, ns, name = policy_kueue.object_key(obj)
-        plural, namespaced = policy_kueue.KINDS[kind]
+        g, v, plural, namespaced = _resource(kind)
         kw: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True,
                               "_content_type": "application/apply-patch+yaml"}  # fmt: skip
         try:
@@ -198,8 +213,11 @@ def policy_apply(
             typer.echo(" ".join(["sacctmgr", "-i", *argv]))
         typer.echo(f"applied: {len(commands)} sacctmgr commands")
         return
-    objs = policy_kueue.render_objects(policy)
-    kueue_apply(kube_api(kubeconfig), objs)
+    stamp, objs = policy_stamp.render_objects(), policy_kueue.render_objects(policy)
+    api = kube_api(kubeconfig)
+    kueue_apply(api, stamp)
+    typer.echo(f"applied: {len(stamp)} admission objects (the submitter stamp and its lock)")
+    kueue_apply(api, objs)
     typer.echo(f"applied: {len(objs)} Kueue objects")
 
 
@@ -219,7 +237,7 @@ def policy_diff(
     if check_engine(engine) == "slurm":
         found = slurm_drift(policy, run_command, sacctmgr)
     else:
-        objs = policy_kueue.render_objects(policy)
+        objs = kueue_objects(policy)
         live = kueue_live(kube_api(kubeconfig), objs)
         by = reservation_bumps(policy, state_dir) if reservations else []
         found, explained = policy_kueue.drift_with_reservations(policy, objs, live, by)

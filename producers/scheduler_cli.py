@@ -318,8 +318,11 @@ def kube_watch(
 
     scrape_labels()
     sink: Any = _PrintSink() if dry_run else _FlushingSink(_publisher(settings))
-    watcher = KubeWatcher(client.ApiClient(), KubeTracker(ctx, labels, project_label=sched.kube_label), sink,
-                          clock=lambda: int(time.time() * 1000), timeout_seconds=timeout_s)
+    from producers.kube_identity import ApiOwners
+
+    api = client.ApiClient()
+    tracker = KubeTracker(ctx, labels, project_label=sched.kube_label, owners=ApiOwners(api))
+    watcher = KubeWatcher(api, tracker, sink, clock=lambda: int(time.time() * 1000), timeout_seconds=timeout_s)
     following = threading.Event()  # set: stop following the labels
 
     def on_term(*_: Any) -> None:
