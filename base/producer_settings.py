@@ -31,7 +31,10 @@ class SchedulerSettings(BaseModel):
     kube_label: str = "gpuledger.io/project"
     help_url: str | None = None
     pricing_tier: str = "on-prem"
-    preemptible_qos: list[str] = Field(default_factory=lambda: ["preemptible", "preempt", "scavenger", "low", "spot"])
+    # An explicit override of which Slurm QOS / Kubernetes priority classes are priced as preemptible. Empty
+    # (the default): the policy's preemptible tier (policy_path), else the conventional names without a policy
+    # (producers/preemptible.py; docs/policy.md "Which jobs are preemptible").
+    preemptible_qos: list[str] = Field(default_factory=list)
     slurm_timezone: str = "UTC"  # zone of scontrol/jobcomp local times
     poll_interval_s: float = Field(default=30.0, gt=0)
     squeue: list[str] = Field(default_factory=lambda: ["squeue", "--json"], min_length=1)

@@ -22,6 +22,9 @@ from schemas.records import ContractRecord, IdentitySnapshot, JobEvent, JobEvent
 EVENT_TYPES: tuple[str, ...] = get_args(JobEventType)  # from the contract (schemas/sched.job-events.avsc)
 _FIELDS = frozenset(JobEvent.__dataclass_fields__)
 WITH_ALLOCATIONS = frozenset({"STARTED", "RESUMED", "UPDATED"})
+# The QOS / priority class names priced as preemptible when neither `scheduler.preemptible_qos` nor a policy says
+# (producers/preemptible.py resolves which applies).
+DEFAULT_PREEMPTIBLE = frozenset({"preemptible", "preempt", "scavenger", "low", "spot"})
 _P = ParamSpec("_P")
 
 
@@ -88,7 +91,9 @@ class EventContext:
     identity: IdentitySource | None = None
     devices: DeviceMap | None = None
     pricing_tier: str = "on-prem"
-    preemptible_qos: frozenset[str] = frozenset({"preemptible", "preempt", "scavenger", "low", "spot"})
+    # Slurm QOS and Kubernetes priority classes (pod PriorityClass, Kueue WorkloadPriorityClass) priced as
+    # preemptible: producers/preemptible.py resolves them (override, else the policy, else these defaults).
+    preemptible_qos: frozenset[str] = DEFAULT_PREEMPTIBLE
     preemptible_partitions: frozenset[str] = frozenset()
     interactive_partitions: frozenset[str] = frozenset({"interactive"})
     checkpoint_comment_key: str = "checkpoint"

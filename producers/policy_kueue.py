@@ -45,6 +45,19 @@ KINDS: dict[str, tuple[str, bool]] = {
 APPLY_ORDER = tuple(KINDS)
 
 
+def tier_priority_class(tier: str) -> str:
+    """The WorkloadPriorityClass a tier is rendered as (its own name)."""
+    return tier
+
+
+def preemptible_priority_classes(policy: Policy) -> frozenset[str]:
+    """The WorkloadPriorityClass the policy renders for its preemptible tier (none without a `preemptible`
+    section): what the Kubernetes producer prices as preemptible when a policy is configured."""
+    if policy.preemptible is None:
+        return frozenset()
+    return frozenset({tier_priority_class(policy.preemptible.tier)})
+
+
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
     if namespace is not None:
@@ -102,7 +115,8 @@ def render_objects(policy: Policy) -> list[dict[str, Any]]:
     objs.append({"apiVersion": API_VERSION, "kind": "Cohort", "metadata": _meta(policy.kueue.cohort), "spec": {}})
     for tier in policy.tiers_by_priority():
         about = tier.description or f"gpuledger tier {tier.name}"
-        objs.append({"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass", "metadata": _meta(tier.name),
+        objs.append({"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass",
+                     "metadata": _meta(tier_priority_class(tier.name)),
                      "value": tier.priority, "description": about})  # fmt: skip
     for team in policy.teams:
         if not team.namespaces:

@@ -92,20 +92,31 @@ def _wall(hours: Decimal) -> str:
     return f"{days}-{text}" if days else text
 
 
+def tier_qos(tier: str) -> str:
+    """The QOS a tier is rendered as (its own name)."""
+    return tier
+
+
+def preemptible_qos(policy: Policy) -> frozenset[str]:
+    """The QOS the policy renders for its preemptible tier (none without a `preemptible` section): what the
+    Slurm producer prices as preemptible when a policy is configured."""
+    return frozenset({tier_qos(policy.preemptible.tier)}) if policy.preemptible is not None else frozenset()
+
+
 def desired_state(policy: Policy) -> SlurmState:
     qos: dict[str, Qos] = {}
     for tier in policy.tiers:
         interactive = policy.interactive if policy.interactive and policy.interactive.tier == tier.name else None
-        qos[tier.name] = Qos(
-            name=tier.name,
+        qos[tier_qos(tier.name)] = Qos(
+            name=tier_qos(tier.name),
             priority=tier.priority,
-            preempt=frozenset(tier.preempts),
+            preempt=frozenset(tier_qos(t) for t in tier.preempts),
             max_tres_per_user=f"gres/gpu={interactive.max_gpus_per_user}" if interactive else "",
             max_wall=_wall(interactive.max_session_hours) if interactive else "",
         )
     assocs: dict[tuple[str, str], Association] = {}
     for team in policy.teams:
-        tiers = policy.team_tiers(team)
+        tiers = tuple(tier_qos(t) for t in policy.team_tiers(team))
         grp = {
             f"gres/gpu:{policy.generations[gen].slurm_gres}": team.quota.get(gen, 0) + team.borrowing_limit.get(gen, 0)
             for gen in policy.generations
