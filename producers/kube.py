@@ -54,6 +54,7 @@ KUBEFLOW_JOB = "training.kubeflow.org/job-name"  # the pods of a PyTorchJob, MPI
 COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins' coscheduling PodGroup
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"  # v1beta1 spec.priorityClassSource
 PREEMPT_REASONS = frozenset(
     {"Preempted", "PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI", "Evicted",
      "TerminationByKubelet", "StoppedByKueue", "InactiveWorkload"}
@@ -217,6 +218,7 @@ class _GangState:
     devices: int = 0
     queue: str | None = None
     evicted: str | None = None  # exit state for the gang's pods while it is evicted (PREEMPTED, REQUEUED)
+    priority_class: str | None = None  # a Kueue Workload's WorkloadPriorityClass (what the policy's tiers render)
 
 
 class GangBook:
@@ -335,9 +337,8 @@ class KubeEventBuilder:
             job_name=m.get("name"),
             account=m.get("namespace"),
             partition=labels.get(KUEUE_QUEUE) or (gang_state.queue if gang_state else None),
-            qos=spec.get("priorityClassName"),
-            preemptible=(spec.get("priorityClassName") or "") in self.ctx.preemptible_qos
-            or (spec.get("priority") or 0) < 0,
+            qos=spec.get("priorityClassName") or (gang_state.priority_class if gang_state else None),
+            preemptible=self._preemptible(spec, gang_state),
             interactive=labels.get("gpuledger.io/interactive") == "true",
             checkpointable=labels.get("gpuledger.io/checkpointable") == "true",
             gang_id=gang,
@@ -347,6 +348,18 @@ class KubeEventBuilder:
             **who.fields(),
             **fields,
         )
+
+    def _preemptible(self, spec: Mapping[str, Any], gang_state: _GangState | None) -> bool:
+        """Priced as preemptible: the pod's PriorityClass, or its Kueue Workload's WorkloadPriorityClass, is one the
+        pricing names (producers/preemptible.py: the policy's preemptible tier), or the pod's priority is
+        negative. The Workload's class is Kueue's own record of the tier, whatever labels the pod carries."""
+        names = self.ctx.preemptible_qos
+        if (spec.get("priorityClassName") or "") in names:
+            return True
+        if gang_state is not None and gang_state.priority_class in names:
+            return True
+        priority = spec.get("priority")
+        return isinstance(priority, int) and priority < 0
 
     def gang_event(self, obj: Mapping[str, Any], kind: str, scheduler: str, etype: str, ts: int,
                    gs: _GangState, **fields: Any) -> dict[str, Any]:
@@ -363,6 +376,8 @@ class KubeEventBuilder:
             job_name=_meta(obj).get("name"),
             account=_meta(obj).get("namespace"),
             partition=gs.queue,
+            qos=gs.priority_class,
+            preemptible=gs.priority_class in self.ctx.preemptible_qos,
             gang_id=f"{kind}:{_key(obj)}",
             gang_size=gs.devices,
             requested_devices=gs.devices,
@@ -429,6 +444,22 @@ def pod_exit(pod: Mapping[str, Any], watch_type: str) -> tuple[str, int | None]:
     if phase == "Failed":
         return "FAILED", code
     return "CANCELLED" if watch_type == "DELETED" else "UNKNOWN", code
+
+
+def workload_priority_class(spec: Mapping[str, Any]) -> str | None:
+    """The WorkloadPriorityClass of a Kueue Workload: v1beta1 `priorityClassName` where `priorityClassSource` is
+    kueue.x-k8s.io/workloadpriorityclass, v1beta2 `priorityClassRef` of kind WorkloadPriorityClass. None for a pod
+    PriorityClass (the pods carry that one themselves) or none."""
+    ref = spec.get("priorityClassRef")
+    if isinstance(ref, Mapping):
+        if ref.get("group") == "kueue.x-k8s.io" and ref.get("kind") == "WorkloadPriorityClass":
+            name = ref.get("name")
+            return name[:253] if isinstance(name, str) and name else None
+        return None
+    name = spec.get("priorityClassName")
+    if spec.get("priorityClassSource") == WORKLOAD_PRIORITY_SOURCE and isinstance(name, str) and name:
+        return name[:253]  # an object name is at most 253 characters
+    return None
 
 
 def workload_devices(spec: Mapping[str, Any], admission: Mapping[str, Any]) -> int:
@@ -631,6 +662,7 @@ class KubeTracker:
         admission = status.get("admission") or {}
         gs.devices = workload_devices(spec, admission)
         gs.queue = admission.get("clusterQueue") or spec.get("queueName")
+        gs.priority_class = workload_priority_class(spec)
         return self._gang_events(
             watch_type, wl, now_ms, gang, gs, ("kueue", "KUEUE"), partial(workload_transitions, wl, gs, watch_type)
         )

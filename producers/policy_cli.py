@@ -8,9 +8,12 @@
   is missing, modify what differs); Kueue: server-side apply of every object (the submitter stamp's
   admission policies first, then the Kueue objects) through the Kubernetes API.
 - diff: reads the live state (`sacctmgr -n -P show qos|assoc`, the Kubernetes API) and prints one line per
-  difference; exit 1 when there is any, 0 when none. On Kueue a team's quota raised by its active reservations
-  (reservations.v1, the reservation service's bump) is expected: a raise they account for exactly is printed as
-  "explained by reservation R (+N) until T" and is not drift; a bump missing or of another size is.
+  difference; exit 1 when there is any, 0 when none. It also says where the pricing disagrees with the engine
+  (`pricing: ...`: an explicit `scheduler.preemptible_qos` that names another QOS / WorkloadPriorityClass than
+  the policy's preemptible tier, or leaves that tier out; producers/preemptible.py). On Kueue a team's quota
+  raised by its active reservations (reservations.v1, the reservation service's bump) is expected: a raise they
+  account for exactly is printed as "explained by reservation R (+N) until T" and is not drift; a bump missing
+  or of another size is.
 A policy file with problems prints one `file:line: what` per problem and exits 2, rendering nothing.
 """
 
@@ -27,6 +30,7 @@ from base.errors import ConfigError, ServiceError
 from base.kube import load_credentials
 from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
 from producers import policy_kueue, policy_slurm, policy_stamp
+from producers.preemptible import pricing_drift
 from schemas.policy import Policy, PolicyError, load_policy
 
 ENGINES = ("slurm", "kueue")
@@ -241,6 +245,8 @@ def policy_diff(
         live = kueue_live(kube_api(kubeconfig), objs)
         by = reservation_bumps(policy, state_dir) if reservations else []
         found, explained = policy_kueue.drift_with_reservations(policy, objs, live, by)
+    # The pricing side: what the producers charge as preemptible against the tier the engine preempts.
+    found = [*found, *pricing_drift(policy, settings_for(state_dir).scheduler.preemptible_qos, engine)]
     for item in [*found, *explained]:
         typer.echo(str(item))
     if found:

@@ -56,8 +56,20 @@ def _context(settings: Any, sched: SchedulerSettings, cluster: str | None = None
         identity=FileDirectory(sched.directory) if sched.directory else None,
         devices=devmap,
         pricing_tier=sched.pricing_tier,
-        preemptible_qos=frozenset(sched.preemptible_qos),
+        preemptible_qos=preemptible_names(settings, sched).names,
     )
+
+
+def preemptible_names(settings: Any, sched: SchedulerSettings) -> Any:
+    """What the producers price as preemptible: the explicit override, else the configured policy's
+    preemptible tier, else the conventional names (producers/preemptible.py)."""
+    from producers.preemptible import resolve
+    from schemas.policy import load_policy
+
+    policy = None
+    if not sched.preemptible_qos and settings.policy_path is not None:
+        policy = load_policy(settings.policy_path)  # a PolicyError names each problem, file:line
+    return resolve(sched.preemptible_qos, policy)
 
 
 def _load_inventory(settings: Any, devmap: Any, timeout_s: float = 10.0) -> int:
