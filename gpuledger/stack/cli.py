@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -155,27 +157,69 @@ def _wait_for_first_rollups(settings: Settings, wait_s: float) -> None:
             time.sleep(2)
 
 
+def command_prefix(cwd: Path | None = None, executable: str | None = None, path: str | None = None) -> str:
+    """How a person types `gpuledger` in the folder `up` ran in, so that what `up` prints runs when pasted there:
+    the bare name where it is on PATH (an installed or activated `gpuledger`), else this environment's entry point
+    relative to that folder (`make up`: `.venv/bin/gpuledger`), else its absolute path; without an entry point
+    (`python -m gpuledger`, a test's `python -c`), this interpreter with `-m gpuledger`."""
+    import shutil
+    import sys
+
+    cwd = Path.cwd() if cwd is None else cwd
+    exe = Path(sys.executable if executable is None else executable)
+    # The venv's bin folder as given, not through its python symlink (that would be the base interpreter's).
+    script = exe.parent / "gpuledger"
+    if not script.is_file():
+        return f"{shlex_quote(str(exe))} -m gpuledger"
+    found = shutil.which("gpuledger", path=os.environ.get("PATH", "") if path is None else path)
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "gpuledger"
+    try:
+        return shlex_quote(str(script.absolute().relative_to(cwd.absolute())))
+    except ValueError:
+        return shlex_quote(str(script.absolute()))
+
+
+def shlex_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def next_steps(settings: Settings, state_dir: Path | None, gl: str, period: str) -> list[tuple[str, str]]:
+    """What to try next, each (command as typed in the folder `up` ran in, what it shows); `gl`: how `gpuledger`
+    is typed there (`command_prefix`)."""
+    sd = f" --state-dir {shlex_quote(str(state_dir))}" if state_dir else ""
+    steps = [
+        (f"{gl} report chargeback --period {period}{sd}", "per team: allocated vs consumed, charge, coverage"),
+        (f"{gl} report chargeback --period {period} --by project{sd}", "the same per project"),
+        (
+            f"{gl} report chargeback --period {period} --by cluster{sd}",
+            "each team on sim (Slurm-like) and sim-k8s (Kubernetes), and its total across them",
+        ),
+    ]
+    if settings.policy_path is not None:
+        policy = shlex_quote(str(settings.policy_path))
+        steps.append((f"{gl} report chargeback --period {period} --quota --policy {policy}{sd}",
+                      "each team's use beside its quota per generation (the policy's)"))  # fmt: skip
+    steps += [
+        (f"{gl} alerts{sd}", "idle warnings, reclaim notices (dry-run), coverage gaps"),
+        (f"tail -f {shlex_quote(str(settings.state_dir / 'webhook.jsonl'))}", "what chat received (local webhook)"),
+        (f'{gl} sql "SELECT * FROM v_utilisation_daily LIMIT 10"{sd}', "SQL, as an analyst would"),
+        (f"{gl} status{sd}", "health, consumer lag, row counts"),
+        (f"{gl} down{sd}", "stop everything"),
+    ]
+    return steps
+
+
 def _print_next_steps(settings: Settings, state_dir: Path | None) -> None:
     from datetime import UTC, datetime
 
     period = datetime.now(UTC).strftime("%Y-%m")
-    sd = f" --state-dir {state_dir}" if state_dir else ""
-    steps = [
-        (f"gpuledger report chargeback --period {period}{sd}", "per team: allocated vs consumed, charge, coverage"),
-        (f"gpuledger report chargeback --period {period} --by project{sd}", "the same per project"),
-        (
-            f"gpuledger report chargeback --period {period} --by cluster{sd}",
-            "each team on sim (Slurm-like) and sim-k8s (Kubernetes), and its total across them",
-        ),
-        (f"gpuledger alerts{sd}", "idle warnings, reclaim notices (dry-run), coverage gaps"),
-        (f"tail -f {settings.state_dir / 'webhook.jsonl'}", "what chat received (local webhook)"),
-        (f'gpuledger sql "SELECT * FROM v_utilisation_daily LIMIT 10"{sd}', "SQL, as an analyst would"),
-        (f"gpuledger status{sd}", "health, consumer lag, row counts"),
-        (f"gpuledger down{sd}", "stop everything"),
-    ]
+    steps = next_steps(settings, state_dir, command_prefix(), period)
     console.print("\n[bold]Two simulated clusters are running (sim, Slurm-like; sim-k8s, Kubernetes).[/] Look at:")
     for command, what in steps:
-        console.print(f"  [cyan]{command}[/]\n      [dim]{what}[/]", highlight=False, soft_wrap=True)
+        console.print(f"  [cyan]{escape(command)}[/]\n      [dim]{what}[/]", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
@@ -186,7 +230,9 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
 
 
 def _supervisor(ctx: typer.Context, state_dir: Path | None) -> Supervisor:
-    settings = settings_for(state_dir)
+    from gpuledger.stack.components import with_demo_policy
+
+    settings = with_demo_policy(settings_for(state_dir))
     return Supervisor(
         settings,
         command_exists=_command_exists(ctx.find_root().command),
@@ -209,13 +255,35 @@ def up(
     with console.status("starting the local stack…"):
         results = sup.up(wanted)
     console.print(_components_table(results))
-    console.print(f"state: {sup.settings.state_dir}   logs: {sup.log_dir}   stop: gpuledger down")
+    sd = f" --state-dir {shlex_quote(str(state_dir))}" if state_dir else ""
+    console.print(f"state: {sup.settings.state_dir}   logs: {sup.log_dir}   stop: {command_prefix()} down{sd}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    _print_policy(sup.settings)
     running = {c.name for c in results if c.state in ("ready", "running", "done")}
     if {"simulator", "sinks"} <= running:
         _wait_for_first_rollups(sup.settings, wait_s)
         _print_next_steps(sup.settings, state_dir)
     if "web" in running:
         console.print(f"\n[bold]The team page:[/] {web_url(sup.settings)}", highlight=False, soft_wrap=True)
+
+
+def _print_policy(settings: Settings) -> None:
+    from gpuledger.stack.components import demo_policy
+
+    if settings.policy_path is None:
+        console.print("policy: none (policy_path unset): no quota, appeals or reservations", highlight=False)
+        return
+    # with_demo_policy filled it in: say whose it is and how to use another.
+    shown = settings.policy_path
+    with contextlib.suppress(ValueError):
+        shown = settings.policy_path.relative_to(Path.cwd())
+    unset = settings.model_copy(update={"policy_path": None})
+    whose = " (the simulated organisation's: ops00 decides appeals; set policy_path for your own)" if (
+        demo_policy(unset) == settings.policy_path) else ""
+    console.print(f"policy: {shown}{whose}", highlight=False, soft_wrap=True)
+    if not settings.sinks.reservations.engines:
+        console.print("reservations: recorded, approved and charged; no engine configured "
+                      "(sinks.reservations.engines), so none is put onto a scheduler", highlight=False)  # fmt: skip
 
 
 def web_url(settings: Any) -> str:

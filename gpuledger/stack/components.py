@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -68,6 +69,8 @@ class Component:
     kafka_principal: str | None = None
     # Which process of its kind this is (processor.instances): its metrics endpoint is recorded under its own name.
     instance: int = 1
+    # Why this configuration does not want it, in one line for `status` (None: the generic line).
+    why_disabled: Callable[[Settings], str] | None = None
 
     def env(self, settings: Settings) -> dict[str, str]:
         """What this component's process gets on top of `up`'s environment: its Kafka login, the local
@@ -197,6 +200,37 @@ def _clickhouse_argv(settings: Settings, progress: Progress) -> list[str]:
 def _simulated(settings: Settings) -> bool:
     # No real source configured: the cluster is the simulator's.
     return settings.cluster == "sim"
+
+
+# The simulated organisation's policy (producers/simulator/org.py writes it; a unit test keeps them equal).
+SIM_POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.sim.yaml"
+
+
+def demo_policy(settings: Settings) -> Path | None:
+    """The policy `up` runs the simulator with when none is configured: deploy/policy.sim.yaml in a checkout, else
+    (an installed package has no deploy/) the same text written into the state directory. None: a policy is
+    configured, or the source is real (an explicit `policy_path` or a real cluster wins)."""
+    if settings.policy_path is not None or not _simulated(settings):
+        return None
+    if SIM_POLICY.is_file():
+        return SIM_POLICY
+    from producers.simulator.org import sim_policy_text
+
+    written = settings.state_dir / "policy.sim.yaml"
+    text = sim_policy_text()
+    if not written.is_file() or written.read_text(encoding="utf-8") != text:
+        written.parent.mkdir(parents=True, exist_ok=True)
+        written.write_text(text, encoding="utf-8")
+    return written
+
+
+def with_demo_policy(settings: Settings) -> Settings:
+    """`settings` with the simulator's policy filled in where `demo_policy` gives one (`up`, `status`, `down` and
+    every component they start see the same policy: the supervisor passes it on as GPULEDGER_POLICY_PATH)."""
+    path = demo_policy(settings)
+    if path is not None:
+        settings.policy_path = path
+    return settings
 
 
 LOCAL_WEBHOOK_PORT = 8765
@@ -372,6 +406,9 @@ COMPONENTS: list[Component] = [
         description="reservation service: approved reservations onto Slurm/Kueue, off at their end",
         argv=lambda s, _: gpuledger_argv("reserve", "run"),
         enabled=_reservation_engine,
+        why_disabled=lambda s: "no policy_path" if s.policy_path is None else (
+            "no engine configured (sinks.reservations.engines): reservations are recorded, approved and charged, "
+            "not put onto a scheduler"),
         command=("reserve", "run"),
         kafka_principal="producers",  # the governance steps' login (security.component_acls)
     ),
@@ -380,6 +417,7 @@ COMPONENTS: list[Component] = [
         description="appeals service: escalates appeals undecided past the policy's deadline",
         argv=lambda s, _: gpuledger_argv("appeal", "run"),
         enabled=lambda s: s.policy_path is not None,  # who decides, and by when, is the policy's
+        why_disabled=lambda s: "no policy_path: no appeals without a policy",
         command=("appeal", "run"),
         kafka_principal="producers",  # the governance steps' login (security.component_acls)
     ),

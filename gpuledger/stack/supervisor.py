@@ -177,6 +177,8 @@ class Supervisor:
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["GPULEDGER_STATE_DIR"] = str(self.settings.state_dir)
+        if self.settings.policy_path is not None:  # what `up` runs with, the simulator's default policy included
+            env["GPULEDGER_POLICY_PATH"] = str(self.settings.policy_path)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -305,7 +307,8 @@ class Supervisor:
             log=str(self.log_file(comp.name)),
         )
         if not enabled:
-            st.state, st.detail = "disabled", "not wanted by this configuration"
+            why = comp.why_disabled(self.settings) if comp.why_disabled is not None else ""
+            st.state, st.detail = "disabled", why or "not wanted by this configuration"
         elif comp.command is not None and not self.command_exists(comp.command):
             st.state = "unavailable"
             st.detail = f"`gpuledger {' '.join(comp.command)}` is not part of this build yet"

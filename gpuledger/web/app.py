@@ -38,6 +38,7 @@ from gpuledger.web.queries import Warehouse
 from gpuledger.web.reservations import ReservationService
 from producers.identity import DirectoryEntry
 from producers.projects import Registry
+from sinks.identities import robots_of
 
 log = logging.getLogger("gpuledger.web")
 HERE = Path(__file__).parent
@@ -68,6 +69,9 @@ class WebContext:
     policy: Any = None  # policy.yaml (schemas.policy.Policy): quota, and who decides appeals
     appeals: AppealService | None = None  # filing and deciding appeals (issue 19); None without a policy
     reservations: ReservationService | None = None  # requesting and approving reservations; None without a policy
+    # The engines the reservation service puts approved reservations onto (sinks.reservations.engines); none: the
+    # page says a reservation is recorded, approved and charged, and held on no scheduler.
+    reservation_engines: tuple[str, ...] = ()
     trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
     user_header: str = "X-Forwarded-User"
     groups_header: str = "X-Forwarded-Groups"
@@ -198,7 +202,7 @@ def team(request: Request) -> Response:
     only = params.cluster_filter(request.query_params.get("cluster"))
     _need_team(_need_viewer(request), name)
     wh = ctx.warehouse()
-    page = pages.team_page(wh, name, period, ctx.now_ms(), ctx.quota, ctx.credits, only)
+    page = pages.team_page(wh, name, period, ctx.now_ms(), ctx.quota, ctx.credits, only, robots_of(ctx.policy))
     if ctx.policy is not None:
         from gpuledger.web import appeals
 
@@ -240,7 +244,7 @@ def job(request: Request) -> Response:
     view = pages.JobView(period, params.day(request.query_params.get("day"), period),
                          params.page(request.query_params.get("page")), "csv" in request.query_params,
                          params.cluster_filter(request.query_params.get("cluster")))  # fmt: skip
-    page = pages.job_page(ctx.warehouse(), cluster, job_id, view)
+    page = pages.job_page(ctx.warehouse(), cluster, job_id, view, robots_of(ctx.policy))
     if page is None:
         raise HTTPException(404, "no such job in the ledger")
     _need_team(viewer, page.context["team"])
@@ -395,7 +399,7 @@ def reservations_page(request: Request) -> Response:
     teams = sorted(t.name for t in ctx.policy.teams if operator or t.name in viewer.teams | viewer.leads)
     page.context.update(operator=operator, token=access.csrf_token(ctx.secret, viewer.user), teams=teams,
                         generations=sorted(ctx.policy.generations), rules=ctx.policy.governance.reservations,
-                        default_cluster=ctx.cluster,
+                        default_cluster=ctx.cluster, engines=ctx.reservation_engines,
                         done=done if done and re.fullmatch(r"rsv-[0-9a-f]{10}", done) else None)  # fmt: skip
     return page_response(request, page, "reservations.html", "reservations")
 

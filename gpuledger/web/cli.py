@@ -62,6 +62,7 @@ def build_context(settings: Settings, publisher: Any = None) -> Any:
         policy=policy,
         appeals=_appeal_service(settings, policy, publish),
         reservations=_reservation_service(settings, policy, publish),
+        reservation_engines=tuple(settings.sinks.reservations.engines),
         trusted_proxies=tuple(web.trusted_proxies),
         user_header=web.user_header,
         groups_header=web.groups_header,

@@ -101,6 +101,12 @@ def test_members_ask_and_operators_approve_deny_and_release_in_the_page(
     assert page.status_code == 200 and 'id="request-form"' in page.text and "/reservations/act" not in page.text
     assert 'id="nav-reservations"' in page.text
     assert client.get("/reservations", headers=who("nobody")).status_code == 403  # in no team, not an operator
+    # No engine configured (as `up` on the simulator): the page says nothing is held on a scheduler.
+    assert "No scheduler engine is configured" in refusal(page)
+    engines = settings.model_copy(deep=True)
+    engines.sinks.reservations.engines = ["kueue"]
+    assert "are put onto kueue by the reservation service" in refusal(
+        make_client(engines).get("/reservations", headers=who(MEMBER)))
 
     small = rid_of(ask(client, MEMBER))  # 2 GPUs for 4 h: within the automatic limits
     big = rid_of(ask(client, MEMBER, gpus="6", hours="48", start="2026-03-03T08:00Z"))
