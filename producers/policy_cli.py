@@ -30,6 +30,7 @@ from base.errors import ConfigError, ServiceError
 from base.kube import load_credentials
 from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
 from producers import policy_kueue, policy_slurm, policy_stamp
+from producers.baseline_cli import policy_baseline, record_applied
 from producers.preemptible import pricing_drift
 from schemas.policy import Policy, PolicyError, load_policy
 
@@ -216,6 +217,7 @@ def policy_apply(
         for argv in commands:
             typer.echo(" ".join(["sacctmgr", "-i", *argv]))
         typer.echo(f"applied: {len(commands)} sacctmgr commands")
+        record_applied(policy, engine, state_dir)  # issue 38: the attribution baseline, once the engine has it
         return
     stamp, objs = policy_stamp.render_objects(), policy_kueue.render_objects(policy)
     api = kube_api(kubeconfig)
@@ -223,6 +225,7 @@ def policy_apply(
     typer.echo(f"applied: {len(stamp)} admission objects (the submitter stamp and its lock)")
     kueue_apply(api, objs)
     typer.echo(f"applied: {len(objs)} Kueue objects")
+    record_applied(policy, engine, state_dir)
 
 
 def policy_diff(
@@ -257,3 +260,4 @@ def policy_diff(
 def register(policy_app: typer.Typer) -> None:
     policy_app.command("apply")(policy_apply)
     policy_app.command("diff")(policy_diff)
+    policy_app.command("baseline")(policy_baseline)

@@ -17,6 +17,8 @@ tiers:                      # priority order is by `priority`; `preempts` names 
 preemptible: {tier: sweeps, discount: "0.40"}   # the rate card charges this tier's work this much less
 interactive: {tier: interactive, max_gpus_per_user: 2, max_session_hours: 8}
 fair_share: {mode: decay, half_life_days: 7}    # or mode: accumulate (no decay)
+attribution: {mode: strict, baseline: 2026-03-01} # issue 38: every job names its project from this day (the
+                            # baseline; without a date, the day a strict policy was first applied)
 governance:                 # issue 19: who decides appeals and approves reservations, and their limits
   operators: [ops1]
   appeals: {deciders: [ops1], deadline_hours: 72, window_days: 60, max_credit: "500.00"}
@@ -32,6 +34,7 @@ robots:                     # issue 38: who owns each robot account (a Kubernete
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from base.errors import ConfigError
 from schemas.generations import UNKNOWN, generation_of, generation_table
@@ -55,6 +58,7 @@ MAX_DEPTH = 16  # a policy is at most 4 levels deep
 MAX_NODES = 200_000  # YAML nodes in the file: a bound on work before any model sees it
 MAX_GPUS = 1_000_000
 DEFAULT_HALF_LIFE_DAYS = Decimal(7)
+EARLIEST_BASELINE, LATEST_BASELINE = dt.date(2000, 1, 1), dt.date(2100, 12, 31)
 
 # Slurm account/QOS names and Kubernetes object names: one lower-case DNS label keeps both engines happy.
 _NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -189,6 +193,27 @@ class Governance(_Strict):
         return self.appeals.deciders or self.operators
 
 
+class AttributionRules(_Strict):
+    """When attribution became required (issue 38, `docs/policy.md` "The attribution baseline"). `mode`: grace (a job
+    without a project is charged to its user's default) or strict (the scheduler rejects it); unstated, the
+    scheduler settings' mode. `baseline`: the day from which every job names its project, when the organisation
+    states one; unstated, the day a strict policy is first applied. `policy apply` records it
+    (attribution.baseline.v1, schemas/governance_baseline.py)."""
+
+    mode: Literal["grace", "strict"] | None = None
+    baseline: dt.date | None = None
+
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _a_day(cls, value: Any) -> Any:
+        # pydantic would take a number as a Unix time and a datetime's day; only a day as YAML or ISO text is one
+        if value is None or (isinstance(value, dt.date) and not isinstance(value, dt.datetime)):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+            return value
+        raise ValueError(f"a day as YYYY-MM-DD, got {str(value)[:40]!r}")
+
+
 class KueueOptions(_Strict):
     cohort: str = Field(default="gpuledger", pattern=_NAME)
     resource: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.\-]{1,253}/[a-z0-9.\-]{1,63}$")
@@ -201,6 +226,7 @@ class Policy(_Strict):
     preemptible: Preemptible | None = None
     interactive: Interactive | None = None
     fair_share: FairShare = Field(default_factory=FairShare)
+    attribution: AttributionRules = Field(default_factory=AttributionRules)
     kueue: KueueOptions = Field(default_factory=KueueOptions)
     governance: Governance = Field(default_factory=Governance)
     teams: tuple[Team, ...] = Field(min_length=1, max_length=MAX_TEAMS)
@@ -287,7 +313,10 @@ def _compose(text: str, origin: str) -> _Located:
 def _scalar(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         return f"<{node.tag}>"  # a complex key: kept as text so the model rejects it by name
-    return loader.construct_object(node, deep=False)
+    try:
+        return loader.construct_object(node, deep=False)
+    except ValueError:  # looks like a timestamp but is none (2026-13-01): the text, for the model to refuse by line
+        return str(node.value)
 
 
 def _line(located: _Located, path: Path_) -> int:
@@ -447,6 +476,13 @@ def _governance_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
             "reservations.idle_warn_minutes must be below idle_release_minutes (the warning comes first)")
 
 
+def _attribution_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
+    day = policy.attribution.baseline
+    if day is not None and not EARLIEST_BASELINE <= day <= LATEST_BASELINE:
+        yield ("attribution", "baseline"), (
+            f"attribution.baseline {day.isoformat()} is outside {EARLIEST_BASELINE}..{LATEST_BASELINE}")
+
+
 def _robot_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
     teams = {t.name for t in policy.teams}
     seen: dict[str, int] = {}
@@ -462,6 +498,7 @@ def _robot_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
 
 
 def _semantic_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
+    yield from _attribution_problems(policy)
     yield from _generation_problems(policy)
     yield from _governance_problems(policy)
     yield from _tier_problems(policy)

@@ -53,6 +53,10 @@ RECLAIM_ACTIONS = Topic("actions.reclaim.v1", "actions.reclaim", "cluster/job_id
 # Governance workflows (issue 19): every step an event, kept for good (the audit trail and the statements' credits).
 APPEALS = Topic("appeals.v1", "appeals", "cluster/job_id", retention_ms=-1)
 RESERVATIONS = Topic("reservations.v1", "reservations", "cluster/reservation_id", retention_ms=-1)
+# The day attribution became required (issue 38), written by `policy apply`: one organisation-wide fact, kept for good.
+ATTRIBUTION_BASELINE = Topic(
+    "attribution.baseline.v1", "attribution.baseline", "baseline", partitions=1, retention_ms=-1
+)
 
 CATALOGUE: tuple[Topic, ...] = (
     DEVICE_SAMPLES,
@@ -69,6 +73,7 @@ CATALOGUE: tuple[Topic, ...] = (
     RECLAIM_ACTIONS,
     APPEALS,
     RESERVATIONS,
+    ATTRIBUTION_BASELINE,
 )
 
 

@@ -17,6 +17,7 @@ from schemas import topics
 from schemas.records import (
     Alert,
     AppealEvent,
+    AttributionBaseline,
     AttributionCorrection,
     ContractRecord,
     CoverageMinute,
@@ -225,6 +226,19 @@ def reservation_rows(r: ReservationEvent) -> list[Row]:
     ]]  # fmt: skip
 
 
+BASELINE_COLUMNS = (
+    "event_id", "event_type", "ts_ms", "actor", "baseline_start_ms", "source", "attribution_mode", "engine", "cluster",
+    "policy_sha256",
+)  # fmt: skip
+
+
+def baseline_rows(r: AttributionBaseline) -> list[Row]:
+    return [[
+        r.event_id, r.event_type, r.ts_ms, r.actor, r.baseline_start_ms, r.source, r.attribution_mode, r.engine,
+        r.cluster, r.policy_sha256,
+    ]]  # fmt: skip
+
+
 DEVICE_MINUTES = TableSpec(
     "device_minutes",
     DEVICE_MINUTE_COLUMNS,
@@ -261,6 +275,9 @@ SINKS: dict[str, tuple[TableSpec, ...]] = {
     topics.APPEALS.name: (TableSpec("appeal_events", APPEAL_COLUMNS, AppealEvent, appeal_rows),),
     topics.RESERVATIONS.name: (
         TableSpec("reservation_events", RESERVATION_COLUMNS, ReservationEvent, reservation_rows),
+    ),
+    topics.ATTRIBUTION_BASELINE.name: (
+        TableSpec("attribution_baseline_events", BASELINE_COLUMNS, AttributionBaseline, baseline_rows),
     ),
 }
 

@@ -480,7 +480,8 @@ def component_acls(
 
     # Appeals and reservations (issue 19): people's commands and the governance services publish their steps
     # with the producers' login and read the topics whole (assigned partitions, no group).
-    governance = (t.APPEALS, t.RESERVATIONS)
+    # The attribution baseline (issue 38): `policy apply` reads it whole and writes a new one, as the producers.
+    governance = (t.APPEALS, t.RESERVATIONS, t.ATTRIBUTION_BASELINE)
     topics(producers, "WRITE", *governance)
     topics(producers, "READ", *governance)
 

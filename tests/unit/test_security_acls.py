@@ -25,11 +25,12 @@ def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write
     assert _may(grants, "web", "WRITE") == {"attribution.corrections.v1", "appeals.v1", "reservations.v1"}
     # read whole to check a new step, as the commands do
     assert _may(grants, "web", "READ") == {"appeals.v1", "reservations.v1"}
-    governance = {"appeals.v1", "reservations.v1"}  # issue 19: people's steps, through the producers' login
+    # issue 19: people's steps, through the producers' login; issue 38: the baseline `policy apply` records
+    governance = {"appeals.v1", "reservations.v1", "attribution.baseline.v1"}
     assert {t for t in governance if t in _may(grants, "producers", "WRITE") & _may(grants, "producers", "READ")} == (
         governance)
     assert not any(governance & _may(grants, c, "WRITE") for c in PRINCIPALS if c not in ("producers", "web"))
-    assert governance & _may(grants, "web", "WRITE") == governance  # appeals and reservations from the pages
+    assert governance & _may(grants, "web", "WRITE") == governance - {"attribution.baseline.v1"}  # from the pages
     assert _may(grants, "sinks", "WRITE") == {f"{t}.dlq" for t in ledger | sources | governance}
     assert _may(grants, "chat", "READ") == {"alerts.v1", "appeals.v1"}  # decisions into the warning's thread
     assert _may(grants, "reclaim", "READ") == {"actions.reclaim.v1"}
@@ -40,6 +41,17 @@ def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write
                       ("gpuledger-reclaim", "gpuledger-sinks-reclaim", False)}  # fmt: skip
     assert not [g for g in grants if g.user == security.ADMIN_USER]  # a super user needs none
     assert len(grants) == len(set(grants))
+
+
+def test_only_policy_apply_writes_the_attribution_baseline_and_only_the_sinks_store_it() -> None:
+    """The baseline is the organisation's fact: the producers' login (`policy apply`) writes and reads it; the sinks
+    read it into ClickHouse and dead-letter it; no page, chat, reclaim or processor may touch it."""
+    grants = component_acls("staging.")
+    topic = "staging.attribution.baseline.v1"
+    writers = {c for c in PRINCIPALS if topic in _may(grants, c, "WRITE")}
+    readers = {c for c in PRINCIPALS if topic in _may(grants, c, "READ")}
+    assert writers == {"producers"} and readers == {"producers", "sinks"}
+    assert {c for c in PRINCIPALS if f"{topic}.dlq" in _may(grants, c, "WRITE")} == {"sinks"}
 
 
 def test_topic_prefix_and_groups_follow_the_settings() -> None:
