@@ -130,3 +130,29 @@ def cluster_identities(client: Any, period: str, team: str | None = None,
 
 def self_declared_notes(found: Iterable[ClusterIdentities]) -> list[str]:
     return [note for c in found if (note := c.note()) is not None]
+
+
+# -- who owns a robot -----------------------------------------------------------------------------
+
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"  # the API server's name for a service account
+
+
+def is_robot(user: str, robots: Mapping[str, Any]) -> bool:
+    """A Kubernetes service account, or a name the policy lists under `robots:`."""
+    return user.startswith(SERVICE_ACCOUNT_PREFIX) or user in robots
+
+
+def robots_of(policy: Any) -> dict[str, Any]:
+    """The policy's robot accounts by name (schemas.policy.Robot); none without a policy."""
+    return {} if policy is None else {r.account: r for r in policy.robots}
+
+
+def owner_text(user: str, robots: Mapping[str, Any]) -> str:
+    """Who owns `user` when it is a robot: `team vision, project vision-seg`; `nobody (no robots: entry in
+    policy.yaml)` for a robot the policy names no owner of; empty for a person."""
+    robot = robots.get(user)
+    if robot is not None:
+        return f"team {robot.team}" + (f", project {robot.project}" if robot.project else "")
+    if user.startswith(SERVICE_ACCOUNT_PREFIX):
+        return "nobody (no robots: entry in policy.yaml)"
+    return ""

@@ -19,6 +19,8 @@ from gpuledger.web import model as m
 from gpuledger.web.model import Column, Table
 from gpuledger.web.params import Period
 from gpuledger.web.queries import PricedViews, Statement, Warehouse
+from sinks.chargeback import identity_text
+from sinks.identities import owner_text, self_declared_notes, source_text
 
 WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
 DEVICE_MINUTES_PAGE = 1000
@@ -119,8 +121,10 @@ def _statement_line(wh: Warehouse, period: Period, team: str, closed: bool, only
 
 
 def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapping[str, Mapping[str, int]] | None,
-              credits: Callable[[Any], list[Any]] = lambda _client: [], only: str | None = None) -> Page:  # fmt: skip
-    """The team's month; `only`: one cluster's part of it (`?cluster=`), every figure and table restricted to it."""
+              credits: Callable[[Any], list[Any]] = lambda _client: [], only: str | None = None,
+              robots: Mapping[str, Any] | None = None) -> Page:  # fmt: skip
+    """The team's month; `only`: one cluster's part of it (`?cluster=`), every figure and table restricted to it.
+    `robots`: the policy's robot accounts by name (sinks.identities.robots_of), who owns each."""
     # The page's reads do not depend on each other, but for the month's two priced reads, which wait for whether it
     # is closed and which views price it: sent at once, the page waits for the slowest, not the sum.
     views_read = _READS.submit(wh.priced_views, period)
@@ -128,6 +132,7 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     dark_read = _READS.submit(wh.dark_by_node, period, team, only)
     sources_read = _READS.submit(wh.project_sources, period, team, only)
     latest_read = _READS.submit(wh.latest_minute_ms, period.start - dt.timedelta(days=31), only)
+    identity_read = _READS.submit(wh.identity_clusters, period, team, only)
     closes = wh.closes()
     closed = period.text in closes
     views = views_read.result()
@@ -147,6 +152,10 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
                    links=links))  # fmt: skip
     page.add(Table("users", "Users behind the line", USER_COLUMNS,
                    m.grouped_lines(usage.by["user"], "user", figures["charge"])))  # fmt: skip
+    page.add(Table("identities", "Identities behind the line", IDENTITY_COLUMNS,
+                   identity_rows(wh.team_identities(period, team, only, views), robots or {}),
+                   note="A name and its identifier: an account recreated under the same name is a second identity. "
+                        "Robots show the team and project policy.yaml names as their owner."))  # fmt: skip
     page.add(Table("clusters", "Clusters behind the line", CLUSTER_COLUMNS, _cluster_lines(usage, figures, only),
                    note="Each cluster's share of the statement (the charge split to the cent, as for projects), "
                         "then the statement line itself: the total across clusters." if only is None else
@@ -176,6 +185,8 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     if quota_rows:
         page.add(Table("quota", "Quota and its use (owned hardware)", QUOTA_COLUMNS, quota_rows))
     page.context.update(
+        identity_notes=self_declared_notes(identity_read.result()),
+        claimed_user_jobs=sum(c.claimed_user_jobs for c in identity_read.result()),
         team=team, period=period, figures=figures, statement=statement, quality=quality,
         chart=charts.daily_chart(days), quota_rows=quota_rows, has_policy=quota is not None, stmt=status,
         prev_url=team_url(team, period.previous(), only), next_url=team_url(team, period.next(), only),
@@ -183,6 +194,22 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
         cluster_choices=[(name, team_url(team, period, name)) for name in known], all_url=team_url(team, period),
     )  # fmt: skip
     return page
+
+
+IDENTITY_COLUMNS = (
+    Column("identity", "identity"), Column("source", "where the name comes from"), Column("owner", "owner (robots)"),
+    Column("jobs", "jobs", "int"), Column("allocated_gpu_h", "allocated GPU-h", "gpu_h"),
+    Column("claimed_jobs", "jobs naming another user", "int"),
+)  # fmt: skip
+
+
+def identity_rows(found: list[dict[str, Any]], robots: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The identities table: one row per (name, identifier), the robot's owner beside it."""
+    return [{
+        "identity": identity_text(str(r["user"]), r["user_uid"]), "source": source_text(r["user_source"]),
+        "owner": owner_text(str(r["user"]), robots), "jobs": int(r["jobs"]),
+        "allocated_gpu_h": m.gpu_h(int(r["allocated_s"])), "claimed_jobs": int(r["claimed_jobs"]),
+    } for r in found]  # fmt: skip
 
 
 def _cluster_lines(usage: m.TeamUsage, figures: Mapping[str, Any], only: str | None = None) -> list[dict[str, Any]]:
@@ -272,8 +299,10 @@ class JobView:
     only: str | None = None  # the team page's cluster filter, carried back to the team and project pages
 
 
-def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | None:
-    """None when the warehouse knows no such job (no event, no usage in the period)."""
+def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView,
+             robots: Mapping[str, Any] | None = None) -> Page | None:  # fmt: skip
+    """None when the warehouse knows no such job (no event, no usage in the period). `robots`: the policy's robot
+    accounts by name, who owns each."""
     period = view.period
     info = wh.job(cluster, job_id)
     usage = m.merge_segments(wh.job_usage(period, cluster, job_id, wh.priced_views(period)))
@@ -300,7 +329,13 @@ def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView) -> Page | 
     page.add(Table("corrections", "Corrections (audited events)", CORRECTION_COLUMNS, corrections))
     sums = m.total(usage)
     team = (job.team if job else None) or str((info or {}).get("team") or "")
+    # who each life of the id ran as, latest first: a name, its identifier, its source, a robot's owner
+    ran_as = [{"start": _when(start) if start else "-", "identity": who.text, "source": source_text(who.source),
+               "claimed": who.claimed, "groups": ", ".join(who.groups[:20]),
+               "owner": owner_text(who.user, robots or {})}
+              for start, who in wh.job_lives_identities(cluster, job_id)]  # fmt: skip
     page.context.update(
+        ran_as=ran_as,
         cluster=cluster, job_id=job_id, period=period, info=info or {}, job=job, team=team,
         project=job.project if job else str((info or {}).get("project") or ""),
         figures=sums.figures(), charge=m.money(sums.charge_num), timeline=timeline, day=day,

@@ -229,6 +229,35 @@ class _QualityReads(_Reads):
         )  # fmt: skip
         return ProjectSources(int(rows[0][0]), int(rows[0][1])) if rows else ProjectSources(0, 0)
 
+    def identity_clusters(self, period: Period, team: str, cluster: str | None = None) -> list[Any]:
+        """Per cluster, the team's jobs of the month by where their user names came from (sinks/identities.py, as
+        `report chargeback` reads it): the clusters whose identities are only self-declared."""
+        from sinks.identities import cluster_identities
+
+        return cluster_identities(self.client, period.text, team, cluster)
+
+    def team_identities(self, period: Period, team: str, cluster: str | None = None,
+                        views: PricedViews = FULL_VIEWS) -> list[dict[str, Any]]:  # fmt: skip
+        """The identities behind the team's month: one row per (name, identifier), never one per name, with its
+        source, jobs (lives), allocated seconds and jobs whose self-declared user disagreed (v_job_identities
+        joined to each life's priced usage)."""
+        cols = ("user", "user_uid", "user_source", "jobs", "allocated_s", "claimed_jobs")
+        rows = self._rows(
+            "SELECT i.user, i.user_uid, argMax(i.user_source, u.job_start_ms), count(), sum(u.a), "
+            "countIf(i.user_claimed IS NOT NULL) FROM ("
+            "  SELECT cluster, job_id, job_start_ms, sum(allocated_s) AS a "
+            f"  FROM {views.usage} WHERE day >= {{start:Date}} AND day < {{end:Date}} AND team = {{team:String}}"
+            + _on(cluster) + " GROUP BY cluster, job_id, job_start_ms"
+            ") AS u INNER JOIN ("
+            "  SELECT cluster, job_id, job_start_ms, user, user_uid, user_source, user_claimed FROM v_job_identities "
+            "  WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM usage_daily WHERE day >= {start:Date} "
+            "  AND day < {end:Date} AND team = {team:String} AND job_id != ''" + _on(cluster) + ")"
+            ") AS i ON u.cluster = i.cluster AND u.job_id = i.job_id AND u.job_start_ms = i.job_start_ms "
+            "GROUP BY i.user, i.user_uid ORDER BY i.user, ifNull(i.user_uid, '') LIMIT 1000",
+            start=period.start, end=period.end, team=team, cluster=cluster or "",
+        )  # fmt: skip
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
     def latest_minute_ms(self, since: dt.date, cluster: str | None = None) -> int | None:
         """The newest device-minute stored since `since`, any team (node_daily's max per row)."""
         rows = self._rows("SELECT max(last_minute_ms), count() FROM node_daily WHERE day >= {since:Date}" +
@@ -414,6 +443,13 @@ class Warehouse(_FleetReads, _QualityReads):
             cluster=cluster, job=job_id,
         )  # fmt: skip
         return dict(zip(cols, rows[0], strict=True)) if rows else None
+
+    def job_lives_identities(self, cluster: str, job_id: str) -> list[tuple[int, Any]]:
+        """Who each life of the job ran as (job_start_ms, sinks.identities.JobIdentity), latest life first."""
+        from sinks.identities import job_identities
+
+        found = job_identities(self.client, [(cluster, job_id)])
+        return sorted(((start, who) for (_, _, start), who in found.items()), key=lambda x: -x[0])
 
     def corrections(self, cluster: str, job_id: str) -> list[dict[str, Any]]:
         cols = ("correction_id", "ts_ms", "old_project", "new_project", "reason", "corrected_by")
