@@ -37,7 +37,7 @@ from base.untrusted import parses_untrusted
 from producers.devicemap import iter_dcgm_labels
 from producers.jobevents import EventContext, EventSink, HeldDevices, job_event
 from producers.kube_identity import USER_KEYS as USER_KEYS  # re-exported: the self-declared user keys
-from producers.kube_identity import IdentityResolver, OwnerSource
+from producers.kube_identity import IdentityResolver, OwnerSource, StampTrust
 from producers.projects import Attribution
 from producers.slurm import MAX_JOB_GPUS, MAX_NODE_GPUS
 from schemas.topics import JOB_EVENTS, job_key
@@ -569,12 +569,14 @@ class KubeTracker:
         *,
         project_label: str = PROJECT_LABEL,
         owners: OwnerSource | None = None,
+        trust: StampTrust | None = None,
     ) -> None:
         self.ctx = ctx
         self.pod_devices = pod_devices
         self.pods: dict[str, _PodState] = {}
         self.book = GangBook()
-        self.identity = IdentityResolver(owners)  # owners: where a controller-made object's submitter is read
+        # owners: where a controller-made object's submitter is read; trust: whether the stamp's policy is in force
+        self.identity = IdentityResolver(owners, trust)
         self.events = KubeEventBuilder(ctx, self.book, project_label, self.identity)
 
     def gang_of(self, pod: Mapping[str, Any]) -> str | None:

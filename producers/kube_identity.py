@@ -17,6 +17,11 @@ owners a controller-made object points at.
   from a person's object would let anyone charge another's Job.
 - Unstamped all the way (a cluster without the policy): the self-declared label (SELF_DECLARED), else the
   namespace (NAMESPACE), as before the stamp existed.
+- A stamp is only as good as the policy that wrote it: with a `StampTrust` (the adapter `ApiStampTrust` reads
+  the four admission objects), stamps count only while all four are in force and only on objects created
+  since they were (an annotation written where no policy stamped is the writer's say, and is ignored like an
+  absent stamp: counted in `untrusted`). The API server takes a new policy into effect within about a second of
+  its creation; an object created in that second may carry what its creator wrote.
 - Stamps are user-reachable text on objects: a name, uid or group over `MAX_NAME` characters or more than
   `MAX_GROUPS` groups makes the stamp absent (logged, counted in `oversized`), never a crash.
 """
@@ -24,9 +29,11 @@ owners a controller-made object points at.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from producers.policy_stamp import STAMP_KEYS, SUBMITTER, SUBMITTER_GROUPS, SUBMITTER_UID
@@ -153,6 +160,26 @@ def declared_user(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def created_ms(obj: Mapping[str, Any]) -> int | None:
+    """metadata.creationTimestamp (RFC 3339) -> epoch ms; None when absent or unreadable."""
+    value = _meta(obj).get("creationTimestamp")
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+class StampTrust(Protocol):
+    def since_ms(self) -> int | None:
+        """Since when stamps are written and locked (the newest creation of the four admission objects); None
+        while any of them is missing: then no stamp is trusted."""
+        ...
+
+
 class OwnerSource(Protocol):
     def owner(self, namespace: str, ref: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The object `ref` (an ownerReference) names in `namespace`, when it exists and has the ref's uid."""
@@ -162,12 +189,24 @@ class OwnerSource(Protocol):
 @dataclass
 class IdentityResolver:
     owners: OwnerSource | None = None
+    trust: StampTrust | None = None  # None: every stamp is taken as written (replays of recorded objects, tests)
     oversized: int = 0  # stamps ignored for being over a bound
+    untrusted: int = 0  # stamps ignored because no policy in force wrote them
     _warned: set[str] = field(default_factory=set)
+
+    def _trusted(self, obj: Mapping[str, Any]) -> bool:
+        if self.trust is None:
+            return True
+        since, created = self.trust.since_ms(), created_ms(obj)
+        if since is None or created is None or created < since:
+            self.untrusted += 1
+            return False
+        return True
 
     def _stamp(self, obj: Mapping[str, Any]) -> Stamp | None:
         try:
-            return parse_stamp(obj)
+            stamp = parse_stamp(obj)
+            return stamp if stamp is None or self._trusted(obj) else None
         except OversizedStamp as exc:
             self.oversized += 1
             meta = _meta(obj)
@@ -266,7 +305,55 @@ class ApiOwners:
             return False
         meta = _meta(obj)
         labels, ann = _map(meta, "labels"), _map(meta, "annotations")
-        keep = {k: meta.get(k) for k in ("name", "namespace", "uid", "ownerReferences")}
+        keep = {k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp", "ownerReferences")}
         keep["labels"] = {k: labels[k] for k in USER_KEYS if k in labels}
         keep["annotations"] = {k: ann[k] for k in (*STAMP_KEYS, *USER_KEYS) if k in ann}
         return {"metadata": keep}
+
+
+class ApiStampTrust:
+    """Whether the stamp's admission objects are in force, read with GET (by name) at most every `refresh_s`:
+    since when (the newest creationTimestamp of the four), or None while one is missing. An error reading them
+    keeps the last answer (none yet: untrusted)."""
+
+    def __init__(self, api_client: Any, refresh_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api_client = api_client
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._read_at: float | None = None
+        self._since: int | None = None
+        self.errors = 0
+
+    def since_ms(self) -> int | None:
+        now = self.clock()
+        if self._read_at is None or now - self._read_at >= self.refresh_s:
+            self._read_at = now
+            self._since = self._read(self._since)
+        return self._since
+
+    def _read(self, last: int | None) -> int | None:
+        import urllib3
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        from producers.policy_stamp import GROUP, KINDS, VERSION, render_objects
+
+        api = client.CustomObjectsApi(self.api_client)
+        created = []
+        for obj in render_objects():
+            plural, name = KINDS[obj["kind"]][0], obj["metadata"]["name"]
+            try:
+                got = api.get_cluster_custom_object(GROUP, VERSION, plural, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                self.errors += 1
+                log.warning("%s %s not read: %s %s; stamps trusted as before", plural, name, exc.status, exc.reason)
+                return last
+            except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
+                self.errors += 1
+                log.warning("%s %s not read: %s; stamps trusted as before", plural, name, exc)
+                return last
+            created.append(created_ms(got))
+        known = [c for c in created if c is not None]
+        return max(known) if len(known) == len(created) else None

@@ -330,10 +330,11 @@ def kube_watch(
 
     scrape_labels()
     sink: Any = _PrintSink() if dry_run else _FlushingSink(_publisher(settings))
-    from producers.kube_identity import ApiOwners
+    from producers.kube_identity import ApiOwners, ApiStampTrust
 
     api = client.ApiClient()
-    tracker = KubeTracker(ctx, labels, project_label=sched.kube_label, owners=ApiOwners(api))
+    tracker = KubeTracker(ctx, labels, project_label=sched.kube_label, owners=ApiOwners(api),
+                          trust=ApiStampTrust(api))
     watcher = KubeWatcher(api, tracker, sink, clock=lambda: int(time.time() * 1000), timeout_seconds=timeout_s)
     following = threading.Event()  # set: stop following the labels
 

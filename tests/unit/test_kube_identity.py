@@ -17,7 +17,9 @@ from producers.kube import KubeTracker
 from producers.kube_identity import (
     MAX_GROUPS,
     MAX_NAME,
+    ApiStampTrust,
     IdentityResolver,
+    created_ms,
     is_controller,
     owner_path,
     parse_stamp,
@@ -31,9 +33,10 @@ def stamped(user: str, uid: str = "u-1", groups: str = "system:authenticated") -
 
 
 def obj(name: str, *, ann: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-        owner: dict[str, Any] | None = None, uid: str | None = None) -> dict[str, Any]:  # fmt: skip
+        owner: dict[str, Any] | None = None, uid: str | None = None,
+        created: str = "2026-12-01T10:00:00Z") -> dict[str, Any]:  # fmt: skip
     meta: dict[str, Any] = {"name": name, "namespace": "ns1", "uid": uid or f"uid-{name}",
-                            "annotations": ann or {}, "labels": labels or {}}  # fmt: skip
+                            "annotations": ann or {}, "labels": labels or {}, "creationTimestamp": created}  # fmt: skip
     if owner is not None:
         meta["ownerReferences"] = [owner]
     return {"metadata": meta}
@@ -148,6 +151,43 @@ def test_owner_paths_only_for_the_kinds_followed() -> None:
     assert owner_path("ns", {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"})[2] == "pytorchjobs"
     assert owner_path("ns", {"apiVersion": "v1", "kind": "Node", "name": "n"}) is None
     assert owner_path("ns", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "name": "r"}) is None
+
+
+class Trust:
+    def __init__(self, since: str | None) -> None:
+        self.since = created_ms({"metadata": {"creationTimestamp": since}}) if since else None
+
+    def since_ms(self) -> int | None:
+        return self.since
+
+
+def test_stamps_count_only_where_the_policy_was_in_force_when_the_object_was_made() -> None:
+    job = obj("j", ann=stamped("alice"), labels={"gpuledger.io/user": "bob"}, created="2026-12-01T10:00:00Z")
+    assert IdentityResolver(trust=Trust("2026-12-01T09:00:00Z")).resolve(job).source == "STAMPED"
+    assert IdentityResolver(trust=Trust("2026-12-01T10:00:00Z")).resolve(job).source == "STAMPED"  # same second
+    before = IdentityResolver(trust=Trust("2026-12-01T10:00:01Z"))
+    assert (before.resolve(job).user, before.untrusted) == ("bob", 1)  # written before any policy stamped
+    absent = IdentityResolver(trust=Trust(None))
+    assert absent.resolve(obj("p", ann=stamped("alice"))).source == "NAMESPACE" and absent.untrusted == 1
+    # An owner made before the policy: its stamp is not taken either.
+    old_job = obj("j", ann=stamped("alice"), created="2026-01-01T00:00:00Z")
+    pod = obj("p", ann=stamped(JOB_CONTROLLER), owner=ref(old_job))
+    assert IdentityResolver(Owners(old_job), Trust("2026-06-01T00:00:00Z")).resolve(pod).source == "NAMESPACE"
+
+
+def test_the_api_trust_is_read_again_only_after_its_refresh() -> None:
+    now = [0.0]
+    trust = ApiStampTrust(None, refresh_s=60, clock=lambda: now[0])
+    reads: list[int | None] = []
+
+    def read(last: int | None) -> int | None:
+        reads.append(last)
+        return 5
+
+    trust._read = read  # type: ignore[method-assign]
+    assert [trust.since_ms(), trust.since_ms()] == [5, 5] and reads == [None]
+    now[0] = 61.0
+    assert trust.since_ms() == 5 and reads == [None, 5]
 
 
 # -- the events ----------------------------------------------------------------------------------
