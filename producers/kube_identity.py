@@ -274,8 +274,8 @@ class ApiOwners:
         path = owner_path(namespace, ref)
         if path is None:
             return None
-        got = self._get(namespace, *path)
-        if got is not False:
+        read, got = self._get(namespace, *path)
+        if read:
             owner = got if got and _meta(got).get("uid") == uid else None  # a namesake made after the owner went
             self._cache[uid] = owner
             if len(self._cache) > self.max_entries:
@@ -283,8 +283,11 @@ class ApiOwners:
             return owner
         return None
 
-    def _get(self, namespace: str, group: str, version: str, plural: str, name: str) -> Mapping[str, Any] | bool | None:
-        """The object trimmed to what identity needs; None when it does not exist; False on another error."""
+    def _get(
+        self, namespace: str, group: str, version: str, plural: str, name: str
+    ) -> tuple[bool, Mapping[str, Any] | None]:
+        """(answered, the object trimmed to what identity needs or None when it does not exist); (False, None) on
+        another error (not remembered: asked again next time)."""
         import urllib3
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
@@ -295,20 +298,20 @@ class ApiOwners:
             )
         except ApiException as exc:
             if exc.status == 404:
-                return None
+                return True, None
             self.errors += 1
             log.warning("owner %s/%s %s/%s not read: %s %s", group, plural, namespace, name, exc.status, exc.reason)
-            return False
+            return False, None
         except (urllib3.exceptions.HTTPError, ConnectionError) as exc:  # unreachable: charged without the owner now
             self.errors += 1
             log.warning("owner %s/%s %s/%s not read: %s", group, plural, namespace, name, exc)
-            return False
-        meta = _meta(obj)
+            return False, None
+        meta = _meta(obj if isinstance(obj, Mapping) else {})
         labels, ann = _map(meta, "labels"), _map(meta, "annotations")
         keep = {k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp", "ownerReferences")}
         keep["labels"] = {k: labels[k] for k in USER_KEYS if k in labels}
         keep["annotations"] = {k: ann[k] for k in (*STAMP_KEYS, *USER_KEYS) if k in ann}
-        return {"metadata": keep}
+        return True, {"metadata": keep}
 
 
 class ApiStampTrust:
@@ -354,6 +357,6 @@ class ApiStampTrust:
                 self.errors += 1
                 log.warning("%s %s not read: %s; stamps trusted as before", plural, name, exc)
                 return last
-            created.append(created_ms(got))
+            created.append(created_ms(got if isinstance(got, Mapping) else {}))
         known = [c for c in created if c is not None]
         return max(known) if len(known) == len(created) else None
