@@ -10,6 +10,7 @@ charged to bob, counted on the data-quality line. A second cluster, `k8s`, whose
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from contract_records import job_event
@@ -21,7 +22,7 @@ from test_chargeback_ledger import (  # noqa: F401  (fixture)
     write_ledger,
 )
 
-from base.settings import ClickHouseSettings
+from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
 from schemas import topics
 from schemas.models import validate
 from sinks import chargeback as cb
@@ -132,3 +133,64 @@ def test_a_statement_keeps_its_hash_when_the_identity_counts_are_zero() -> None:
         "claimed_project_s": 0, "unpriced_s": 0, "unknown_mig_s": 0, "ceded_s": 0, "overlap_jobs": 0}  # fmt: skip
     after = Statement("2026-11", "vision", "1", (), Tally(jobs=2, allocated_s=60, claimed_user_jobs=1))
     assert after.content_hash != before.content_hash  # a counted disagreement is in the hash
+
+
+POLICY = """\
+version: 1
+generations:
+  hopper: {slurm_gres: h100, kueue_flavor: h100}
+  ampere: {slurm_gres: a100, kueue_flavor: a100}
+tiers:
+  - {name: prod, priority: 10}
+teams:
+  - {name: vision}
+  - {name: nlp}
+robots:
+  - {account: "%s", team: vision, project: p-vision}
+"""
+
+
+def test_the_job_page_and_the_team_page_show_name_identifier_and_owner(ledger_settings: ClickHouseSettings,  # noqa: F811
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    from fixtures_web import make_client
+
+    ch = ledger_settings
+    write_ledger(ch)
+    write_identities(ch)
+    operator = {"X-Forwarded-User": "ops", "X-Forwarded-Groups": "gpuledger-operators"}
+    settings = Settings(state_dir=tmp_path, cluster="c1", clickhouse=ch, broker=BrokerSettings(enabled=False),
+                        web=WebSettings(demo=False))  # fmt: skip
+    plain = make_client(settings, now_ms=ms("2026-11-30T00:00"))
+    robot_page = plain.get("/jobs/k8s/ci-1?period=2026-11", headers=operator)
+    assert robot_page.status_code == 200, robot_page.text
+    assert f"{ROBOT} (uid unknown)" in robot_page.text
+    assert "self-declared (a label the submitter wrote)" in robot_page.text
+    assert "owner: nobody (no robots: entry in policy.yaml)" in robot_page.text  # a robot nobody owns says so
+
+    (tmp_path / "policy.yaml").write_text(POLICY % ROBOT, encoding="utf-8")
+    owned = make_client(settings.model_copy(update={"policy_path": tmp_path / "policy.yaml"}),
+                        now_ms=ms("2026-11-30T00:00"))  # fmt: skip
+    robot_page = owned.get("/jobs/k8s/ci-1?period=2026-11", headers=operator)
+    assert "owner: team vision, project p-vision" in robot_page.text
+    bob = owned.get("/jobs/c1/j2?period=2026-11", headers=operator).text
+    assert f"bob (uid {K8S_UID})" in bob and "stamped at admission" in bob
+    assert "label named carol: not trusted over the verified submitter" in bob
+
+    team = owned.get("/teams/vision?period=2026-11", headers=operator)
+    assert team.status_code == 200, team.text
+    assert "identities on k8s are self-declared (the admission stamp is not applied)" in team.text
+    rows = {r["identity"]: r for r in csv_rows(owned.get("/teams/vision?period=2026-11&csv=identities",
+                                                         headers=operator).text)}  # fmt: skip
+    assert {"alice (uid 1001)", "alice (uid 2002)", "erin (uid unknown)", f"{ROBOT} (uid unknown)"} <= set(rows)
+    assert rows["alice (uid 1001)"]["jobs"] == "1" and rows["alice (uid 2002)"]["jobs"] == "1"  # two, not one alice
+    assert rows[f"{ROBOT} (uid unknown)"]["owner"] == "team vision, project p-vision"
+    assert rows["alice (uid 1001)"]["owner"] == ""  # a person has no owner
+    nlp = owned.get("/teams/nlp?period=2026-11", headers=operator).text
+    assert "Jobs whose self-declared user disagreed with the verified submitter (charged to the submitter): 1." in nlp
+
+
+def csv_rows(text: str) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(text)))
