@@ -93,7 +93,8 @@ def _organisation(settings: Settings) -> tuple[Any, Any, list[str]]:
         from producers.simulator.org import sim_directory
 
         entries = sim_directory()
-        return registry, entries.get, sorted(entries)
+        # A visitor picks a person: the CI robot's service account is in the directory, not at a browser.
+        return registry, entries.get, sorted(u for u in entries if not u.startswith("system:serviceaccount:"))
     return registry, lambda _user: None, []
 
 

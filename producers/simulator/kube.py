@@ -49,8 +49,10 @@ from producers.kube import (
     DcgmPodLabels,
     KubeTracker,
 )
+from producers.policy_stamp import SUBMITTER, SUBMITTER_GROUPS, SUBMITTER_UID
 from producers.projects import Attributor, ProjectRule
 from producers.simulator.model import (
+    Person,
     SimConfig,
     SimJob,
     SimPlan,
@@ -62,7 +64,15 @@ from producers.simulator.model import (
     _training_gangs,
     plan,
 )
-from producers.simulator.org import sim_directory, sim_registry
+from producers.simulator.org import (
+    CI_ROBOT,
+    ROBOT_NAMESPACE,
+    ROBOT_PROJECT,
+    ROBOT_TEAM,
+    _robot_cost_centre,
+    sim_directory,
+    sim_registry,
+)
 
 KUBE_TIER = "on-prem"
 USER_LABEL = "gpuledger.io/user"
@@ -114,6 +124,7 @@ def build_kube_plan(cfg: SimConfig) -> SimPlan:
     outages, silent = _faults(cfg, jobs)
     devices = {d.key: d for n in nodes for d in n.devices}
     jobs = _with_lagging_labels(cfg, jobs, devices)
+    jobs = _with_submitters(cfg, jobs)
     return SimPlan(cfg, nodes, people, tuple(jobs), tuple(outages), frozenset(silent), devices)
 
 
@@ -154,6 +165,94 @@ def _with_lagging_labels(cfg: SimConfig, jobs: list[SimJob], devices: dict[tuple
 
 
 # ------------------------------------------------------------------------------------------------
+# Who submitted: the admission stamp (producers/policy_stamp.py) as the API server writes it from userInfo
+
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"  # creates the Pods of a Job
+_SA_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:{ns}", "system:authenticated")
+ROBOT = Person(CI_ROBOT, ROBOT_TEAM, (ROBOT_PROJECT,), ROBOT_PROJECT, _robot_cost_centre())
+
+
+def person_uid(user: str) -> str:
+    """A person's uid as the cluster's authenticator gives it (stable for the run)."""
+    return _uid("user", user)
+
+
+def robot_uid(generation: int) -> str:
+    """The CI robot's service account uid: a new one each time the account is deleted and recreated."""
+    return _uid("serviceaccount", ROBOT_NAMESPACE, CI_ROBOT, str(generation))
+
+
+def robot_recreated_s(jobs: list[SimJob] | tuple[SimJob, ...]) -> int | None:
+    """The run second the CI robot's service account is deleted and recreated under the same name: the submission
+    of its middle Job, so Jobs of both accounts run (None: fewer than two robot Jobs)."""
+    mine = sorted(j.submit_s for j in jobs if j.person.user == CI_ROBOT)
+    return mine[len(mine) // 2] if len(mine) >= 2 else None
+
+
+def _owned_by_job(job: SimJob) -> bool:
+    return job.gang_id is not None and job.gang_id.split("/", 1)[1].startswith("job-")
+
+
+def _with_submitters(cfg: SimConfig, jobs: list[SimJob]) -> list[SimJob]:
+    """The plan with who submitted each job through the stamped path:
+    - the CI robot (`system:serviceaccount:platform:ci-robot`) submits every second Kueue Job of the platform team
+      (in start order), its service account recreated at `robot_recreated_s`, so its uid changes mid-run;
+    - one person (the first with a notebook, off a one-person team) labels their Pods `gpuledger.io/user: <another
+      member of the team>`: the stamp names them, the label disagrees (`user_claimed`);
+    - everyone else is stamped with their own name and uid."""
+    team_jobs = [j for j in jobs if j.person.team == ROBOT_TEAM and _owned_by_job(j)]
+    robot_ids = {j.job_id for j in team_jobs[::2]}
+    out = [replace(j, person=ROBOT) if j.job_id in robot_ids else j for j in jobs]
+    recreated = robot_recreated_s(out)
+    members: dict[str, list[str]] = {}
+    for p in _build_people():
+        members.setdefault(p.team, []).append(p.user)
+    claimer = next((j.person.user for j in out if j.kind == "notebook" and len(members[j.person.team]) > 1), None)
+    result = []
+    for j in out:
+        if j.person.user == CI_ROBOT:
+            uid = robot_uid(1 if recreated is None or j.submit_s < recreated else 2)
+            result.append(replace(j, submitter_uid=uid))
+            continue
+        claimed = None
+        if j.person.user == claimer:
+            claimed = next(u for u in sorted(members[j.person.team]) if u != claimer)
+        result.append(replace(j, submitter_uid=person_uid(j.person.user), claimed_user=claimed))
+    return result
+
+
+def _stamp(user: str, uid: str, groups: tuple[str, ...]) -> dict[str, str]:
+    return {SUBMITTER: user, SUBMITTER_UID: uid, SUBMITTER_GROUPS: ",".join(groups)}
+
+
+def submitter_stamp(job: SimJob) -> dict[str, str]:
+    """The stamp on what the job's submitter created (a Job, or a Pod they created themselves)."""
+    assert job.submitter_uid is not None
+    if job.person.user == CI_ROBOT:
+        return _stamp(CI_ROBOT, job.submitter_uid, tuple(g.format(ns=ROBOT_NAMESPACE) for g in _SA_GROUPS))
+    return _stamp(job.person.user, job.submitter_uid, (job.person.team, "system:authenticated"))
+
+
+def controller_stamp() -> dict[str, str]:
+    """The stamp on a Pod the Job controller created: the controller's own identity (the producer follows the
+    Pod's controller owner to the Job's stamp)."""
+    return _stamp(JOB_CONTROLLER, _uid("serviceaccount", "kube-system", JOB_CONTROLLER),
+                  tuple(g.format(ns="kube-system") for g in _SA_GROUPS))  # fmt: skip
+
+
+class SimOwners:
+    """The Jobs the plan's Kueue Jobs' Pods and Workloads point at (the producer's `OwnerSource`), by uid: what
+    `ApiOwners` would GET from the API server."""
+
+    def __init__(self, jobs: dict[str, dict[str, Any]]) -> None:
+        self.jobs = jobs
+
+    def owner(self, namespace: str, ref: Any) -> dict[str, Any] | None:
+        job = self.jobs.get(str(ref.get("uid")))
+        return job if job is not None and job["metadata"]["namespace"] == namespace else None
+
+
+# ------------------------------------------------------------------------------------------------
 # The objects the API server would send
 
 
@@ -174,7 +273,8 @@ def _resources(p: SimPlan, job: SimJob) -> dict[str, str]:
 
 
 def _owner_labels(job: SimJob) -> dict[str, str]:
-    labels = {USER_LABEL: job.person.user}
+    # A person labels the job with a user (theirs, or the claimer someone else's); the CI robot declares none.
+    labels = {} if job.person.user == CI_ROBOT else {USER_LABEL: job.claimed_user or job.person.user}
     if job.project_source == "EXPLICIT":
         labels[PROJECT_LABEL] = job.project
     return labels
@@ -200,7 +300,7 @@ class _Objects:
             labels[KUEUE_QUEUE] = job.partition
             group = job.gang_id.split("/", 1)[1]
             if group.startswith("job-"):  # a Kueue-managed Job owns the Pod (and its Workload)
-                owners.append({"kind": "Job", "name": group[4:], "uid": _uid(self.plan.config.cluster, ns, group)})
+                owners.append(self.job_ref(ns, group))
             else:
                 labels[KUEUE_POD_GROUP] = group
         spec: dict[str, Any] = {
@@ -222,9 +322,30 @@ class _Objects:
             "uid": _uid(self.plan.config.cluster, job.job_id),
             "creationTimestamp": _iso(b + job.submit_s),
             "labels": labels,
+            # The Job controller creates a Job's Pods (its stamp); a person creates a plain or pod-group Pod (theirs).
+            "annotations": controller_stamp() if owners else submitter_stamp(job),
             "ownerReferences": owners,
         }
         return {"metadata": meta, "spec": spec, "status": status}
+
+    def job_ref(self, ns: str, group: str) -> dict[str, Any]:
+        """The ownerReference to the Kueue-managed Job of workload `group` ("job-<name>"), as the controllers
+        write it."""
+        return {"apiVersion": "batch/v1", "kind": "Job", "name": group[4:], "controller": True,
+                "uid": _uid(self.plan.config.cluster, ns, group)}  # fmt: skip
+
+    def owners(self) -> SimOwners:
+        """Each Kueue-managed Job as its submitter created it: the stamp, the labels its template gives its Pod."""
+        jobs: dict[str, dict[str, Any]] = {}
+        for job in self.plan.jobs:
+            if _owned_by_job(job):
+                assert job.gang_id is not None
+                ns, group = job.gang_id.split(":", 1)[1].split("/", 1)
+                ref = self.job_ref(ns, group)
+                meta = {"name": ref["name"], "namespace": ns, "uid": ref["uid"], "labels": _owner_labels(job),
+                        "annotations": submitter_stamp(job), "ownerReferences": []}  # fmt: skip
+                jobs[ref["uid"]] = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta}
+        return SimOwners(jobs)
 
     def workload(self, pods: list[SimJob], stage: str) -> dict[str, Any]:
         """A gang's Workload: "created", "admitted" or "finished"."""
@@ -235,8 +356,8 @@ class _Objects:
         cluster = self.plan.config.cluster
         per_pod = _resources(self.plan, first)
         owners = []
-        if name.startswith("job-"):
-            owners.append({"kind": "Job", "name": name[4:], "uid": _uid(cluster, ns, name)})
+        if name.startswith("job-"):  # Kueue made it for the Job (no stamp of its own: the Job's is followed)
+            owners.append(self.job_ref(ns, name))
         conditions: list[dict[str, str]] = []
         status: dict[str, Any] = {"conditions": conditions}
         if stage in ("admitted", "finished"):
@@ -324,7 +445,7 @@ def kube_job_events(p: SimPlan, scrape_text: ScrapeText) -> dict[int, list[dict[
         pricing_tier=KUBE_TIER,
         preemptible_qos=frozenset({PREEMPTIBLE_CLASS}),
     )
-    tracker = KubeTracker(ctx, labels)
+    tracker = KubeTracker(ctx, labels, owners=_Objects(p).owners())
     base_s = cfg.start_ms // 1000
     out: dict[int, list[dict[str, Any]]] = {}
     scraped: set[tuple[str, int]] = set()

@@ -39,6 +39,7 @@ class Ledger:
     job_id: str
     kind: str
     user: str
+    user_uid: str | None  # the identifier beside the name (Kubernetes: the admission stamp's; Slurm-like: none)
     team: str
     project: str
     gpus: int
@@ -177,6 +178,7 @@ def _job_ledger(
         job_id=job.job_id,
         kind=job.kind,
         user=job.person.user,
+        user_uid=job.submitter_uid,
         team=job.person.team,
         project=job.project,
         gpus=len(job.devices),
@@ -279,6 +281,7 @@ LEDGER_COLUMNS = (
     "job_id",
     "kind",
     "user",
+    "user_uid",
     "team",
     "project",
     "gpus",

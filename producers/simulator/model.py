@@ -155,6 +155,11 @@ class SimJob:
     # Kubernetes only: the run second the watcher first reads this Pod's devices from its exporter's pod labels,
     # later than its start (a label refresh after it); None: at its start (producers/simulator/kube.py)
     labels_s: int | None = None
+    # Kubernetes only: the uid the admission stamp gives its submitter (`gpuledger.io/submitter-uid`: a person's, or
+    # the CI robot's service account's, which changes when it is recreated), and a self-declared user label that
+    # names someone else than the submitter (producers/simulator/kube.py `_with_submitters`)
+    submitter_uid: str | None = None
+    claimed_user: str | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:

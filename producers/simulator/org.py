@@ -23,6 +23,14 @@ from producers.simulator.model import TEAMS, SimConfig, _build_nodes, _build_peo
 OPERATOR_GROUP = "gpuledger-operators"
 FINANCE_GROUP = "gpuledger-finance"
 OPERATOR, FINANCE = "ops00", "fin00"
+# The CI robot of sim-k8s: the platform team's service account that submits some of its Jobs (the admission stamp
+# names it; producers/simulator/kube.py). The directory and registry name the team and project that own it.
+ROBOT_TEAM, ROBOT_PROJECT, ROBOT_NAMESPACE, ROBOT_ACCOUNT = "platform", "infra-bench", "platform", "ci-robot"
+CI_ROBOT = f"system:serviceaccount:{ROBOT_NAMESPACE}:{ROBOT_ACCOUNT}"
+
+
+def _robot_cost_centre() -> str:
+    return next(cc for team, _, cc in TEAMS if team == ROBOT_TEAM)
 
 
 def sim_registry() -> Registry:
@@ -31,7 +39,7 @@ def sim_registry() -> Registry:
         for team, pids, cc in TEAMS
         for pid in pids
     }
-    return Registry(projects, {p.user: p.default_project for p in _build_people()})
+    return Registry(projects, {**{p.user: p.default_project for p in _build_people()}, CI_ROBOT: ROBOT_PROJECT})
 
 
 def sim_directory() -> dict[str, DirectoryEntry]:
@@ -46,6 +54,8 @@ def sim_directory() -> dict[str, DirectoryEntry]:
         )
         for p in _build_people()
     }
+    out[CI_ROBOT] = DirectoryEntry(user=CI_ROBOT, teams=(ROBOT_TEAM,), cost_centre=_robot_cost_centre(),
+                                   primary_team=ROBOT_TEAM)  # fmt: skip
     out[OPERATOR] = DirectoryEntry(user=OPERATOR, groups=(OPERATOR_GROUP,))
     out[FINANCE] = DirectoryEntry(user=FINANCE, groups=(FINANCE_GROUP,))
     return out
