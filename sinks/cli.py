@@ -207,6 +207,18 @@ def _with_quality(rows: list[dict[str, Any]], quality: DataQuality, fmt: str) ->
     return rows if fmt == "table" else [{**row, **quality.columns()} for row in rows]
 
 
+def _baseline_mark(client: Any, period: str) -> Any:
+    """The month against the attribution baseline in force (issue 38, sinks/baseline.py)."""
+    from sinks.baseline import month_mark
+
+    return month_mark(client, period)
+
+
+def _with_baseline(rows: list[dict[str, Any]], marked: Any, fmt: str) -> list[dict[str, Any]]:
+    """Rows of a machine-readable output carry the month's baseline mark as columns (a table prints its line)."""
+    return rows if fmt == "table" else [{**row, **marked.columns()} for row in rows]
+
+
 @report_app.command("chargeback")
 def report_chargeback(
     period: str = typer.Option(..., "--period", help="Month, YYYY-MM."),
@@ -243,12 +255,15 @@ def report_chargeback(
         report = cb.chargeback(client, period, by, closed=closed is not None)
         since = adjustments_since(store, period) if closed is not None and fmt == "table" else []
         quality = month_quality(store, period, closed is not None)
+        marked = _baseline_mark(client, period)
     columns = ("line", *[c for c in cb.LINE_COLUMNS if c != "line"])
     title = f"chargeback {period} by {by}"
     if closed is not None:
         title += f" (closed {closed.close_id[:12]} by {closed.closed_by}: the frozen statements)"
-    _emit(_with_quality(cb.report_rows(report), quality, fmt), fmt, output, title, columns)
+    _emit(_with_baseline(_with_quality(cb.report_rows(report), quality, fmt), marked, fmt), fmt, output, title,
+          columns)  # fmt: skip
     if fmt == "table":
+        typer.echo(marked.text())
         typer.echo(quality.text())
         # The findings behind the figure are read from the ledger now: a frozen figure keeps its own numbers.
         with _warehouse_errors():
@@ -277,11 +292,14 @@ def _cluster_report(settings: Settings, period: str, fmt: str, output: Path | No
         closed = store.closes().get(period)
         report = reconcile.chargeback_by_cluster(client, period, closed=closed is not None)
         quality = month_quality(store, period, closed is not None)
+        marked = _baseline_mark(client, period)
     title = f"chargeback {period} by cluster"
     if closed is not None:
         title += f" (closed {closed.close_id[:12]} by {closed.closed_by}: the frozen statements)"
-    _emit(_with_quality(reconcile.report_rows(report), quality, fmt), fmt, output, title, reconcile.CLUSTER_COLUMNS)
+    _emit(_with_baseline(_with_quality(reconcile.report_rows(report), quality, fmt), marked, fmt), fmt, output, title,
+          reconcile.CLUSTER_COLUMNS)  # fmt: skip
     if fmt == "table":
+        typer.echo(marked.text())
         typer.echo(quality.text())
         _echo_overlaps(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")
         _echo_identities(client, period, "data quality (the ledger now)" if quality.frozen else "data quality")

@@ -27,14 +27,17 @@ figure of their sum (`Tally.figure`), so data arriving later changes the live fi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import datetime as dt
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
 from sinks.chargeback import check_period
 
-_MONTH = "day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1)"
+# The month, or its days before `until` when one is given (the part of a month before the attribution baseline).
+_MONTH = ("day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1) "
+          "AND ({until:String} = '' OR day < toDateOrNull({until:String}))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +136,7 @@ class Tally:
             dark_s=sum(j.dark_s for j in listed),
             unidentified_s=sum(j.unidentified_s for j in listed),
             unidentified_jobs=sum(1 for j in listed if j.unidentified_s > 0),
-            default_project_s=sum(j.allocated_s for j in listed if j.project_source == "DEFAULT"),
+            default_project_s=allocated_from(listed, ("DEFAULT",)),
             claimed_project_s=sum(j.allocated_s for j in listed if j.claimed),
             unpriced_s=sum(j.unpriced_s for j in listed),
             unknown_mig_s=sum(j.unknown_mig_s for j in listed),
@@ -178,6 +181,23 @@ LATER_FIELDS = frozenset({"claimed_user_jobs", "self_declared_s"})
 SELF_DECLARED_SOURCES = frozenset({"SELF_DECLARED", "NAMESPACE"})
 
 
+# Where a job's project came from when nobody named one: its user's default project, or none at all.
+DEFAULTED_SOURCES = frozenset({"DEFAULT", "MISSING"})
+
+
+def allocated_from(jobs: Iterable[JobFacts], sources: Collection[str]) -> int:
+    """Allocated GPU-seconds of the jobs whose project came from one of `sources` (`project_source`): the one rule
+    behind the attribution shares (the figure's default-project share, the attribution baseline's mark)."""
+    return sum(j.allocated_s for j in jobs if j.project_source in sources)
+
+
+def defaulted_pct(jobs: Iterable[JobFacts]) -> float:
+    """Share of the jobs' allocated GPU-seconds charged to a default (DEFAULTED_SOURCES), one decimal: how much of
+    the time before the attribution baseline no job named its project (sinks/baseline.py)."""
+    listed = list(jobs)
+    return _pct(allocated_from(listed, DEFAULTED_SOURCES), sum(j.allocated_s for j in listed))
+
+
 def figure(scope: str, jobs: Iterable[JobFacts]) -> DataQuality:
     """The figure over `jobs` (pure)."""
     return Tally.of(jobs).figure(scope)
@@ -207,11 +227,12 @@ def team_tallies(client: Any, period: str) -> dict[str, Tally]:
     return {team: Tally.of(facts) for team, facts in by_team.items()}
 
 
-def job_facts(client: Any, period: str, project: str | None = None) -> list[tuple[str, JobFacts]]:
+def job_facts(client: Any, period: str, project: str | None = None,
+              until: dt.date | None = None) -> list[tuple[str, JobFacts]]:  # fmt: skip
     """(team, facts) of each job with usage in the month (one project's, when given). A job's team is the one its
     usage is charged to (the smallest, in the odd case of two)."""
     period = check_period(period)
-    params = {"p": period, "project": project or ""}
+    params = {"p": period, "project": project or "", "until": until.isoformat() if until else ""}
     usage = client.query(
         "SELECT cluster, job_id, sum(allocated_s), sum(dark_s), sum(unpriced_s), "
         f"sumIf(allocated_s, gpu_share_slices = 0), min(team) FROM v_usage_priced WHERE {_MONTH} "

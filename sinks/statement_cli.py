@@ -58,8 +58,9 @@ def _team_quality(statement: Any, state: str) -> Any:
     return statement.quality.figure(scope, frozen=state == "closed")
 
 
-def line_rows(statements: Iterable[Any], state: str) -> list[dict[str, Any]]:
-    """A row per line; each carries its statement's data-quality figure as dq_* columns when it has one."""
+def line_rows(statements: Iterable[Any], state: str, marks: Any = None) -> list[dict[str, Any]]:
+    """A row per line; each carries its statement's data-quality figure as dq_* columns when it has one, and its
+    team's attribution baseline mark (`marks`, sinks/baseline.py MonthMarks) when given."""
     from decimal import Decimal
 
     from sinks.ratecard import gpu_hours
@@ -68,6 +69,8 @@ def line_rows(statements: Iterable[Any], state: str) -> list[dict[str, Any]]:
     for s in statements:
         quality = _team_quality(s, state)
         dq = {} if quality is None else quality.columns()
+        if marks is not None:
+            dq = {**dq, **marks.team(s.team).columns()}
         for line in s.lines:
             rows.append({
                 "period": s.period, "team": s.team, "statement": state, "kind": line.kind,
@@ -147,8 +150,10 @@ def statement_show(
     output: Path | None = typer.Option(None, "--output", "-o"),
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
-    """A month's statement lines: frozen when the month is closed, as it would close now when open."""
+    """A month's statement lines: frozen when the month is closed, as it would close now when open; each team's
+    with its month against the attribution baseline."""
     from sinks import statement_store as store_mod
+    from sinks.baseline import baseline_now, month_marks
     from sinks.chargeback import check_period
 
     check_period(period)
@@ -162,10 +167,11 @@ def statement_show(
         else:
             statements = store_mod.prepare(store, period, _charges(settings, client))
             state = "open"
+        marks = month_marks(client, period, baseline_now(client))  # issue 38: the months before the baseline
     chosen = [s for s in statements if team is None or s.team == team]
     if team is not None and not chosen:
         raise ConfigError(f"no statement for team {team!r} in {period}")
-    rows = line_rows(chosen, state)
+    rows = line_rows(chosen, state, marks)
     notes: dict[str, list[str]] = {}
     if fmt == "table":
         from sinks.identities import cluster_identities, self_declared_notes
@@ -177,6 +183,7 @@ def statement_show(
             total = getattr(s, "total_charge", None) or s.total()
             typer.echo(f"{s.period} {s.team or '(no team)'} [{state}] total {total}  statement "
                        f"{s.statement_id}")  # fmt: skip
+            typer.echo(f"  {marks.team(s.team).text()}")
             quality = _team_quality(s, state)
             if quality is not None:
                 typer.echo(f"  {quality.text()}")

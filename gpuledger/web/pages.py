@@ -132,6 +132,7 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
     dark_read = _READS.submit(wh.dark_by_node, period, team, only)
     sources_read = _READS.submit(wh.project_sources, period, team, only)
     latest_read = _READS.submit(wh.latest_minute_ms, period.start - dt.timedelta(days=31), only)
+    baseline_read = _READS.submit(baseline_mark, wh, period, team)
     identity_read = _READS.submit(wh.identity_clusters, period, team, only)
     closes = wh.closes()
     closed = period.text in closes
@@ -188,6 +189,7 @@ def team_page(wh: Warehouse, team: str, period: Period, now_ms: int, quota: Mapp
         identity_notes=self_declared_notes(identity_read.result()),
         claimed_user_jobs=sum(c.claimed_user_jobs for c in identity_read.result()),
         team=team, period=period, figures=figures, statement=statement, quality=quality,
+        baseline=baseline_read.result(),
         chart=charts.daily_chart(days), quota_rows=quota_rows, has_policy=quota is not None, stmt=status,
         prev_url=team_url(team, period.previous(), only), next_url=team_url(team, period.next(), only),
         only=only, only_known=only is None or only in known, here_url=team_url(team, period, only),
@@ -210,6 +212,14 @@ def identity_rows(found: list[dict[str, Any]], robots: Mapping[str, Any]) -> lis
         "owner": owner_text(str(r["user"]), robots), "jobs": int(r["jobs"]),
         "allocated_gpu_h": m.gpu_h(int(r["allocated_s"])), "claimed_jobs": int(r["claimed_jobs"]),
     } for r in found]  # fmt: skip
+
+
+def baseline_mark(wh: Warehouse, period: Period, team: str) -> Any:
+    """The team's month against the attribution baseline (issue 38; sinks/baseline.py, as the reports): over the
+    team's jobs on every cluster, the share of GPU-hours before the baseline charged to defaults."""
+    from sinks.baseline import baseline_now, month_marks
+
+    return month_marks(wh.client, period.text, baseline_now(wh.client)).team(team)
 
 
 def _cluster_lines(usage: m.TeamUsage, figures: Mapping[str, Any], only: str | None = None) -> list[dict[str, Any]]:
