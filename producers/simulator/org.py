@@ -7,8 +7,8 @@ and a finance user). `gpuledger web` uses them under `up` with the simulator whe
 is configured, so the demo can check a correction and scope a page like a real site. `sim_policy_text()` is
 `deploy/policy.sim.yaml` (a unit test keeps them equal): its teams, members and namespaces, one tier, each team's
 guaranteed quota per generation sized from the simulated fleet (`sim_fleet_gpus`), and governance with the operator
-deciding appeals and approving reservations; `GPULEDGER_POLICY_PATH=deploy/policy.sim.yaml` gives the demo appeals
-and reservations within quota.
+deciding appeals and approving reservations; `gpuledger up` on the simulator runs with it when no policy_path is
+configured (gpuledger/stack/components.py `demo_policy`), so the demo has quota, appeals and reservations.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def sim_policy_text() -> str:
     }
     shares = ", ".join(f"{g} {n} // {len(TEAMS)} = {quota.get(g, 0)}" for g, n in fleet.items())
     header = ("# The simulated organisation's policy (producers/simulator/org.py writes it; a test keeps it equal):\n"
-              "# GPULEDGER_POLICY_PATH=deploy/policy.sim.yaml gives the demo appeals and reservations.\n"
+              "# `make up` on the simulator runs with it when no policy_path is configured (quota, appeals, reservations).\n"
               "# fleet_gpus: the demo fleet's whole GPUs per generation (sim + sim-k8s; MIG slices left out).\n"
               f"# quota: each team's guaranteed share, fleet_gpus // {len(TEAMS)} teams:\n#   {shares}.\n"
               f"# A team reserves up to its quota, approved at once up to {_AUTO_APPROVE_HOURS} h (longer: by ops00).\n"
