@@ -223,6 +223,38 @@ def ensure_binaries(
         return _build(v, root, _Go(go, max(1, jobs), progress))
 
 
+CONTROLLER_MANAGER = "kube-controller-manager"
+
+
+def ensure_controller_manager(bins: KubeBinaries, *, jobs: int = 1, progress: Progress = _quiet) -> Path:
+    """kube-controller-manager of the same Kubernetes version, beside the other binaries: built on first use only
+    (tests that need a real controller, e.g. the Job controller creating pods, ask for it; the control plane
+    itself runs without one). About 3 minutes on 2 cores after kube-apiserver (the Go build cache is shared)."""
+    target = bins.bin(CONTROLLER_MANAGER)
+    if target.is_file():
+        return target
+    go = find_go()
+    v = KubeVersions(kubernetes=bins.root.name.split("-k", 1)[1].split("-e", 1)[0])
+    with _build_lock(_beside(bins.root, f".{CONTROLLER_MANAGER}"), progress):
+        if target.is_file():
+            return target
+        src = bins.root / f"src-{CONTROLLER_MANAGER}"
+        runner = _Go(go, max(1, jobs), progress)
+        replaces = {f"k8s.io/{name}": v.staging for name in STAGING}
+        mod = _wrapper(src, "kubernetes", {"k8s.io/kubernetes": f"v{v.kubernetes}"}, replaces)
+        (mod / "tools.go").write_text(
+            f'//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/{CONTROLLER_MANAGER}"\n',
+            encoding="utf-8",
+        )
+        runner(mod, "mod", "tidy", "-e")
+        partial = target.with_name(f".{CONTROLLER_MANAGER}.partial")
+        runner(mod, "build", "-trimpath", "-ldflags", _ldflags(v.kubernetes), "-o", str(partial),
+               f"k8s.io/kubernetes/cmd/{CONTROLLER_MANAGER}")  # fmt: skip
+        partial.rename(target)
+        shutil.rmtree(src, ignore_errors=True)
+    return target
+
+
 def build_log(versions: KubeVersions | None = None, cache_root: Path | None = None) -> Path:
     """Where a build started in the background (`dev kube build --detach`) writes its output."""
     return _beside(cache_dir(versions or KubeVersions(), cache_root), ".build.log")

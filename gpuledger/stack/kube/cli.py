@@ -36,11 +36,19 @@ def build(
         "meanwhile; the Kubernetes fixtures wait for the build)."),
 ) -> None:
     """Build the binaries into the user cache (nothing to do when cached); print where they are."""
-    from gpuledger.stack.kube.build import KubeVersions, build_log, cache_dir, ensure_binaries, is_built
+    from gpuledger.stack.kube.build import (
+        CONTROLLER_MANAGER,
+        KubeVersions,
+        build_log,
+        cache_dir,
+        ensure_binaries,
+        ensure_controller_manager,
+        is_built,
+    )
 
     if detach and not rebuild:
         root = cache_dir(KubeVersions())
-        if is_built(root):
+        if is_built(root) and (root / "bin" / CONTROLLER_MANAGER).is_file():
             typer.echo(f"{root} (cached)")
             return
         log_path = build_log()
@@ -51,6 +59,7 @@ def build(
         typer.echo(f"building the Kubernetes binaries in the background into {root} (log: {log_path})")
         return
     bins = ensure_binaries(jobs=jobs, rebuild=rebuild, progress=_progress)
+    ensure_controller_manager(bins, jobs=jobs, progress=_progress)  # the Job controller of the identity tests
     took = "cached" if bins.build_s is None else f"built in {bins.build_s:.0f} s"
     typer.echo(f"{bins.root} ({took})")
 
