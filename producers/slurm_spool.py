@@ -150,6 +150,9 @@ def hook_event(rec: HookRecord, ctx: EventContext) -> dict[str, Any]:
         account=env.get("SLURM_JOB_ACCOUNT"),
         partition=env.get("SLURM_JOB_PARTITION"),
         qos=env.get("SLURM_JOB_QOS"),
+        # as the poller's events say (slurm_events.slurm_event): the QOS the pricing names, or the partition
+        preemptible=(env.get("SLURM_JOB_QOS") or "") in ctx.preemptible_qos
+        or (env.get("SLURM_JOB_PARTITION") or "") in ctx.preemptible_partitions,
         array_job_id=env.get("SLURM_ARRAY_JOB_ID") if task.isdigit() else None,
         array_task_id=int(task) if task.isdigit() else None,
         het_job_id=het if offset.isdigit() else None,

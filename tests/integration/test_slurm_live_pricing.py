@@ -121,6 +121,35 @@ def inventory_record(cluster: str, ts_ms: int) -> dict[str, Any]:
     return {"cluster": cluster, "node": NODE, "ts_ms": ts_ms, "source": "static", "devices": devices, "deleted": False}
 
 
+def through_the_ledger(ch: ClickHouseSettings, cluster: str, events: list[dict[str, Any]],
+                       devices: list[dict[str, Any]], node: str = NODE) -> Any:  # fmt: skip
+    """The events and per-second samples of the node's `devices` (every second from the first event's minute to
+    past the last minute's close) through the processors' own pipeline; its device-minutes and the events written
+    into ClickHouse by the sinks' writer (migrated first). Returns the pipeline's result."""
+    first = min(e["ts_ms"] for e in events) // 60_000 * 60_000
+    last = max(e["ts_ms"] for e in events) + 130_000
+    inv = {"cluster": cluster, "node": node, "ts_ms": first - 1, "source": "static", "devices": devices,
+           "deleted": False}  # fmt: skip
+    records: list[tuple[int, int, Any, bytes, dict[str, Any]]] = [(first - 1, 0, INVENTORY, node_key(cluster, node),
+                                                                   inv)]  # fmt: skip
+    records += [(e["ts_ms"], 1, JOB_EVENTS, job_key(cluster, e["job_id"]), e) for e in events]
+    for sec in range(first // 1000, last // 1000 + 1):
+        devs = [device(d["uuid"], d["index"], sm=0.9, fb_mib=9000, model=d["model"]) for d in devices]
+        sample = scrape(node, sec * 1000, devs, cluster)
+        records.append((sec * 1000, 2, DEVICE_SAMPLES, node_key(cluster, node), sample))
+    records.sort(key=lambda r: (r[0], r[1]))
+    result = run_in_memory([r[2:] for r in records], ProcessorSettings(realtime=False))
+    client = connect(ch)
+    migrate(client, ch)
+    pending = []
+    for subject, rows in ((topics.DEVICE_MINUTES.name, result.device_minutes), (JOB_EVENTS.name, events)):
+        for spec in SINKS[subject]:
+            pending += [Pending(spec, row, Origin(subject, 0, i)) for i, r in enumerate(rows) for row in spec.rows(r)]
+    assert not LedgerWriter(client).write(pending).rejected
+    client.close()
+    return result
+
+
 def test_the_preemptible_tier_is_charged_at_the_policys_discount_and_production_at_full_rate(
     slurm: SlurmClient, kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str, tmp_path: Path
 ) -> None:
@@ -194,31 +223,12 @@ def test_the_preemptible_tier_is_charged_at_the_policys_discount_and_production_
         started = next(e for e in mine if e["job_id"] == job and e["event_type"] == "STARTED")
         assert started["ts_ms"] == start * 1000 and len(started["allocations"][0]["devices"]) == 1
 
-    # The processors' pipeline over the broker's events and the node's per-second samples.
-    first = min(e["ts_ms"] for e in mine) // 60_000 * 60_000
-    last = max(e["ts_ms"] for e in mine) + 130_000  # past the minute close
-    records: list[tuple[int, int, Any, bytes, dict[str, Any]]] = [(first - 1, 0, INVENTORY, node_key(cluster, NODE),
-                                                                   inventory_record(cluster, first - 1))]  # fmt: skip
-    records += [(e["ts_ms"], 1, JOB_EVENTS, job_key(cluster, e["job_id"]), e) for e in mine]
-    for sec in range(first // 1000, last // 1000 + 1):
-        devs = [device(u, i, sm=0.9, fb_mib=9000, model=H100 if i < 2 else A100) for i, u in enumerate(UUIDS)]
-        sample = scrape(NODE, sec * 1000, devs, cluster)
-        records.append((sec * 1000, 2, DEVICE_SAMPLES, node_key(cluster, NODE), sample))
-    records.sort(key=lambda r: (r[0], r[1]))
-    result = run_in_memory([r[2:] for r in records], ProcessorSettings(realtime=False))
+    result = through_the_ledger(ch, cluster, mine, inventory_record(cluster, 0)["devices"])
     by_job = {j: sum(r["allocated_s"] for r in result.device_minutes if r["job_id"] == j) for j in (sweep, prod)}
     assert by_job == held_s
     flags = {(r["job_id"], r["preemptible"]) for r in result.device_minutes if r["job_id"]}
     assert flags == {(sweep, True), (prod, False)}
-
-    client = connect(ch)
-    migrate(client, ch)
-    pending = []
-    for subject, rows in ((topics.DEVICE_MINUTES.name, result.device_minutes), (JOB_EVENTS.name, mine)):
-        for spec in SINKS[subject]:
-            pending += [Pending(spec, row, Origin(subject, 0, i)) for i, r in enumerate(rows) for row in spec.rows(r)]
-    assert not LedgerWriter(client).write(pending).rejected
-    client.close()
+    first = min(e["ts_ms"] for e in mine)
 
     loaded = run_gpuledger(["ratecard", "load", "--card", str(card)], env=env)
     assert loaded.returncode == 0 and "rates loaded" in loaded.stdout, loaded.stderr

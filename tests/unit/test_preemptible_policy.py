@@ -10,7 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fixtures_events import ListSink
 from test_kube import WORKLOAD, _pod_lifecycle, _workload_lifecycle
+from test_slurm_hooks import PROLOG_ENV, _spool
 from test_slurm_uid import FIX
 
 from base.producer_settings import SchedulerSettings
@@ -21,6 +23,7 @@ from producers.preemptible import pricing_drift, resolve
 from producers.scheduler_cli import preemptible_names
 from producers.slurm import parse_capture
 from producers.slurm_events import slurm_event
+from producers.slurm_spool import drain
 from schemas.policy import load_policy, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
@@ -127,3 +130,12 @@ def test_a_pod_is_preemptible_by_its_workloads_class_or_its_own() -> None:
     assert started["preemptible"] is True
     started, _ = _tracked_pod({}, pod_class="scavenger")  # not the policy's: full price
     assert started["preemptible"] is False
+
+
+def test_the_hooks_events_are_preemptible_by_the_policys_qos(policy, tmp_path: Path) -> None:
+    sink = ListSink()
+    ctx = EventContext("hpc", preemptible_qos=resolve([], policy).names)
+    envs = [("start", {**PROLOG_ENV, "SLURM_JOB_QOS": "sweeps"}),
+            ("start", {**PROLOG_ENV, "SLURM_JOB_ID": "4243", "SLURM_JOB_QOS": "production"})]  # fmt: skip
+    drain(_spool(tmp_path, envs), ctx, sink, flush=lambda: None)
+    assert sorted((r["job_id"], r["preemptible"]) for _, _, r in sink.records) == [("4242", True), ("4243", False)]
