@@ -23,7 +23,7 @@ from producers.policy_slurm import preemptible_qos
 from schemas.policy import Policy
 
 Source = Literal["scheduler.preemptible_qos", "policy", "default"]
-OVERRIDE = "scheduler.preemptible_qos"
+OVERRIDE: Source = "scheduler.preemptible_qos"
 
 
 @dataclass(frozen=True)
