@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +65,9 @@ def test_poll_follows_jobs_that_run_finish_fail_are_requeued_and_cancelled(slurm
     assert types_of(sink, train) == ["STARTED"]
     (started,) = events_of(sink, train)
     assert held(started) == idx_first and set(idx_first[NODE]) <= {0, 1}  # the h100 are indices 0-1
+    # The uid beside the name: squeue's own `user_id` for the job, and `id -u` of its user.
+    (listed,) = json.loads(slurm.run("squeue", "--json", "-j", train).stdout)["jobs"]
+    assert (started["user"], started["user_uid"]) == (listed["user_name"], str(listed["user_id"]))
     assert started["ts_ms"] == int(sacct_row(slurm, train)["Start"]) * 1000
 
     # Started and ended between two polls: slurmctld still lists them (MinJobAge) with Slurm's times, but no
@@ -109,6 +113,10 @@ def test_poll_follows_jobs_that_run_finish_fail_are_requeued_and_cancelled(slurm
     for _ in range(2):
         poller.poll_once()
     assert len(sink.records) == before
+    # Every event of every job carries the uid `id -u` gives for its user, from the scheduler.
+    uids = {u: subprocess.run(["id", "-u", u], capture_output=True, text=True, check=True).stdout.strip()
+            for u in {r["user"] for _, _, r in sink.records}}  # fmt: skip
+    assert {(r["user_uid"], r["user_source"]) == (uids[r["user"]], "SCHEDULER") for _, _, r in sink.records} == {True}
 
 
 def test_pending_job_is_submitted_and_cpu_jobs_are_not_followed(slurm: SlurmClient) -> None:
