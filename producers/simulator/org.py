@@ -112,7 +112,7 @@ def sim_policy_text() -> str:
     }
     shares = ", ".join(f"{g} {n} // {len(TEAMS)} = {quota.get(g, 0)}" for g, n in fleet.items())
     header = ("# The simulated organisation's policy (producers/simulator/org.py writes it; a test keeps it equal):\n"
-              "# `make up` on the simulator runs with it when no policy_path is configured (quota, appeals, reservations).\n"
+              "# `make up` on the simulator runs with it when no policy_path is set (quota, appeals, reservations).\n"
               "# fleet_gpus: the demo fleet's whole GPUs per generation (sim + sim-k8s; MIG slices left out).\n"
               f"# quota: each team's guaranteed share, fleet_gpus // {len(TEAMS)} teams:\n#   {shares}.\n"
               f"# A team reserves up to its quota, approved at once up to {_AUTO_APPROVE_HOURS} h (longer: by ops00).\n"
