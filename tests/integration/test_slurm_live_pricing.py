@@ -10,6 +10,8 @@ preemptible. The events (with per-second samples of the node's GPUs) go through 
 `gpuledger ratecard load` takes its discount from the policy and `report chargeback --by project` (the project is
 the account here) charges the sweep at the discount and prod at full rate, to the cent, against the cents worked
 here from the card's own numbers and the seconds sacct reports.
+`policy diff` is clean with the pricing from the policy, and names both disagreements when an explicit
+`scheduler.preemptible_qos` prices another QOS (exit 1).
 
 The card makes the arithmetic exact: an H100 of 31,536,000 $ over one year of 8,760 h, nothing else, so
 3,600.000000 $/GPU-h (1 $ a GPU-second) and 2,160.000000 $/GPU-h preemptible.
@@ -174,6 +176,14 @@ def test_the_preemptible_tier_is_charged_at_the_policys_discount_and_production_
     assert applied.returncode == 0, applied.stderr
     diff = run_gpuledger(["policy", "diff", "--engine", "slurm"], env=env, timeout=120)
     assert (diff.returncode, diff.stdout) == (0, "no drift\n"), diff.stderr  # no override: pricing agrees
+    override = {**env, "GPULEDGER_SCHEDULER__PREEMPTIBLE_QOS": '["scavenger"]'}  # an explicit override, elsewhere
+    diff = run_gpuledger(["policy", "diff", "--engine", "slurm"], env=override, timeout=120)
+    assert diff.returncode == 1 and diff.stdout.splitlines() == [
+        f"pricing: scheduler.preemptible_qos prices QOS scavenger as preemptible, but the policy's preemptible "
+        f"tier sweep-{s} is QOS sweep-{s}",
+        f"pricing: QOS sweep-{s} is the policy's preemptible tier sweep-{s}, but scheduler.preemptible_qos "
+        "(scavenger) does not price it as preemptible: its jobs are charged full price",
+    ], diff.stdout + diff.stderr
 
     poll_log = tmp_path / "poll.log"
     with open(poll_log, "wb") as log:
