@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
@@ -19,17 +18,12 @@ from typing import Any
 
 from base.errors import ConfigError
 from base.outputs import csv_text
+from sinks.identities import identity_text, job_identities
+from sinks.periods import check_period
 
 BY_CHOICES = ("team", "project", "user", "cost-centre", "tier")
 REPORT_BY = (*BY_CHOICES, "cluster")  # `report chargeback --by`: per cluster is sinks/reconcile.py's view
 FORMATS = ("table", "csv", "json", "parquet")
-_PERIOD = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")  # fullmatch: no trailing newline
-
-
-def check_period(period: str) -> str:
-    if not _PERIOD.fullmatch(period):
-        raise ConfigError(f"--period must be a month as YYYY-MM (e.g. 2026-11), got {period!r}")
-    return period
 
 
 def check_by(by: str, choices: tuple[str, ...] = BY_CHOICES) -> str:
@@ -169,7 +163,6 @@ def explain(client: Any, period: str, project: str) -> list[dict[str, Any]]:
     period = check_period(period)
     if not project:
         raise ConfigError("--project must not be empty")
-    from sinks.identities import job_identities
 
     read = [c for c in EXPLAIN_COLUMNS if c != "claimed_project" and c not in _IDENTITY_COLUMNS]
     selected = ", ".join(_EXPLAIN_READ.get(c, f"j.{c}") for c in read)
@@ -214,15 +207,6 @@ def explain_identities(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     for key, line in out.items():
         line["jobs"] = len(jobs[key])
     return [out[k] for k in sorted(out, key=lambda k: (k[0], k[1] or ""))]
-
-
-def identity_text(user: str, uid: str | None, *, short: bool = False) -> str:
-    """`alice (uid 1001)`, `ci-robot (uid 3f2a…)` (short: a long identifier by its first 8 characters),
-    `alice (uid unknown)`."""
-    if not uid:
-        return f"{user} (uid unknown)"
-    shown = uid[:8] + "…" if short and len(uid) > 10 else uid
-    return f"{user} (uid {shown})"
 
 
 def utc_text(epoch_ms: int) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sinks.chargeback import check_period, identity_text
+from sinks.periods import check_period
 
 # Where a name comes from (schemas/records.py UserSource), in words; None: an event written before v4.
 SOURCE_TEXT: Mapping[str | None, str] = {
@@ -29,6 +29,15 @@ SOURCE_TEXT: Mapping[str | None, str] = {
 VERIFIED = frozenset({"SCHEDULER", "STAMPED"})
 SELF_DECLARED = frozenset({"SELF_DECLARED", "NAMESPACE"})
 MAX_KEYS = 10_000  # jobs whose identities one read asks for (one explain, one page)
+
+
+def identity_text(user: str, uid: str | None, *, short: bool = False) -> str:
+    """`alice (uid 1001)`, `ci-robot (uid 3f2a…)` (short: a long identifier by its first 8 characters),
+    `alice (uid unknown)`."""
+    if not uid:
+        return f"{user} (uid unknown)"
+    shown = uid[:8] + "…" if short and len(uid) > 10 else uid
+    return f"{user} (uid {shown})"
 
 
 def source_text(source: str | None) -> str:

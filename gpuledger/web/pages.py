@@ -19,8 +19,7 @@ from gpuledger.web import model as m
 from gpuledger.web.model import Column, Table
 from gpuledger.web.params import Period
 from gpuledger.web.queries import PricedViews, Statement, Warehouse
-from sinks.chargeback import identity_text
-from sinks.identities import owner_text, self_declared_notes, source_text
+from sinks.identities import identity_text, owner_text, self_declared_notes, source_text
 
 WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
 DEVICE_MINUTES_PAGE = 1000
