@@ -237,3 +237,17 @@ def test_the_admission_objects_stamp_on_create_and_lock_on_update() -> None:
         "UPDATE"}
     assert vbinding["spec"]["validationActions"] == ["Deny"]
     assert "cannot be changed" in validating["spec"]["validations"][0]["message"]
+
+
+def test_render_writes_the_stamp_beside_the_kueue_objects(tmp_path: Any) -> None:
+    import os
+    from pathlib import Path
+
+    import yaml
+    from fixtures_cli import run_gpuledger
+
+    policy = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
+    done = run_gpuledger(["policy", "render", "--engine", "kueue", "--out", str(tmp_path), "--policy", str(policy)],
+                         env=dict(os.environ), timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert list(yaml.safe_load_all((tmp_path / "submitter-stamp.yaml").read_text())) == policy_stamp.render_objects()
