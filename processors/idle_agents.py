@@ -179,7 +179,8 @@ class JobStageAgents:
         self.order = InOrder(app)
         self.stats = AgentStats()
         self.meter = AgentsMeter(app_id(settings), settings.processor.grace_ms) if settings.metrics.enabled else None
-        self.lock = asyncio.Lock()
+        self.lock = asyncio.Lock()  # admission and checkpoint, or the order check (`InOrder.keep_checked`)
+        self.in_hand = 0  # batches (and wall-clock ticks) under way (`busy`); the order check is not one
         self.last_input = time.monotonic()  # when a batch last arrived (`--exit-when-idle`)
 
     # ------------------------------------------------------------------ the idle test (`schemas.agents.InputClock`)
@@ -191,8 +192,9 @@ class JobStageAgents:
     @property
     def busy(self) -> bool:
         """A batch (or the wall-clock tick) is being processed, or a partition was fetched past what was
-        admitted (`InOrder.behind`): input is still to come."""
-        return self.lock.locked() or bool(self.order.behind)
+        admitted (`InOrder.behind`): input is still to come. Not the order check holding the lock: it reads no
+        input, and counted here it could keep `--exit-when-idle` from ever stopping (`schemas.agents.drained`)."""
+        return self.in_hand > 0 or bool(self.order.behind)
 
     # ------------------------------------------------------------------ assignment
     def forget(self, partitions: Iterable[int]) -> None:
@@ -227,6 +229,13 @@ class JobStageAgents:
         # were never sent (the likely cause of a job's job-minutes short by 180 s once in the fault
         # suite's dup-late run). Unattached, they go to the producer at once and `_checkpoint` waits for their delivery.
         _current_event.set(None)
+        self.in_hand += 1
+        try:
+            await self._process(stream, events)
+        finally:
+            self.in_hand -= 1
+
+    async def _process(self, stream: Any, events: list[Any]) -> None:
         async with self.lock:
             events = await self.order.admit(events, unordered=self.t_appeals)
             self.stats.extra["seeks_back"] = self.order.seeks_back
@@ -449,8 +458,12 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
         @app.timer(1.0)
         async def tick() -> None:
             # The wall clock forgets ended jobs even without input; nothing to ack here.
-            async with agents.lock:
-                await agents._checkpoint(None, agents._advance())
+            agents.in_hand += 1
+            try:
+                async with agents.lock:
+                    await agents._checkpoint(None, agents._advance())
+            finally:
+                agents.in_hand -= 1
 
     return app
 

@@ -301,7 +301,9 @@ class InOrder:
                 self.asking.pop(key, None)
 
     async def _seek_back(self, key: tuple[str, int], tp: TP) -> None:
-        nxt = self.next_offset[key]
+        nxt = self.next_offset.get(key)
+        if nxt is None:  # revoked while an earlier seek was awaited: the next assignment starts it afresh
+            return
         now = time.monotonic()
         last = self.sought.get(key)
         if last is not None and last[0] == nxt and now - last[1] < RESEEK_AFTER_S:
@@ -462,10 +464,30 @@ _not_idle_said: dict[int, float] = {}
 
 
 def _say_why_not_idle(app: faust.App, clock: InputClock, now: float, why: str) -> None:
-    """Every `NOT_IDLE_SAY_EVERY_S`, why an agent waiting to be idle is not (a run that never ends says why)."""
+    """Every `NOT_IDLE_SAY_EVERY_S`, why an agent waiting to be idle is not (a run that never ends says why); when
+    busy, where each task of the event loop waits (what holds a batch or the agent's lock)."""
     if now - _not_idle_said.setdefault(id(clock), now) >= NOT_IDLE_SAY_EVERY_S:
         _not_idle_said[id(clock)] = now
         log.info("%s: not idle: %s; %d batches", app.conf.id, why, clock.batches)
+        if why.startswith("busy"):
+            log.info("%s: the event loop's tasks, each where it waits:\n%s", app.conf.id, "\n".join(task_stacks()))
+
+
+def task_stacks() -> list[str]:
+    """Each task of the running loop and the chain of awaits it is suspended in, innermost last."""
+    lines: list[str] = []
+    for task in asyncio.all_tasks():
+        chain: list[str] = []
+        obj: Any = task.get_coro()
+        while obj is not None and len(chain) < 40:
+            frame = getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None) or getattr(obj, "gi_frame", None)
+            if frame is None:
+                chain.append(repr(obj)[:160])
+                break
+            chain.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno})")
+            obj = getattr(obj, "cr_await", None) or getattr(obj, "ag_await", None) or getattr(obj, "gi_yieldfrom", None)
+        lines.append(f"{task.get_name()}: " + " -> ".join(chain))
+    return lines
 
 
 async def serve_app(
@@ -607,9 +629,9 @@ class RecordAgent:
     heartbeats going while it waits. faust's current event is cleared first: a send made inside an
     event is otherwise held back until that event's offset commits (see `processors/idle_agents.py`).
 
-    Records are not admitted through `InOrder` here: with its lock and order check, `chat run --max-idle-s`
-    hung in a few loaded runs (the lock held for good after the last batch; not found why in time). A record
-    faust drops is still never committed past (`GaplessConsumer`): it is read again at the next start."""
+    Records are admitted in offset order (`InOrder`), as the job stage's: faust drops fetched records without a
+    word, and a record skipped here would be an alert never posted or a reclaim never run (its commit stalled
+    at it until a restart). A skipped partition is sought back and its records come again."""
 
     def __init__(
         self,
@@ -637,8 +659,9 @@ class RecordAgent:
         self.source = raw_topic(app, *self.handlers)
         self.stats = RecordStats()
         self.last_input = time.monotonic()
-        self.order: InOrder | None = None  # whole batches are acked: nothing admitted, nothing behind
-        self.in_hand = False  # a batch being handled (`drained`)
+        self.order: InOrder | None = InOrder(app)
+        self.lock = asyncio.Lock()  # admission: a batch, or the order check (`InOrder.keep_checked`), one at a time
+        self.in_hand = 0  # batches arrived and not yet handled and acked (`busy`); the order check is not one
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{app.conf.id}-handler")
         self._next_lag = 0.0
 
@@ -648,19 +671,24 @@ class RecordAgent:
 
     @property
     def busy(self) -> bool:
-        """A batch in hand (`drained`: input is not over)."""
-        return self.in_hand
+        """A batch in hand, or records skipped and still to come (`drained`: input is not over). Not the order
+        check holding the lock: it reads no input, and counted as busy it kept `chat run --max-idle-s` from ever
+        stopping (`drained` wants the agent not busy both before and after it reads the ends)."""
+        return self.in_hand > 0 or bool(self.order is not None and self.order.behind)
 
     async def process(self, stream: Any, events: list[Any]) -> None:
-        self.in_hand = True
+        self.in_hand += 1
         self.last_input = time.monotonic()
         try:
-            await self._process(stream, events)
+            async with self.lock:
+                if self.order is not None:
+                    events = await self.order.admit(events)
+                await self._process(stream, events)
         finally:
-            self.in_hand = False
+            self.in_hand -= 1
 
     async def _process(self, stream: Any, events: list[Any]) -> None:
-        """Handle `events`, then ack them."""
+        """Handle the admitted `events`, then ack them (only them: a skipped record is not acked, it comes again)."""
         _current_event.set(None)
         loop = asyncio.get_running_loop()
         handled = 0
@@ -760,6 +788,14 @@ def build_record_app(
         async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
             await agent.process(stream, list(events))
 
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        revoked = args[0] if args else kwargs.get("revoked", ())
+        if agent.order is not None:
+            agent.order.forget(*((tp.topic, tp.partition) for tp in revoked))
+
+    if agent.order is not None:
+        agent.order.keep_checked(list(agent.handlers), agent.lock)
     return app, agent
 
 
