@@ -12,27 +12,39 @@ gives) turning the objects into job events.
   identity and charged to the Job's creator through its ownerReference;
 - a service account deleted and recreated under the same name: two identities, two user_uid values, each the
   account's own metadata.uid;
-- without the policy: the self-declared label (SELF_DECLARED), else the namespace (NAMESPACE).
+- without the policy: the self-declared label (SELF_DECLARED), else the namespace (NAMESPACE);
+- end to end (issue 38's first "Done when" in one place): the Job controller's pods of alice's labelled and
+  pre-filled Jobs and the recreated robot's two pods, run on gpu-node-1, watched by `gpuledger kube watch`, taken
+  through the processors' pipeline, the sinks' writer and the embedded ClickHouse: `report chargeback` charges
+  alice (bob nothing) to the cent and counts the disagreeing label on its data-quality line, `report explain`
+  lists the robot as two identities with the two ServiceAccounts' own uids.
 
 The stamp applies cluster-wide: every test that applies it removes it again (the session's other tests run
 without it) and waits until the API server no longer stamps."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from fixtures_cli import run_gpuledger
-from fixtures_kube import eventually, get, gpu_pod, gpu_quota, make_namespace, workload_of
+from fixtures_kube import NODE, eventually, get, gpu_pod, gpu_quota, make_namespace, run_pod, workload_of
 from kubernetes import config as kube_config
+from test_chargeback_ledger import cli_env, run_cli
+from test_slurm_live_pricing import CARD, H100, cents, rate_micro, through_the_ledger
 
+from base.settings import ClickHouseSettings
 from gpuledger.stack.kube.build import KubeBinaries, ensure_controller_manager
 from gpuledger.stack.kube.cluster import ADMIN, LocalKube
 from producers import policy_stamp
@@ -42,7 +54,10 @@ from producers.kube_identity import ApiOwners, ApiStampTrust
 from schemas.codec import AvroCodec
 
 SUBMITTER, SUBMITTER_UID, SUBMITTER_GROUPS = policy_stamp.STAMP_KEYS
+REPO = Path(__file__).resolve().parents[2]
 USER_LABEL = "gpuledger.io/user"
+PROJECT_LABEL = "gpuledger.io/project"
+UUIDS = [f"GPU-{i:08d}-1d00-4000-8000-000000000000" for i in range(4)]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
 TARGETS = [t for t in WATCH_TARGETS if t.name in ("workloads", "pods")]
@@ -274,25 +289,168 @@ def job_controller(local_kube: LocalKube, kube_binaries: KubeBinaries, stamped_n
             print(log.read_text(errors="replace")[-3000:])
 
 
+def bind(kube: LocalKube, ns: str, pod: str) -> None:
+    """Put a pod on gpu-node-1 as a scheduler would: a Binding (the pods/binding subresource)."""
+    kube.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": ns},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}))  # fmt: skip
+
+
+def epoch_s(stamp: str) -> int:
+    return int(dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+
+
 @pytest.mark.timeout(900)  # a first run builds kube-controller-manager (about 3 minutes on 2 cores)
-def test_a_pod_the_job_controller_creates_is_charged_to_the_jobs_creator(local_kube: LocalKube,
-                                                                         job_controller: str) -> None:  # fmt: skip
+def test_the_ledger_charges_the_creator_the_job_controllers_pods_included_and_two_robots_by_uid(
+    local_kube: LocalKube, job_controller: str, clickhouse_server: Any, clickhouse_database: str, tmp_path: Path
+) -> None:
+    """Issue 38's first "Done when", end to end: what the API server stamped, `gpuledger kube watch` (a separate
+    process, as gpuledger-watcher) turned into job events, the processors' pipeline and the sinks' writer put into
+    the embedded ClickHouse (tests/integration/test_kube_live_pricing.py's path), and the CLI's own reports say.
+
+    alice creates a Job labelled as bob's and a Job with the stamp pre-filled as bob's; the real Job controller
+    makes their pods (stamped with its own identity, pointing at the Jobs); a service account ci-robot, deleted and
+    recreated under its name, creates a pod with each of its two lives' tokens. The pods are bound to gpu-node-1
+    and run (status patched as a kubelet would) for some seconds. `report chargeback --by user` charges alice for
+    both Jobs' pods and bob nothing, to the cent (the card: 1 $ per GPU-second); its data-quality line counts
+    the one disagreeing label; `report explain` lists ci-robot as two identities whose uids are the two
+    ServiceAccount objects' own metadata.uid."""
     ns = job_controller
-    made = create(local_kube, gpu_job("run", ns, labels={USER_LABEL: "bob"}, suspend=False), "alice")
-    assert made.returncode == 0, made.stderr
-    job_uid = json.loads(made.stdout)["metadata"]["uid"]
+    s = ns.rsplit("-", 1)[1]
+    cluster, project = f"kube-id-{s}", f"p-id-{s}"
+    robot = f"system:serviceaccount:{ns}:ci-robot"
+    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
+                            password=clickhouse_server.password,
+                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}, **cli_env(ch),
+           "GPULEDGER_CLUSTER": cluster, "GPULEDGER_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
+    out_path = tmp_path / "events.jsonl"
+    argv = [sys.executable, "-c", "from gpuledger.cli import main; main()", "kube", "watch", "--dry-run",
+            "--kubeconfig", str(local_kube.cfg.kubeconfig("gpuledger-watcher")), "--timeout", "5"]  # fmt: skip
+    with open(out_path, "wb") as out, open(tmp_path / "watch.err", "wb") as err:
+        watcher = subprocess.Popen(argv, env=env, cwd=REPO, stdout=out, stderr=err)
+
+    def events() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in out_path.read_text().splitlines() if line.startswith("{")]
+
+    def seen(pod: str, kind: str) -> bool:
+        return any(e["job_id"] == f"{ns}/{pod}" and e["event_type"] == kind for e in events())
 
     def pods() -> list[dict[str, Any]]:
         return json.loads(local_kube.kubectl("-n", ns, "get", "pods", "-o", "json").stdout)["items"]
 
-    (pod,) = eventually(lambda: [p for p in pods() if p["metadata"]["name"].startswith("run-")],
-                        "the Job controller's pod", timeout=60)  # fmt: skip
-    # The API server stamped the pod with its real creator, the controller, which points it at the Job.
-    assert stamp_of(pod)[0] == JOB_CONTROLLER
-    (owner,) = pod["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["uid"], owner["controller"]) == ("Job", job_uid, True)
-    events = watch_once(local_kube, ns)
-    assert identity(events[f"{ns}/{pod['metadata']['name']}"]) == ("alice", "alice", "STAMPED", "bob")
+    try:
+        # alice's two Jobs: one labelled as bob's, one with bob's stamp pre-filled (overwritten at create).
+        mine = {PROJECT_LABEL: project}
+        labelled = create(local_kube, gpu_job("claims-bob", ns, labels={USER_LABEL: "bob", **mine}, suspend=False),
+                          "alice")  # fmt: skip
+        forged = gpu_job("forged", ns, labels=mine, suspend=False,
+                         annotations={SUBMITTER: "bob", SUBMITTER_UID: "bob", SUBMITTER_GROUPS: "admins"})  # fmt: skip
+        forged_made = create(local_kube, forged, "alice")
+        job_uids = {}
+        for job, made in (("claims-bob", labelled), ("forged", forged_made)):
+            assert made.returncode == 0, made.stderr
+            obj = json.loads(made.stdout)
+            assert stamp_of(obj) == ("alice", "alice", "system:authenticated"), job
+            job_uids[job] = obj["metadata"]["uid"]
+        # ... and rewriting the stamp afterwards is refused by the API server.
+        rewrite = local_kube.kubectl("-n", ns, "patch", "job", "forged", "--type=merge", "-p",
+                                     json.dumps({"metadata": {"annotations": {SUBMITTER: "bob"}}}), user="alice",
+                                     check=False)  # fmt: skip
+        assert rewrite.returncode != 0 and policy_stamp.LOCK_MESSAGE in rewrite.stderr, rewrite.stderr
+
+        # ci-robot, twice under one name: each life's own token creates a pod on gpu-node-1.
+        bind_edit(local_kube, ns, "ServiceAccount", "ci-robot")
+        sa_uids: dict[str, str] = {}
+        for life in ("first", "second"):
+            local_kube.kubectl("-n", ns, "create", "serviceaccount", "ci-robot")
+            sa_uids[f"{life}-pod"] = get(local_kube, ns, "serviceaccount", "ci-robot")["metadata"]["uid"]
+            token = local_kube.kubectl("-n", ns, "create", "token", "ci-robot").stdout.strip()
+            made = create(local_kube, gpu_pod(f"{life}-pod", ns, labels=mine, node=NODE), token=token)
+            assert made.returncode == 0, made.stderr
+            local_kube.kubectl("-n", ns, "delete", "serviceaccount", "ci-robot")
+        assert len(set(sa_uids.values())) == 2
+
+        # The Job controller's pods: stamped with its own identity, owned by alice's Jobs; bound as a scheduler would.
+        made_by: dict[str, str] = {}
+        for job in job_uids:
+            (pod,) = eventually(lambda job=job: [p for p in pods() if p["metadata"]["name"].startswith(f"{job}-")],
+                                f"the Job controller's pod of {job}", timeout=60)  # fmt: skip
+            assert stamp_of(pod)[0] == JOB_CONTROLLER
+            (owner,) = pod["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["uid"], owner["controller"]) == ("Job", job_uids[job], True)
+            made_by[job] = pod["metadata"]["name"]
+            bind(local_kube, ns, made_by[job])
+        names = [made_by["claims-bob"], made_by["forged"], "first-pod", "second-pod"]
+        started = {}
+        for name in names:
+            run_pod(local_kube, ns, name)
+            started[name] = get(local_kube, ns, "pod", name)["status"]["startTime"]  # the Succeeded patch resets it
+        for name in names:
+            eventually(lambda name=name: seen(name, "STARTED"), f"{name} STARTED", timeout=60)
+        time.sleep(3)  # some seconds held
+        for name in names:
+            run_pod(local_kube, ns, name, phase="Succeeded")
+        for name in names:
+            eventually(lambda name=name: seen(name, "ENDED"), f"{name} ENDED", timeout=60)
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        try:
+            watcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            watcher.wait()
+
+    held_s = {}
+    for name in names:
+        status = get(local_kube, ns, "pod", name)["status"]
+        finished = status["containerStatuses"][0]["state"]["terminated"]["finishedAt"]
+        held_s[name] = epoch_s(finished) - epoch_s(started[name])
+        assert held_s[name] >= 3, (name, status)
+    ours = [e for e in events() if e["job_id"] in {f"{ns}/{n}" for n in names}]
+    who = {(e["job_id"].split("/", 1)[1], identity(e)) for e in ours}
+    assert who == {(made_by["claims-bob"], ("alice", "alice", "STAMPED", "bob")),
+                   (made_by["forged"], ("alice", "alice", "STAMPED", None)),
+                   ("first-pod", (robot, sa_uids["first-pod"], "STAMPED", None)),
+                   ("second-pod", (robot, sa_uids["second-pod"], "STAMPED", None))}, who  # fmt: skip
+
+    devices = [{"uuid": u, "index": i, "model": H100, "generation": "hopper", "mig_profile": None,
+                "mig_instance_id": None} for i, u in enumerate(UUIDS)]  # fmt: skip
+    through_the_ledger(ch, cluster, ours, devices, node=NODE)
+    card = tmp_path / "card.toml"
+    card.write_text(CARD.replace("hours_per_year", 'preemptible_discount = "0"\nhours_per_year'))  # no policy here
+    assert "rates loaded" in run_cli(ch, "ratecard", "load", "--card", str(card))
+    period = dt.datetime.fromtimestamp(min(e["ts_ms"] for e in ours) / 1000, dt.UTC).strftime("%Y-%m")
+    full = rate_micro("31536000", 1, 8760)  # 1 $ per GPU-second
+
+    charged = json.loads(run_cli(ch, "report", "chargeback", "--period", period, "--by", "user", "--format", "json"))
+    lines = {r["line"]: r for r in charged}
+    expected = {"alice": cents(held_s[made_by["claims-bob"]] + held_s[made_by["forged"]], full),
+                robot: cents(held_s["first-pod"] + held_s["second-pod"], full)}  # fmt: skip
+    total = lines.pop("TOTAL")["charge"]
+    assert {k: v["charge"] for k, v in lines.items()} == expected, lines  # bob is charged nothing
+    assert Decimal(total) == sum(Decimal(c) for c in expected.values())
+    assert {r["dq_claimed_user_jobs"] for r in charged} == {1}
+    table = run_cli(ch, "report", "chargeback", "--period", period, "--by", "user")
+    assert (
+        f"data quality: on {cluster}, 1 job(s) named a user other than their verified submitter (charged to "
+        "the submitter)" in table
+    ), table
+    assert "self-declared user disagreed with the verified submitter on 1 jobs" in table, table
+
+    explained = json.loads(run_cli(ch, "report", "explain", "--project", project, "--period", period, "--format",
+                                   "json"))  # fmt: skip
+    rows = {r["job_id"]: r for r in explained}
+    assert {j: (r["identity"], r["user_source"]) for j, r in rows.items()} == {
+        f"{ns}/{made_by['claims-bob']}": ("alice (uid alice)", "STAMPED"),
+        f"{ns}/{made_by['forged']}": ("alice (uid alice)", "STAMPED"),
+        f"{ns}/first-pod": (f"{robot} (uid {sa_uids['first-pod']})", "STAMPED"),
+        f"{ns}/second-pod": (f"{robot} (uid {sa_uids['second-pod']})", "STAMPED"),
+    }, rows
+    print(
+        f"\nalice {expected['alice']} $ (bob's label counted, not charged); {robot}: uids "
+        f"{sa_uids['first-pod']} and {sa_uids['second-pod']}, {expected[robot]} $"
+    )
 
 
 # -- service accounts ---------------------------------------------------------------------------------
