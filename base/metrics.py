@@ -1,7 +1,7 @@
 """The pipeline's own health: Prometheus metrics served by each long-running process.
 
-Each process (`processors run`, `sink run`, `chat run`, `reclaim run`, `simulate run`, `dcgm run`)
-calls `start_metrics_server(settings, component)` once: prometheus_client's HTTP server on
+Each process (`processors run`, `sink run`, `chat run`, `reclaim run`, `simulate run`, `dcgm run`,
+`kube watch`) calls `start_metrics_server(settings, component)` once: prometheus_client's HTTP server on
 `metrics.host` (loopback by default) at `metrics.base_port` + a fixed offset per component (or any
 free port when `base_port` is 0 or that port is taken). The port actually bound is written to
 `<state_dir>/metrics/<component>.port`, which is how `gpuledger status` finds it.
@@ -16,6 +16,8 @@ Families (all with the `gpuledger_` prefix, besides prometheus_client's `process
     gpuledger_coverage_ratio{cluster}                         reporting / expected device-seconds, last closed minute
     gpuledger_late_samples_total{component}                   samples that arrived after their window closed
     gpuledger_late_job_events_total{component}                job events that arrived after a minute they bound closed
+    gpuledger_stamps_ignored_total{component,reason}          Kubernetes submitter stamps not taken (oversized,
+                                                              untrusted: producers/kube_identity.py)
     gpuledger_legacy_fingerprint_records_total{subject}       single-object records read with the old big-endian
                                                               fingerprint (defined in schemas/codec.py)
 
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "gpuledger_"
 # Fixed offsets from `metrics.base_port`, one per long-running component (0: any free port).
-PORT_OFFSETS = {"processors": 1, "sinks": 2, "chat": 3, "reclaim": 4, "simulator": 5, "dcgm": 6, "agents": 7}
+PORT_OFFSETS = {"processors": 1, "sinks": 2, "chat": 3, "reclaim": 4, "simulator": 5, "dcgm": 6, "agents": 7, "kube": 8}
 # Seconds; alerts can be due long before they are emitted when history is replayed (event time).
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 10800.0)
 IDLE_ALERT_KINDS = ("IDLE_WARNING", "RECLAIM_NOTICE", "IDLE_RESOLVED")
@@ -168,6 +170,12 @@ class PipelineCollector(Collector):
             "Job events that reached the node stage after a minute they bound had closed (beyond the grace).",
             labels=["component"],
         )
+        ignored = CounterMetricFamily(
+            PREFIX + "stamps_ignored",
+            "Kubernetes submitter stamps not taken: over a bound (oversized) or written where no policy in force "
+            "stamps (untrusted).",
+            labels=["component", "reason"],
+        )
         lat = HistogramMetricFamily(
             PREFIX + "alert_latency_seconds",
             "Alert emitted (wall clock) minus the moment it became due (window end + grace).",
@@ -204,13 +212,15 @@ class PipelineCollector(Collector):
                 late.add_metric([name], late_total)
             if "late_job_events" in pulled:
                 late_events.add_metric([name], sum(pulled["late_job_events"].values()))
+            for (reason,), v in sorted(pulled.get("stamps_ignored", {}).items()):
+                ignored.add_metric([name, reason], v)
             for kind, hist in sorted(dict(m.latency_).items()):
                 counts, cum, buckets = list(hist.counts), 0, []
                 for bound, n in zip((*LATENCY_BUCKETS, math.inf), counts, strict=True):
                     cum += n
                     buckets.append(("+Inf" if bound == math.inf else repr(bound), cum))
                 lat.add_metric([name, kind], buckets, hist.sum)
-        yield from (rin, rout, dlq, lag, cov, late, late_events, lat)
+        yield from (rin, rout, dlq, lag, cov, late, late_events, ignored, lat)
 
 
 def _merge(pushed: Mapping[Any, float], pulled: Mapping[Labels, float]) -> dict[Labels, float]:

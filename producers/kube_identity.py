@@ -24,6 +24,8 @@ owners a controller-made object points at.
   its creation; an object created in that second may carry what its creator wrote.
 - Stamps are user-reachable text on objects: a name, uid or group over `MAX_NAME` characters or more than
   `MAX_GROUPS` groups makes the stamp absent (logged, counted in `oversized`), never a crash.
+- `oversized` and `untrusted` count each resolve that ignored a stamp (an object's every event, an owner read
+  through the cache); `kube watch` serves them as gpuledger_stamps_ignored_total{reason} (`counters`).
 """
 
 from __future__ import annotations
@@ -215,6 +217,11 @@ class IdentityResolver:
                 self._warned.add(where)
                 log.warning("submitter stamp on %s ignored: %s", where, exc)
             return None
+
+    def counters(self) -> dict[str, dict[tuple[str, ...], float]]:
+        """The stamps ignored so far by reason, as a base/metrics pull source (read at scrape time):
+        `gpuledger_stamps_ignored_total{reason="oversized"|"untrusted"}`."""
+        return {"stamps_ignored": {("oversized",): float(self.oversized), ("untrusted",): float(self.untrusted)}}
 
     def resolve(self, obj: Mapping[str, Any]) -> Identity:
         namespace = str(_meta(obj).get("namespace") or "unknown")

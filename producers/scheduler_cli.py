@@ -329,12 +329,12 @@ def kube_watch(
                 typer.echo(f"dcgm-exporter {url}: {exc}", err=True)
 
     scrape_labels()
-    sink: Any = _PrintSink() if dry_run else _FlushingSink(_publisher(settings))
     from producers.kube_identity import ApiOwners, ApiStampTrust
 
     api = client.ApiClient()
     tracker = KubeTracker(ctx, labels, project_label=sched.kube_label, owners=ApiOwners(api),
                           trust=ApiStampTrust(api))
+    sink: Any = _PrintSink() if dry_run else _FlushingSink(_metered_kube(_publisher(settings), settings, tracker))
     watcher = KubeWatcher(api, tracker, sink, clock=lambda: int(time.time() * 1000), timeout_seconds=timeout_s)
     following = threading.Event()  # set: stop following the labels
 
@@ -354,6 +354,21 @@ def kube_watch(
     watcher.run(rounds=1 if once else None)
     for err in watcher.errors:
         typer.echo(f"watch: {err}", err=True)
+
+
+def _metered_kube(publisher: Any, settings: Any, tracker: Any) -> Any:
+    """`kube watch`'s /metrics (base/metrics.py, component "kube"), as the telemetry producers serve theirs:
+    records out per topic, and the submitter stamps its identity resolver ignored, read at scrape time
+    (gpuledger_stamps_ignored_total{reason="oversized"|"untrusted"})."""
+    if not settings.metrics.enabled:
+        return publisher
+    from base import metrics
+
+    meter = metrics.component("kube")
+    meter.add_source(tracker.identity.counters)
+    counted = metrics.CountingPublisher(publisher, meter, settings.kafka.topic_prefix)
+    metrics.start_metrics_server(settings, "kube")
+    return counted
 
 
 @kube_app.command("podresources")

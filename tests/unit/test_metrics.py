@@ -341,3 +341,42 @@ def test_an_alerts_latency_counts_from_when_it_was_due() -> None:
     assert _value(s, P + "alert_latency_seconds_count", kind="IDLE_WARNING") == 1
     assert _value(s, P + "alert_latency_seconds_sum", kind="RECLAIM_NOTICE") == 0.0  # before due: 0, not negative
     assert _value(s, P + "alert_latency_seconds_sum", kind="COVERAGE_GAP") == pytest.approx(0.5)
+
+
+def test_kube_watch_serves_the_stamps_its_identity_resolver_ignored(tmp_path: Path) -> None:
+    """`kube watch`'s endpoint (component "kube"): the stamps producers/kube_identity.py did not take, by reason,
+    read from the resolver at scrape time, beside the records it published."""
+    from producers.kube_identity import MAX_NAME, IdentityResolver
+    from producers.policy_stamp import SUBMITTER, SUBMITTER_UID
+    from producers.scheduler_cli import _metered_kube
+
+    class InForceSince:  # the stamp's admission objects, in force since 2026-01-01T00:00:00Z
+        def since_ms(self) -> int:
+            return 1_767_225_600_000
+
+    def pod(name: str, user: str, created: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ns", "creationTimestamp": created,
+                             "annotations": {SUBMITTER: user, SUBMITTER_UID: "u-1"}}}  # fmt: skip
+
+    resolver = IdentityResolver(trust=InForceSince())
+    published: list[Any] = []
+    inner = SimpleNamespace(publish=lambda *a: published.append(a), flush=lambda t=30.0: None)
+    settings = _settings(tmp_path, base_port=0)
+    assert _metered_kube(inner, _settings(tmp_path, enabled=False), SimpleNamespace(identity=resolver)) is inner
+    pub = _metered_kube(inner, settings, SimpleNamespace(identity=resolver))
+    server = metrics.start_metrics_server(settings, "kube")  # the endpoint _metered_kube started
+    assert server is not None and (tmp_path / "metrics" / "kube.port").is_file()
+    try:
+        for obj in (pod("big", "x" * (MAX_NAME + 1), "2026-02-01T00:00:00Z"),  # over the bound
+                    pod("early", "mallory", "2025-12-31T23:59:59Z"),  # written before any policy stamped
+                    pod("early", "mallory", "2025-12-31T23:59:59Z"),  # its next event: counted again
+                    pod("ok", "alice", "2026-02-01T00:00:00Z")):  # fmt: skip
+            resolver.resolve(obj)
+        pub.publish(SimpleNamespace(name="sched.job-events.v4"), b"k", {})
+        samples = metrics.parse_exposition(httpx.get(server.url, timeout=5).text)
+        assert _value(samples, P + "stamps_ignored_total", component="kube", reason="oversized") == 1
+        assert _value(samples, P + "stamps_ignored_total", component="kube", reason="untrusted") == 2
+        assert _value(samples, P + "records_out_total", component="kube", topic="sched.job-events.v4") == 1
+        assert len(published) == 1
+    finally:
+        server.close()
