@@ -13,12 +13,14 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures_cli import run_gpuledger
 from fixtures_kube import condition, eventually, get, make_namespace, workload_of
+from test_kube_live_identity import remove_stamp
 
 from gpuledger.stack.kube.cluster import LocalKube
 
@@ -57,8 +59,10 @@ def unsuspended(kube: LocalKube, ns: str, job: str) -> bool:
 
 
 @pytest.fixture
-def applied(local_kube: LocalKube, tmp_path: Path) -> tuple[str, str, str, list[str]]:
-    """The policy applied through the CLI: (suffix, team A's namespace, team B's, the CLI's base args)."""
+def applied(local_kube: LocalKube, tmp_path: Path) -> Iterator[tuple[str, str, str, list[str]]]:
+    """The policy applied through the CLI: (suffix, team A's namespace, team B's, the CLI's base args). Apply
+    also installs the submitter stamp, cluster-wide: removed after, as test_kube_live_identity does (the
+    session's later tests expect a cluster without it)."""
     s = uuid.uuid4().hex[:6]
     ns_a, ns_b = make_namespace(local_kube, "pa"), make_namespace(local_kube, "pb")
     policy = tmp_path / "policy.yaml"
@@ -66,10 +70,13 @@ def applied(local_kube: LocalKube, tmp_path: Path) -> tuple[str, str, str, list[
     # As the gpuledger-policy user, with only the ClusterRole shipped in deploy/kubernetes/rbac/policy.yaml.
     kubeconfig = local_kube.cfg.kubeconfig("gpuledger-policy")
     args = ["--engine", "kueue", "--policy", str(policy), "--kubeconfig", str(kubeconfig)]
-    done = run_gpuledger(["policy", "apply", *args], env=dict(os.environ), timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("applied: 8 Kueue objects"), done.stdout
-    return s, ns_a, ns_b, args
+    try:
+        done = run_gpuledger(["policy", "apply", *args], env=dict(os.environ), timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().endswith("applied: 8 Kueue objects"), done.stdout
+        yield s, ns_a, ns_b, args
+    finally:
+        remove_stamp(local_kube, ns_a)
 
 
 def test_diff_is_empty_after_apply_and_shows_a_hand_edit(local_kube: LocalKube,
