@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -82,7 +83,7 @@ def main() -> None:
                   f"total ${report.total.charge}")  # fmt: skip
 
         timed("reconciled (016-017)")
-        old = (REPO / "sinks" / "migrations" / "014_fair_units.sql").read_text(encoding="utf-8")
+        old = _before_views_moved("sinks/migrations/014_fair_units.sql")
         start = old.index("CREATE OR REPLACE VIEW v_usage_priced")
         view = old[start : old.index("CREATE OR REPLACE VIEW v_chargeback AS")]
         client.command(view.strip().rstrip(";"))
@@ -90,6 +91,15 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def _before_views_moved(path: str) -> str:
+    """A migration's text before the views moved to sinks/views (014's v_usage_priced is in git history only)."""
+    git = ("git", "-C", str(REPO))
+    added = subprocess.run([*git, "log", "--diff-filter=A", "--format=%H", "--", "sinks/views"], check=True,
+                           capture_output=True, text=True).stdout.split()  # fmt: skip
+    rev = f"{added[-1]}^" if added else "HEAD"
+    return subprocess.run([*git, "show", f"{rev}:{path}"], check=True, capture_output=True, text=True).stdout
 
 
 if __name__ == "__main__":

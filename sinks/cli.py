@@ -26,7 +26,7 @@ from gpuledger.cli_common import VERBOSE_OPTION, settings_for, start_service, st
 if TYPE_CHECKING:
     from sinks.data_quality import DataQuality
 
-db_app = typer.Typer(help="The ClickHouse schema (versioned migrations).", no_args_is_help=True)
+db_app = typer.Typer(help="The ClickHouse schema (versioned migrations, then the views).", no_args_is_help=True)
 sink_app = typer.Typer(help="Kafka -> ClickHouse sinks.", no_args_is_help=True)
 ratecard_app = typer.Typer(help="The rate card: finance inputs -> $/GPU-hour.", no_args_is_help=True)
 report_app = typer.Typer(help="Chargeback reports from the ledger.", no_args_is_help=True)
@@ -68,15 +68,20 @@ def _warehouse_errors() -> Iterator[None]:
 
 @db_app.command("migrate")
 def db_migrate(state_dir: Path | None = STATE_DIR) -> None:
-    """Apply the migrations not applied yet (safe to repeat)."""
-    from sinks.db import migrate
+    """Apply the migrations not applied yet, then the views folder (safe to repeat)."""
+    from sinks.db import upgrade
 
     settings = settings_for(state_dir)
     client = _client(settings)
     with _warehouse_errors():
-        results = migrate(client, settings.clickhouse, clock_ms=_now_ms)
-    for r in results:
+        done = upgrade(client, settings.clickhouse, clock_ms=_now_ms)
+    for r in done.migrations:
         typer.echo(f"{r.version:03d}_{r.name}: {r.status}{' (' + r.detail + ')' if r.detail else ''}")
+    for v in done.views:
+        if v.status != "unchanged":
+            typer.echo(f"view {v.name}: {v.status}")
+    unchanged = sum(v.status == "unchanged" for v in done.views)
+    typer.echo(f"views: {len(done.views) - unchanged} changed, {unchanged} unchanged (sinks/views)")
 
 
 # -- sink -----------------------------------------------------------------------------------------

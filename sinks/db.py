@@ -1,8 +1,10 @@
 """ClickHouse access for the sinks and reports: one client factory and the migration runner.
 
 The product talks to ClickHouse only through clickhouse-connect (HTTP), the embedded chDB server
-included. DDL lives in `sinks/migrations/NNN_name.sql`; applied versions are recorded in
-`schema_migrations`, so `gpuledger db migrate` is safe to run any number of times.
+included. Tables, materialized views and data moves live in `sinks/migrations/NNN_name.sql`, applied once
+each and recorded in `schema_migrations`; plain views live in `sinks/views/<name>.sql`, one file per view
+(sinks/view_files.py), applied after the migrations and recorded in `schema_views`. `gpuledger db migrate`
+is safe to run any number of times.
 """
 
 from __future__ import annotations
@@ -14,14 +16,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError, ServiceError
 from base.settings import ClickHouseSettings
+from sinks.view_files import ViewFile, load_views
 
 # Matched whole (`fullmatch`): `$` would also accept a trailing newline.
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MIGRATION_NAME = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
+# A migration whose text was rewritten once on purpose (its views moved to sinks/views) names the checksum its
+# old text was recorded with, so a database that applied the old text upgrades without re-running it.
+_SUPERSEDED = re.compile(r"^-- superseded-checksum: ([0-9a-f]{16})\b", re.MULTILINE)
 # Server errors that mean "this server has no SQL access management", not "the SQL is wrong".
 _NO_ACCESS_MANAGEMENT = {"ACCESS_DENIED", "UNKNOWN_ROLE", "ACCESS_STORAGE_READONLY", "SUPPORT_IS_DISABLED"}
 
@@ -37,6 +45,18 @@ CREATE TABLE IF NOT EXISTS schema_migrations
 )
 ENGINE = ReplacingMergeTree(applied_ms)
 ORDER BY version
+"""
+
+VIEWS_TABLE_DDL = """
+CREATE TABLE IF NOT EXISTS schema_views
+(
+    name String,
+    checksum String,
+    status LowCardinality(String),
+    applied_ms Int64
+)
+ENGINE = ReplacingMergeTree(applied_ms)
+ORDER BY name
 """
 
 
@@ -91,6 +111,10 @@ class Migration:
         return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
 
     @property
+    def superseded_checksums(self) -> frozenset[str]:
+        return frozenset(_SUPERSEDED.findall(self.sql))
+
+    @property
     def needs_access_management(self) -> bool:
         return "-- requires: access-management" in self.sql
 
@@ -107,8 +131,9 @@ class Migration:
         return out
 
 
-def load_migrations() -> list[Migration]:
-    folder = resources.files("sinks") / "migrations"
+def load_migrations(folder: Path | Traversable | None = None) -> list[Migration]:
+    """Every `NNN_name.sql` in the folder (default: the package's sinks/migrations), in version order."""
+    folder = folder if folder is not None else resources.files("sinks") / "migrations"
     found = []
     for entry in folder.iterdir():
         match = _MIGRATION_NAME.fullmatch(entry.name)
@@ -129,6 +154,18 @@ class MigrationResult:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ViewResult:
+    name: str
+    status: str  # created (new file), changed (its file changed), unchanged, dropped (its file was removed)
+
+
+@dataclass(frozen=True, slots=True)
+class Upgrade:
+    migrations: list[MigrationResult]
+    views: list[ViewResult]
+
+
 def _error_name(exc: Exception) -> str:
     match = re.search(r"\(([A-Z_]+)\)", str(exc))
     return match.group(1) if match else ""
@@ -140,22 +177,56 @@ def migrate(
     *,
     clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
 ) -> list[MigrationResult]:
-    """Apply every migration not yet recorded, in version order; return what happened to each."""
-    from clickhouse_connect.driver.exceptions import DatabaseError
+    """`upgrade` (the migrations, then the views); return what happened to each migration."""
+    return upgrade(client, ch, clock_ms=clock_ms).migrations
 
+
+def upgrade(
+    client: Any,
+    ch: ClickHouseSettings,
+    *,
+    clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    migrations_dir: Path | Traversable | None = None,
+    views_dir: Path | Traversable | None = None,
+) -> Upgrade:
+    """Apply every migration not yet recorded, in version order, then the views folder; say what happened.
+
+    Files are read and checked before anything runs, so a bad view file stops `db migrate` before any DDL.
+    """
+    migrations = load_migrations(migrations_dir)
+    views = load_views(views_dir)
     database = check_identifier(ch.database)
     client.database = ""  # the ledger database may not exist yet
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
     client.database = database  # unqualified names in the migrations land in the ledger database
+    applied = _apply_migrations(client, ch, database, migrations, clock_ms)
+    return Upgrade(
+        applied,
+        _apply_views(client, database, views, clock_ms, tables_changed=any(r.status == "applied" for r in applied)),
+    )
+
+
+def _apply_migrations(
+    client: Any, ch: ClickHouseSettings, database: str, migrations: list[Migration], clock_ms: Callable[[], int]
+) -> list[MigrationResult]:
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
     client.command(MIGRATIONS_TABLE_DDL.replace("schema_migrations", f"{database}.schema_migrations"))
     rows = client.query(f"SELECT version, checksum, status FROM {database}.schema_migrations FINAL").result_rows
     done = {int(v): (c, s) for v, c, s in rows}
     results = []
-    for mig in load_migrations():
+    for mig in migrations:
         if mig.version in done and done[mig.version][1] == "applied":
-            if done[mig.version][0] != mig.checksum:
+            recorded = done[mig.version][0]
+            if recorded != mig.checksum and recorded not in mig.superseded_checksums:
                 raise ConfigError(
                     f"migration {mig.version:03d}_{mig.name} changed after it was applied; add a new migration instead"
+                )
+            if recorded != mig.checksum:  # the old text, applied: record the new one so the next run reads it
+                client.insert(
+                    f"{database}.schema_migrations",
+                    [[mig.version, mig.name, mig.checksum, "applied", "text rewritten (views moved)", clock_ms()]],
+                    column_names=["version", "name", "checksum", "status", "detail", "applied_ms"],
                 )
             results.append(MigrationResult(mig.version, mig.name, "already-applied"))
             continue
@@ -174,4 +245,52 @@ def migrate(
             column_names=["version", "name", "checksum", "status", "detail", "applied_ms"],
         )
         results.append(MigrationResult(mig.version, mig.name, status, detail))
+    return results
+
+
+def _apply_views(
+    client: Any, database: str, views: list[ViewFile], clock_ms: Callable[[], int], *, tables_changed: bool
+) -> list[ViewResult]:
+    """Create or replace every view, dependencies first, when anything changed; drop the ones whose file is gone.
+
+    When anything changed (a migration applied, a view file new or edited or removed, a view missing from
+    the server) every view is re-created, not only the edited ones: a view stores its columns when created,
+    so a `SELECT *` view, and every view above an edited one, must be created again to see new columns.
+    CREATE OR REPLACE swaps each view atomically, so a report reading meanwhile sees the old or the new one.
+    """
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    client.command(VIEWS_TABLE_DDL.replace("schema_views", f"{database}.schema_views"))
+    rows = client.query(f"SELECT name, checksum, status FROM {database}.schema_views FINAL").result_rows
+    recorded = {str(n): str(c) for n, c, s in rows if s != "dropped"}
+    present = {
+        str(r[0])
+        for r in client.query(
+            "SELECT name FROM system.tables WHERE database = {db:String} AND engine = 'View'",
+            parameters={"db": database},
+        ).result_rows
+    }
+    wanted = {v.name for v in views}
+    gone = sorted(recorded.keys() - wanted)
+    stale = (
+        tables_changed or bool(gone) or any(recorded.get(v.name) != v.checksum or v.name not in present for v in views)
+    )
+    results = []
+    for name in gone:
+        client.command(f"DROP VIEW IF EXISTS {database}.{check_identifier(name)}")
+        client.insert(f"{database}.schema_views", [[name, "", "dropped", clock_ms()]],
+                      column_names=["name", "checksum", "status", "applied_ms"])  # fmt: skip
+        results.append(ViewResult(name, "dropped"))
+    for view in views:
+        before = recorded.get(view.name)
+        status = "created" if before is None else "unchanged" if before == view.checksum else "changed"
+        if stale:
+            try:
+                client.command(view.statement)
+            except DatabaseError as exc:
+                raise ServiceError(f"{view.path} failed: {_one_line(exc)}") from exc
+        if status != "unchanged":
+            client.insert(f"{database}.schema_views", [[view.name, view.checksum, "applied", clock_ms()]],
+                          column_names=["name", "checksum", "status", "applied_ms"])  # fmt: skip
+        results.append(ViewResult(view.name, status))
     return results

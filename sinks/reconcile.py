@@ -7,7 +7,7 @@ both claimed.
   (money, hours and jobs; utilisation and coverage from the summed seconds), so the report adds up.
 - `overlaps`: the data-quality finding (`v_device_overlaps`): a device claimed in the same minutes by jobs
   of two clusters, naming both; the job that started later holds the seconds and is charged for them,
-  the other cedes them (sinks/migrations/016_cluster_reconciliation.sql, the processors' rule within a
+  the other cedes them (sinks/views/v_device_claims_resolved.sql, the processors' rule within a
   cluster).
 
 `add_up` is pure; the readers bind every value and read fixed view names.

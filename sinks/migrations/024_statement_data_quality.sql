@@ -1,3 +1,6 @@
+-- superseded-checksum: 8dc1d0a3b6835697 (this file before its views moved to sinks/views/, one file per view,
+-- applied after the migrations on every `gpuledger db migrate`)
+
 -- The data-quality figure frozen with each closed statement (issue 19; sinks/data_quality.py). A close writes
 -- one row per statement: the additive sums the figure is made of over the team's jobs of the month, as the
 -- ledger had them at the close. They are in the statement's content hash (`statement verify` recomputes it),
@@ -24,7 +27,3 @@ CREATE TABLE IF NOT EXISTS statement_data_quality
 )
 ENGINE = ReplacingMergeTree
 ORDER BY statement_id;
-
-CREATE VIEW IF NOT EXISTS v_statement_data_quality AS
-SELECT * FROM statement_data_quality FINAL
-WHERE statement_id IN (SELECT statement_id FROM v_statements);

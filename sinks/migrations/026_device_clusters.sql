@@ -1,3 +1,6 @@
+-- superseded-checksum: d0fa4e3633be6f67 (this file before its views moved to sinks/views/, one file per view,
+-- applied after the migrations on every `gpuledger db migrate`)
+
 -- 020's guard without grouping the whole history of device_cluster_days (issue 20, item 6). Every read of
 -- v_usage_priced asked v_device_days_contested whether any device-day had two clusters' claims, and that view
 -- grouped every row of device_cluster_days (one per device and day: 310 k rows for a month of 10,000 GPUs,
@@ -26,18 +29,3 @@ CREATE MATERIALIZED VIEW IF NOT EXISTS device_clusters_mv TO device_clusters AS
 SELECT DISTINCT device_uuid, mig_instance_id, cluster
 FROM device_minutes
 WHERE job_id != '' AND allocated_s > 0 AND NOT startsWith(device_uuid, 'unidentified:');
-
--- The devices two clusters ever claimed (duplicates before a merge count once: uniqExact).
-CREATE OR REPLACE VIEW v_devices_multi_cluster AS
-SELECT device_uuid, mig_instance_id
-FROM device_clusters
-GROUP BY device_uuid, mig_instance_id
-HAVING uniqExact(cluster) > 1;
-
-CREATE OR REPLACE VIEW v_device_days_contested AS
-SELECT day, device_uuid, mig_instance_id, groupUniqArrayArray(holders) AS all_holders,
-       groupUniqArrayArray(jobs) AS all_jobs
-FROM device_cluster_days
-WHERE (device_uuid, mig_instance_id) IN (SELECT device_uuid, mig_instance_id FROM v_devices_multi_cluster)
-GROUP BY day, device_uuid, mig_instance_id
-HAVING length(arrayDistinct(arrayMap(h -> h.1, all_holders))) > 1;

@@ -1,3 +1,6 @@
+-- superseded-checksum: 0341c30e2a5a737a (this file before its views moved to sinks/views/, one file per view,
+-- applied after the migrations on every `gpuledger db migrate`)
+
 -- 023's job lives from a rollup fed on insert (issue 20, item 6). Every read of v_usage_priced grouped the whole
 -- of job_events into lives twice (the ASOF join's right side and the shared-days guard): 88 ms each for a month
 -- of 10,000 GPUs (210 k events, 70 k jobs) on two cores, growing with every month kept. `job_lives` keeps one
@@ -37,14 +40,3 @@ SELECT cluster, job_id, ifNull(submit_ts_ms, toInt64(0)) AS submit_ms,
        toUInt64(countIf(event_type = 'STARTED')) AS starts
 FROM job_events
 GROUP BY cluster, job_id, submit_ms;
-
-CREATE OR REPLACE VIEW v_job_lives AS
-SELECT cluster, job_id, submit_ms, job_start_ms, job_last_ms,
-       row_number() OVER (PARTITION BY cluster, job_id ORDER BY job_start_ms, submit_ms) > 1 AS later
-FROM
-(
-    SELECT cluster, job_id, submit_ms, min(job_start_ms) AS job_start_ms, max(job_last_ms) AS job_last_ms
-    FROM job_lives
-    GROUP BY cluster, job_id, submit_ms
-    HAVING sum(starts) > 0
-);

@@ -1,0 +1,20 @@
+CREATE OR REPLACE VIEW v_usage_lives_single AS
+SELECT u.day AS day, u.cluster AS cluster, u.job_id AS job_id, u.user AS user, u.team AS team,
+       u.project AS project, u.cost_centre AS cost_centre, u.generation AS generation,
+       u.pricing_tier AS pricing_tier, u.preemptible AS preemptible, u.allocated_s AS allocated_s,
+       u.active_s AS active_s, u.starved_s AS starved_s, u.idle_s AS idle_s, u.dark_s AS dark_s,
+       u.sm_weighted_s AS sm_weighted_s, u.device_minutes AS device_minutes,
+       u.gpu_share_slices AS gpu_share_slices, u.gpu_share_of AS gpu_share_of,
+       if(u.end_ms > l.job_start_ms, l.job_start_ms, toInt64(0)) AS job_start_ms
+FROM
+(
+    SELECT day, cluster, job_id, user, team, project, cost_centre, generation, pricing_tier, preemptible,
+           toInt64(allocated_s) AS allocated_s, toInt64(active_s) AS active_s, toInt64(starved_s) AS starved_s,
+           toInt64(idle_s) AS idle_s, toInt64(dark_s) AS dark_s, sm_weighted_s,
+           toInt64(device_minutes) AS device_minutes, gpu_share_slices, gpu_share_of,
+           (toInt64(toUnixTimestamp(toDateTime(day, 'UTC'))) + 86400) * 1000 AS end_ms
+    FROM usage_daily
+    WHERE job_id != '' AND (cluster, job_id) NOT IN (SELECT cluster, job_id FROM job_ids_reused)
+) AS u
+ANY LEFT JOIN (SELECT cluster, job_id, job_start_ms FROM job_lives FINAL WHERE starts > 0) AS l
+    ON u.cluster = l.cluster AND u.job_id = l.job_id;
