@@ -46,7 +46,10 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
     out = gpuledger(env, "db", "migrate")
     assert out.returncode == 0, out.stderr
     assert "001_ledger_tables: applied" in out.stdout and "004_analyst_role: skipped" in out.stdout
-    assert "already-applied" in gpuledger(env, "db", "migrate").stdout
+    views = len(list((REPO / "sinks" / "views").glob("v_*.sql")))
+    assert "view v_usage_priced: created" in out.stdout and f"views: {views} changed, 0 unchanged" in out.stdout
+    again = gpuledger(env, "db", "migrate").stdout
+    assert "already-applied" in again and f"views: 0 changed, {views} unchanged" in again and "view v_" not in again
 
     loaded = gpuledger(env, "ratecard", "load")
     assert loaded.returncode == 0 and "rates loaded" in loaded.stdout, loaded.stderr
