@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import pytest
 from fixtures_cli import run_gpuledger
 from fixtures_kube import NODE, eventually, get, make_namespace, run_pod, workload_of
 from test_chargeback_ledger import cli_env
+from test_kube_live_identity import remove_stamp
 from test_slurm_live_pricing import CARD, H100, cents, rate_micro, through_the_ledger
 
 from base.settings import ClickHouseSettings
@@ -40,6 +42,14 @@ REPO = Path(__file__).resolve().parents[2]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 UUIDS = [f"GPU-{i:08d}-cafe-4000-8000-000000000000" for i in range(4)]
+
+
+@pytest.fixture(autouse=True)
+def _stamp_removed_after(local_kube: LocalKube) -> Iterator[None]:
+    """`policy apply --engine kueue` also installs the submitter stamp, cluster-wide: removed after each test
+    (as test_kube_live_identity does), so the session's later tests see a cluster without it."""
+    yield
+    remove_stamp(local_kube, make_namespace(local_kube, "unstamp"))
 
 
 def policy_text(s: str, ns_a: str, ns_b: str) -> str:

@@ -14,12 +14,14 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_cli import GPULEDGER, run_gpuledger
 from fixtures_kube import bind_user, eventually, get, kueue_story, make_namespace, rbac_manifests
+from test_kube_live_identity import remove_stamp
 from test_kube_live_policy import gpu_job, unsuspended
 
 from base.settings import KafkaSettings
@@ -47,6 +49,14 @@ teams:
 def nominal(kube: LocalKube, cq: str) -> str:
     obj = json.loads(kube.kubectl("get", "clusterqueues.kueue.x-k8s.io", cq, "-o", "json").stdout)
     return str(obj["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"])  # 5 or "5"
+
+
+@pytest.fixture(autouse=True)
+def _stamp_removed_after(local_kube: LocalKube) -> Iterator[None]:
+    """`policy apply --engine kueue` also installs the submitter stamp, cluster-wide: removed after each test
+    (as test_kube_live_identity does), so the session's later tests see a cluster without it."""
+    yield
+    remove_stamp(local_kube, make_namespace(local_kube, "unstamp"))
 
 
 def test_a_reservation_bumps_the_team_quota_while_it_lasts(local_kube: LocalKube, kafka_bootstrap: str,
