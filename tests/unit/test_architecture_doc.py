@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from processors.runtime import IDLE_STATE_TOPIC, STAGES
 from schemas.topics import CATALOGUE, all_topics
 
@@ -105,3 +107,196 @@ def test_every_path_named_exists() -> None:
 
 def test_the_readme_links_the_page() -> None:
     assert "docs/architecture.md" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+# ---- "Where to change what": four look-ups pinned (issue 40, item 4) ----------------------------------------
+#
+# Each look-up is an entry of that section, a list item that opens with its bold title (`- **title**`) and runs
+# to the next item or heading, found by its title, so other entries may come and go. For each, the files and
+# symbols the change must touch, as the code has them today: the entry must name each file and each symbol,
+# each file must exist and each symbol must occur in its file (a rename breaks the test until the page follows).
+
+LOOKUPS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "A DCGM field carried into the device-minute rollup": [
+        ("producers/mappings/dcgm-v4.csv", ("canonical",)),
+        ("producers/mappings/nvsmi-v1.csv", ("canonical",)),
+        ("producers/nvsmi.py", ("DEFAULT_QUERY",)),
+        ("producers/dcgm.py", ("_value_bounds",)),
+        ("producers/records.py", ("device_metric_fields",)),
+        ("schemas/models.py", ("_NON_NEGATIVE_SUFFIXES",)),
+        ("schemas/telemetry.device-samples.avsc", ("DeviceSample", "power_w")),
+        ("schemas/records.py", ("DeviceSample", "power_w")),
+        ("sinks/rows.py", ("RAW_SAMPLE_COLUMNS", "raw_sample_rows", "DEVICE_MINUTE_COLUMNS", "device_minute_rows",
+                           "JOB_MINUTE_COLUMNS", "job_minute_rows")),
+        ("sinks/migrations/030_raw_samples_bulk.sql", ("raw_scrapes_bulk", "raw_scrapes_bulk_mv", "raw_samples")),
+        ("sinks/bulk_samples.py", ("TABLE_FINGERPRINT",)),
+        ("processors/fastdecode.py", ("DEVICE_ROLES", "flat_decoder")),
+        ("processors/_window.c", ("R_POWER", "R_COUNT", "Device", "read_device", "WindowObject", "pw",
+                                  "window_clear_arrays", "window_put", "absorb", "put_cell", "Window_put",
+                                  "Window_secs", "span_stats")),
+        ("processors/_window.pyi", ("span_stats",)),
+        ("processors/windows.py", ("Second", "add_scrape")),
+        ("processors/rollup.py", ("_stats", "_row", "span_row", "likely_waiting", "job_minute", "power_w_mean")),
+        ("schemas/usage.device-minutes.avsc", ("power_w_mean",)),
+        ("schemas/usage.job-minutes.avsc", ("power_w_mean",)),
+        ("sinks/migrations/001_ledger_tables.sql", ("device_minutes", "job_minutes")),
+        ("sinks/migrations/014_fair_units.sql", ("usage_daily_mv",)),
+        ("producers/simulator/telemetry.py", ("Truth", "exporter_samples", "mig_parent_samples")),
+        ("producers/simulator/ledger.py", ("DeviceMinute",)),
+        ("processors/testing.py", ("device",)),
+        ("gpuledger/web/queries.py", ("DEVICE_MINUTE_COLUMNS",)),
+        ("gpuledger/web/pages.py", ("MINUTE_COLUMNS", "_minute_row")),
+        ("tests/unit/test_scrape_reader.py", ()),
+        ("tests/unit/test_rollup.py", ()),
+        ("tests/unit/test_bulk_samples.py", ()),
+        ("tests/integration/test_sink_raw_bulk.py", ()),
+    ],
+    "The idle grace": [
+        ("base/processor_settings.py", ("IdlePolicy", "grace_min")),
+        ("processors/idle.py", ("step", "grace_min", "action_at_ms", "IdleState")),
+        ("sinks/chat.py", ("action_at_ms",)),
+        ("gpuledger/web/model.py", ("action_at_ms",)),
+        ("sinks/gang.py", ()),
+        ("producers/simulator/ledger.py", ()),
+        ("base/settings.py", ("reclaim_checkpoint_grace_s", "GPULEDGER_CONFIG")),
+        ("sinks/reclaim.py", ("plan",)),
+        ("tests/unit/test_idle.py", ("grace_min",)),
+        ("tests/unit/test_gang_alerts.py", ()),
+        ("tests/integration/test_idle_faust.py", ()),
+    ],
+    "A new chargeback column": [
+        ("sinks/views/v_usage_priced.sql", ("idle_charge_num",)),
+        ("sinks/views/v_usage_priced_single.sql", ("idle_charge_num",)),
+        ("sinks/views/v_chargeback_month.sql", ("idle_cost",)),
+        ("sinks/views/v_chargeback_month_single.sql", ("idle_cost",)),
+        ("sinks/views/v_chargeback_month_clusters.sql", ("idle_cost",)),
+        ("sinks/views/v_statement_month.sql", ("idle_cost", "rate_micro_per_gpu_hour")),
+        ("sinks/views/v_statement_month_clusters.sql", ("idle_cost",)),
+        ("sinks/views/v_chargeback.sql", ("idle_cost",)),
+        ("sinks/view_files.py", ()),
+        ("sinks/chargeback.py", ("ChargebackLine", "LINE_COLUMNS", "chargeback")),
+        ("sinks/reconcile.py", ("add_up", "_SUMMED", "LINE_COLUMNS")),
+        ("gpuledger/web/queries.py", ("STATEMENT_COLUMNS", "LINE_COLUMNS")),
+        ("sinks/statements.py", ("Segment", "StatementLine", "QUANTITIES", "_usage_line")),
+        ("sinks/statement_store.py", ("segments", "LINE_COLUMNS")),
+        ("sinks/migrations/012_statements.sql", ("statement_lines",)),
+        ("sinks/README.md", ()),
+        ("docs/governance.md", ()),
+        ("tests/unit/test_chargeback_format.py", ()),
+        ("tests/integration/test_chargeback_ledger.py", ()),
+        ("tests/integration/test_priced_views_single.py", ()),
+        ("tests/integration/test_chargeback_clusters.py", ()),
+        ("tests/integration/test_statements_close.py", ()),
+    ],
+    "A new scheduler source": [
+        ("schemas/sched.job-events.avsc", ("SchedulerKind",)),
+        ("schemas/records.py", ("SchedulerKind",)),
+        ("schemas/README.md", ()),
+        ("producers/slurm.py", ("parse_json_doc", "SlurmJob")),
+        ("producers/slurm_events.py", ("slurm_event", "lifecycle_events")),
+        ("producers/jobevents.py", ("job_event", "HeldDevices", "event_id", "EventContext", "preemptible_qos")),
+        ("producers/projects.py", ("resolve", "resolve_slurm", "resolve_labels")),
+        ("producers/slurm_poller.py", ("step", "SlurmPoller")),
+        ("base/producer_settings.py", ("SchedulerSettings",)),
+        ("producers/scheduler_cli.py", ("register", "_context", "_publisher")),
+        ("producers/inventory.py", ("SOURCES",)),
+        ("producers/telemetry_cli.py", ("--inventory-from",)),
+        ("producers/preemptible.py", ("PreemptibleNames", "resolve", "pricing_drift")),
+        ("producers/policy_slurm.py", ()),
+        ("producers/policy_kueue.py", ()),
+        ("producers/policy_cli.py", ("ENGINES",)),
+        ("producers/policy.py", ()),
+        ("sinks/reclaim.py", ("plan",)),
+        ("sinks/cli.py", ("--scheduler",)),
+        ("processors/idle.py", ("reclaim_kind",)),
+        ("schemas/records.py", ("user_uid", "user_source", "user_groups")),
+        ("tests/fixtures/slurm/PROVENANCE.md", ()),
+        ("tests/unit/test_slurm_parsers.py", ()),
+        ("tests/unit/test_inventory.py", ()),
+        ("tests/unit/test_reclaim.py", ()),
+        ("tests/unit/test_preemptible_policy.py", ()),
+    ],
+}  # fmt: skip
+# A commit id: 7 to 40 hex digits, not all of them decimal (a plain number is not one), in backticks or after
+# the word "commit".
+COMMIT_ID = re.compile(r"`([0-9a-f]{7,40})`|\bcommits?\b\W{0,3}([0-9a-f]{7,40})\b", re.IGNORECASE)
+
+
+def _entry(title: str) -> str:
+    """The text of the "Where to change what" item whose bold title is `title`."""
+    lines = _section("Where to change what")
+    opening = f"- **{title}**"
+    starts = [i for i, line in enumerate(lines) if line.startswith(opening)]
+    assert len(starts) == 1, f"no single entry **{title}** in Where to change what (found {len(starts)})"
+    out = [lines[starts[0]]]
+    for line in lines[starts[0] + 1 :]:
+        if line.startswith(("- ", "#")) or not line.strip():
+            break
+        out.append(line)
+    return " ".join(s.strip() for s in out)
+
+
+def _has_word(text: str, word: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text) is not None
+
+
+@pytest.mark.parametrize("title", sorted(LOOKUPS))
+def test_lookup_entry_names_every_file_and_symbol_it_must(title: str) -> None:
+    entry = _entry(title)
+    missing = []
+    for path, symbols in LOOKUPS[title]:
+        where = ROOT / path
+        assert where.is_file(), f"{title}: {path} does not exist (the test's list or the code moved)"
+        text = where.read_text(encoding="utf-8")
+        stale = [s for s in symbols if not _has_word(text, s)]
+        assert stale == [], f"{title}: {path} no longer has {stale}"
+        if f"`{path}`" not in entry and path.rsplit("/", 1)[-1] not in entry:
+            missing.append(path)
+        missing += [f"{s} ({path})" for s in symbols if not _has_word(entry, s)]
+    assert missing == [], f"the entry **{title}** does not name: {missing}"
+
+
+def test_the_idle_grace_entry_sends_the_reader_to_grace_min_not_the_window_grace(monkeypatch, tmp_path) -> None:
+    entry = _entry("The idle grace")
+    assert "`processor.idle.grace_min`" in entry
+    assert "grace_ms" not in entry.lower(), "the idle grace is processor.idle.grace_min, not the window grace"
+    names = set(re.findall(r"GPULEDGER_[A-Z0-9_]+", entry)) - {"GPULEDGER_CONFIG"}
+    assert names == {"GPULEDGER_PROCESSOR__IDLE__GRACE_MIN"}
+    # the spelling the entry gives an operator really sets the idle grace, and only it
+    from base.settings import Settings
+
+    monkeypatch.setenv("GPULEDGER_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.setenv(names.pop(), "7")
+    settings = Settings(state_dir=tmp_path)
+    assert settings.processor.idle.grace_min == 7
+    assert settings.processor.grace_ms == type(settings.processor)().grace_ms
+    # and so does the settings file form it gives
+    assert "`[processor.idle]`" in entry and "`grace_min = 30`" in entry
+    monkeypatch.delenv("GPULEDGER_PROCESSOR__IDLE__GRACE_MIN")
+    (tmp_path / "gpuledger.toml").write_text("[processor.idle]\ngrace_min = 30\n", encoding="utf-8")
+    monkeypatch.setenv("GPULEDGER_CONFIG", str(tmp_path / "gpuledger.toml"))
+    assert Settings(state_dir=tmp_path).processor.idle.grace_min == 30
+
+
+def test_the_window_grace_is_its_own_entry() -> None:
+    entry = _entry("The window grace")
+    assert "`processor.grace_ms`" in entry and "GPULEDGER_PROCESSOR__GRACE_MS" in entry
+    assert "grace_min" not in entry
+
+
+def test_the_page_names_no_commit() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    ids = [a or b for a, b in COMMIT_ID.findall(text)]
+    assert [i for i in ids if not i.isdigit()] == []
+
+
+@pytest.mark.parametrize(
+    "text", ["written at commit `96dd185`", "as of commit 96dd185.", "see `0f3c2a9e1b`", "commits abcdef1 on"]
+)
+def test_a_commit_id_is_recognised(text: str) -> None:
+    assert any(not (a or b).isdigit() for a, b in COMMIT_ID.findall(text))
+
+
+@pytest.mark.parametrize("text", ["`36000000`", "`power_w_mean`", "commit protocol", "`sinks/bulk_samples.py`"])
+def test_numbers_and_names_are_not_commit_ids(text: str) -> None:
+    assert all((a or b).isdigit() for a, b in COMMIT_ID.findall(text))
