@@ -2,60 +2,12 @@
 -- report reads. Same columns and the same cent allocation as v_chargeback (which spans every
 -- period and grouping, for browsing); the tests check the two agree.
 --   SELECT * FROM v_chargeback_month(period = '2026-11', by = 'team')
--- A change here is made to v_chargeback_month_single.sql too (the view read for a month of one life per job id);
--- tests/integration/test_priced_views_single.py compares their rows.
+-- Its single twin, read for a month of one life per job id and nothing contested (notes: v_month_single_lives.sql):
+-- variant: v_chargeback_month_single replaces v_usage_priced with v_usage_priced_single
+-- tests/integration/test_priced_views_single.py compares their lines.
 CREATE OR REPLACE VIEW v_chargeback_month AS
-SELECT
-    period, by, line, jobs,
-    toDecimal128(intDiv(alloc_s * 10000 + 1800, 3600), 4) / 10000 AS allocated_gpu_h,
-    toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100 AS charge,
-    toDecimal128(intDiv((act_s + starv_s) * 10000 + 1800, 3600), 4) / 10000 AS consumed_gpu_h,
-    if(alloc_s = 0, 0, round(100 * (act_s + starv_s) / alloc_s, 1)) AS utilisation_pct,
-    toDecimal128(intDiv(act_s * 10000 + 1800, 3600), 4) / 10000 AS active_gpu_h,
-    toDecimal128(intDiv(starv_s * 10000 + 1800, 3600), 4) / 10000 AS starved_gpu_h,
-    toDecimal128(intDiv(idl_s * 10000 + 1800, 3600), 4) / 10000 AS idle_gpu_h,
-    toDecimal128(intDiv(drk_s * 10000 + 1800, 3600), 4) / 10000 AS dark_gpu_h,
-    toDecimal128(intDiv(idle_num + 18000000, 36000000), 2) / 100 AS idle_cost,
-    if(alloc_s = 0, 0, round(100 * (alloc_s - drk_s) / alloc_s, 1)) AS coverage_pct,
-    toDecimal128(intDiv(unpriced * 10000 + 1800, 3600), 4) / 10000 AS unpriced_gpu_h,
-    toDecimal128(intDiv(onprem_s * 10000 + 1800, 3600), 4) / 10000 AS onprem_gpu_h,
-    toDecimal128(intDiv((alloc_s - onprem_s) * 10000 + 1800, 3600), 4) / 10000 AS cloud_gpu_h,
-    multiIf(alloc_s = onprem_s, toDecimal128(0, 2),
-            onprem_s = 0, toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100,
-            toDecimal128(intDiv(num - onprem_num + 18000000, 36000000), 2) / 100) AS cloud_charge,
-    toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100 - cloud_charge AS onprem_charge,
-    alloc_s AS allocated_seconds,
-    act_s AS active_seconds,
-    starv_s AS starved_seconds,
-    idl_s AS idle_seconds,
-    drk_s AS dark_seconds,
-    num AS charge_numerator,
-    idle_num AS idle_charge_numerator
-FROM
-(
-    SELECT *,
-           intDiv(num, 36000000) AS floor_cents,
-           row_number() OVER (ORDER BY num % 36000000 DESC, line) AS cent_rank,
-           intDiv(sum(num) OVER () + 18000000, 36000000) - sum(intDiv(num, 36000000)) OVER () AS leftover_cents
-    FROM
-    (
-        SELECT {period:String} AS period, {by:String} AS by,
-               multiIf({by:String} = 'team', team, {by:String} = 'project', project,
-                       {by:String} = 'user', user, {by:String} = 'tier', pricing_tier, cost_centre) AS line,
-               uniqExact(cluster, job_id, job_start_ms) AS jobs,
-               toInt128(sum(allocated_s)) AS alloc_s,
-               toInt128(sum(active_s)) AS act_s,
-               toInt128(sum(starved_s)) AS starv_s,
-               toInt128(sum(idle_s)) AS idl_s,
-               toInt128(sum(dark_s)) AS drk_s,
-               toInt128(sum(unpriced_s)) AS unpriced,
-               toInt128(sumIf(allocated_s, pricing_tier = 'on-prem')) AS onprem_s,
-               sumIf(charge_num, pricing_tier = 'on-prem') AS onprem_num,
-               sum(charge_num) AS num,
-               sum(idle_charge_num) AS idle_num
-        FROM v_usage_priced
-        WHERE day >= toDate(concat({period:String}, '-01'))
-          AND day < addMonths(toDate(concat({period:String}, '-01')), 1)
+-- include: chargeback_month_by_line
+-- include: chargeback_sums_open_month
         GROUP BY line
     )
 );

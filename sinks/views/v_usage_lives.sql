@@ -30,12 +30,7 @@ SELECT u.day, u.cluster, u.job_id, u.user, u.team, u.project, u.cost_centre, u.g
        u.gpu_share_slices, u.gpu_share_of, l.job_start_ms
 FROM
 (
-    SELECT day, cluster, job_id, user, team, project, cost_centre, generation, pricing_tier, preemptible,
-           toInt64(allocated_s) AS allocated_s, toInt64(active_s) AS active_s, toInt64(starved_s) AS starved_s,
-           toInt64(idle_s) AS idle_s, toInt64(dark_s) AS dark_s, sm_weighted_s,
-           toInt64(device_minutes) AS device_minutes, gpu_share_slices, gpu_share_of,
-           (toInt64(toUnixTimestamp(toDateTime(day, 'UTC'))) + 86400) * 1000 AS end_ms
-    FROM usage_daily
+-- include: usage_daily_lives
     WHERE job_id != '' AND (cluster, job_id) IN (SELECT cluster, job_id FROM job_ids_reused)
 ) AS u
 ASOF LEFT JOIN v_job_lives_reused AS l

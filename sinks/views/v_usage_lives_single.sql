@@ -8,12 +8,7 @@ SELECT u.day AS day, u.cluster AS cluster, u.job_id AS job_id, u.user AS user, u
        if(u.end_ms > l.job_start_ms, l.job_start_ms, toInt64(0)) AS job_start_ms
 FROM
 (
-    SELECT day, cluster, job_id, user, team, project, cost_centre, generation, pricing_tier, preemptible,
-           toInt64(allocated_s) AS allocated_s, toInt64(active_s) AS active_s, toInt64(starved_s) AS starved_s,
-           toInt64(idle_s) AS idle_s, toInt64(dark_s) AS dark_s, sm_weighted_s,
-           toInt64(device_minutes) AS device_minutes, gpu_share_slices, gpu_share_of,
-           (toInt64(toUnixTimestamp(toDateTime(day, 'UTC'))) + 86400) * 1000 AS end_ms
-    FROM usage_daily
+-- include: usage_daily_lives
     WHERE job_id != '' AND (cluster, job_id) NOT IN (SELECT cluster, job_id FROM job_ids_reused)
 ) AS u
 ANY LEFT JOIN (SELECT cluster, job_id, job_start_ms FROM job_lives FINAL WHERE starts > 0) AS l

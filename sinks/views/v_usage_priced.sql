@@ -20,7 +20,9 @@
 -- As 014, reading usage_daily plus the ceded seconds as negative rows (seconds are Int64 from here on).
 -- As 016, reading v_usage_lives; the ceded seconds of a contested minute belong to the life holding it.
 -- As 022; the ceded seconds' lives read only when some device-day is contested.
--- A change here is made to v_usage_priced_single.sql too (the view read for a month of one life per job id);
+-- Its single twin, for a month of one life per job id and nothing contested (notes: v_month_single_lives.sql),
+-- is this text over v_usage_lives' first branch and without the ceded seconds:
+-- variant: v_usage_priced_single replaces v_usage_lives with v_usage_lives_single, without usage_priced_ceded
 -- tests/integration/test_priced_views_single.py compares their rows.
 CREATE OR REPLACE VIEW v_usage_priced AS
 SELECT
@@ -58,18 +60,7 @@ FROM
            allocated_s, active_s, starved_s, idle_s, dark_s, sm_weighted_s, device_minutes, gpu_share_slices,
            gpu_share_of, job_start_ms
     FROM v_usage_lives
-    UNION ALL
-    SELECT x.day, x.cluster, x.job_id, x.user, x.team, x.project, x.cost_centre, x.generation, x.pricing_tier,
-           x.preemptible, -x.ceded_s, -x.ceded_active_s, -x.ceded_starved_s, -x.ceded_idle_s, -x.ceded_dark_s,
-           toFloat64(0), toInt64(0), x.gpu_share_slices, x.gpu_share_of, l.job_start_ms
-    FROM
-    (
-        SELECT *, minute_start_ms + 60000 AS end_ms FROM v_device_claims_resolved WHERE ceded_s > 0
-    ) AS x
-    ASOF LEFT JOIN
-    (
-        SELECT cluster, job_id, job_start_ms FROM v_job_lives WHERE (SELECT count() FROM v_device_days_contested) > 0
-    ) AS l ON x.cluster = l.cluster AND x.job_id = l.job_id AND x.end_ms > l.job_start_ms
+-- include: usage_priced_ceded
 ) AS u
 LEFT JOIN v_project_corrections AS c ON u.cluster = c.cluster AND u.job_id = c.job_id
 ASOF LEFT JOIN v_rate_card AS r

@@ -1,6 +1,7 @@
 """The views folder (sinks/views, one file per view) on the real engine: moving every view out of the
 migrations changed no object's definition, and a database that applied the old migrations upgrades to
-exactly what a fresh one gets.
+exactly what a fresh one gets. Saying each view once (variants and fragments, sinks/view_files.py) changed no
+definition either: the folder before that change, from git, and the folder now build identical databases.
 
 The old layout is read from git (`git show <commit>:sinks/migrations/...`), the migrations as they were
 before the views moved, and applied by the same applier (sinks/db.py `upgrade`) as the new one. Objects are
@@ -11,6 +12,7 @@ as the server formats it), with only the database name and whitespace normalised
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -36,13 +38,20 @@ def _move_commit() -> str | None:
     return added[-1] if added else None
 
 
+def _said_once_commit() -> str | None:
+    """The commit that added sinks/views/fragments (views said once); None before it is committed."""
+    added = _git("log", "--diff-filter=A", "--format=%H", "--", "sinks/views/fragments").split()
+    return added[-1] if added else None
+
+
 def _layout(rev: str, dest: Path) -> tuple[Path, Path]:
-    """sinks/migrations and sinks/views as they were at `rev`, written under dest."""
+    """sinks/migrations and sinks/views (its subfolders included) as they were at `rev`, written under dest."""
     out = {}
     for folder in ("migrations", "views"):
         target = dest / folder
         target.mkdir(parents=True)
-        for path in _git("ls-tree", "--name-only", f"{rev}:sinks/{folder}").split() if _has(rev, folder) else []:
+        for path in _git("ls-tree", "-r", "--name-only", f"{rev}:sinks/{folder}").split() if _has(rev, folder) else []:
+            (target / path).parent.mkdir(parents=True, exist_ok=True)
             (target / path).write_text(_git("show", f"{rev}:sinks/{folder}/{path}"), encoding="utf-8")
         out[folder] = target
     return out["migrations"], out["views"]
@@ -118,6 +127,30 @@ def test_moving_the_views_changed_no_definition(databases: Any, tmp_path: Path) 
     }
 
 
+def test_saying_each_view_once_changed_no_definition(databases: Any, tmp_path: Path) -> None:
+    """The views as whole files (the commit before the fragments and variants) and as the folder says them now:
+    every object of the two databases, as system.tables describes it, is identical."""
+    said_once = _said_once_commit()
+    old_migrations, old_views = _layout(f"{said_once}^" if said_once else "HEAD", tmp_path / "old")
+    assert not (old_views / "fragments").exists()
+    restated = {"v_chargeback_month_single", "v_usage_priced_single", "v_job_lives"}  # now variants
+    assert all((old_views / f"{n}.sql").is_file() and not (REPO / f"sinks/views/{n}.sql").exists() for n in restated)
+
+    old_ch, old_client = databases()
+    upgrade(old_client, old_ch, migrations_dir=old_migrations, views_dir=old_views)
+    new_ch, new_client = databases()
+    done = upgrade(new_client, new_ch)  # the package's folder
+
+    old, new = _definitions(old_client, old_ch.database), _definitions(new_client, new_ch.database)
+    views = {n for n, (engine, _) in old.items() if engine == "View"}
+    assert len(views) >= 36 and {v.name for v in done.views} == views and restated <= views
+    assert old == new
+    # The line's columns, said once in a fragment, are in each of the six chargeback views the server holds.
+    line_views = {n for n, (_, query) in new.items() if "AS idle_cost" in query and "leftover_cents" in query}
+    assert line_views == {"v_chargeback", "v_chargeback_month", "v_chargeback_month_single",
+                          "v_chargeback_month_clusters", "v_statement_month", "v_statement_month_clusters"}  # fmt: skip
+
+
 def test_an_old_database_upgrades_to_what_a_fresh_one_gets(databases: Any, tmp_path: Path) -> None:
     move = _move_commit()
     old_migrations, old_views = _layout(f"{move}^" if move else "HEAD", tmp_path / "old")
@@ -147,9 +180,7 @@ def test_an_old_database_upgrades_to_what_a_fresh_one_gets(databases: Any, tmp_p
 def test_an_edited_view_is_reported_changed_and_a_removed_one_dropped(databases: Any, tmp_path: Path) -> None:
     package = REPO / "sinks"
     views = tmp_path / "views"
-    views.mkdir()
-    for path in (package / "views").glob("v_*.sql"):
-        (views / path.name).write_text(path.read_text())
+    shutil.copytree(package / "views", views)
     ch, client = databases()
     assert {v.status for v in upgrade(client, ch, views_dir=views).views} == {"created"}
 
@@ -157,9 +188,13 @@ def test_an_edited_view_is_reported_changed_and_a_removed_one_dropped(databases:
     jobs = views / "v_chargeback_jobs.sql"
     jobs.write_text(jobs.read_text().replace(" AS\nSELECT", " AS\nSELECT 1 AS probe_column,", 1))
     (views / "v_coverage_daily.sql").unlink()
+    # A fragment edited: every view that includes it is changed, a variant of an including file too.
+    sums = views / "fragments" / "chargeback_sums_open_month.sql"
+    sums.write_text(sums.read_text() + "-- a note\n")
     done = upgrade(client, ch, views_dir=views)
     assert {v.name: v.status for v in done.views if v.status != "unchanged"} == {
-        "v_chargeback_jobs": "changed", "v_coverage_daily": "dropped"}  # fmt: skip
+        "v_chargeback_jobs": "changed", "v_coverage_daily": "dropped", "v_chargeback_month": "changed",
+        "v_chargeback_month_single": "changed", "v_chargeback_month_clusters": "changed"}  # fmt: skip
     columns = client.query(
         "SELECT name FROM system.columns WHERE database = {db:String} AND table = 'v_chargeback_jobs'",
         parameters={"db": ch.database},

@@ -1,8 +1,8 @@
--- v_chargeback_month.sql for a month of one life per job id, nothing contested (notes: v_month_single_lives.sql);
--- a change to v_chargeback_month is made here too.
-CREATE OR REPLACE VIEW v_chargeback_month_single AS
-SELECT
-    period, by, line, jobs,
+-- A chargeback line's columns (GPU-hours half-up to 4 places, money to the cent), from the sums of its rows
+-- (alloc_s, act_s, ..., num: chargeback_line_sums) and its cents, then the subquery that shares the cents out:
+-- each line gets its exact charge rounded down (floor_cents), and the cents the grouping's rounded total has
+-- over those go one each to the lines with the largest remainders (cent_rank <= leftover_cents). The view goes
+-- on with its cent_rank and leftover_cents (over which lines the cents are shared, ties by what) and its sums.
     toDecimal128(intDiv(alloc_s * 10000 + 1800, 3600), 4) / 10000 AS allocated_gpu_h,
     toDecimal128(floor_cents + if(cent_rank <= leftover_cents, 1, 0), 2) / 100 AS charge,
     toDecimal128(intDiv((act_s + starv_s) * 10000 + 1800, 3600), 4) / 10000 AS consumed_gpu_h,
@@ -31,27 +31,3 @@ FROM
 (
     SELECT *,
            intDiv(num, 36000000) AS floor_cents,
-           row_number() OVER (ORDER BY num % 36000000 DESC, line) AS cent_rank,
-           intDiv(sum(num) OVER () + 18000000, 36000000) - sum(intDiv(num, 36000000)) OVER () AS leftover_cents
-    FROM
-    (
-        SELECT {period:String} AS period, {by:String} AS by,
-               multiIf({by:String} = 'team', team, {by:String} = 'project', project,
-                       {by:String} = 'user', user, {by:String} = 'tier', pricing_tier, cost_centre) AS line,
-               uniqExact(cluster, job_id, job_start_ms) AS jobs,
-               toInt128(sum(allocated_s)) AS alloc_s,
-               toInt128(sum(active_s)) AS act_s,
-               toInt128(sum(starved_s)) AS starv_s,
-               toInt128(sum(idle_s)) AS idl_s,
-               toInt128(sum(dark_s)) AS drk_s,
-               toInt128(sum(unpriced_s)) AS unpriced,
-               toInt128(sumIf(allocated_s, pricing_tier = 'on-prem')) AS onprem_s,
-               sumIf(charge_num, pricing_tier = 'on-prem') AS onprem_num,
-               sum(charge_num) AS num,
-               sum(idle_charge_num) AS idle_num
-        FROM v_usage_priced_single
-        WHERE day >= toDate(concat({period:String}, '-01'))
-          AND day < addMonths(toDate(concat({period:String}, '-01')), 1)
-        GROUP BY line
-    )
-);

@@ -1,0 +1,11 @@
+-- A month's chargeback, one line per (team, cluster), the cents shared over the month's lines: everything
+-- above the line's jobs and sums. The view that includes it goes on with `jobs`, chargeback_line_sums,
+-- `idle_num`, its month's rows (FROM ... WHERE ...) and closes with GROUP BY team, cluster ) ).
+SELECT
+    period, team, cluster, jobs,
+-- include: chargeback_line_columns
+           row_number() OVER (ORDER BY num % 36000000 DESC, team, cluster) AS cent_rank,
+           intDiv(sum(num) OVER () + 18000000, 36000000) - sum(intDiv(num, 36000000)) OVER () AS leftover_cents
+    FROM
+    (
+        SELECT {period:String} AS period, team, cluster,
