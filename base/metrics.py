@@ -424,7 +424,7 @@ def _header(headers: Iterable[tuple[str, Any]] | None, name: str) -> str | None:
 
 def count_dead_letters(sink: Any, metrics: ComponentMetrics) -> None:
     """Count what `sink.publish_raw` sends to a `.dlq` topic (the dead-letter helper's sink), by
-    source topic and error class (from the headers `schemas.consume` sets). Dead letters are rare:
+    source topic and error class (from the headers `streams.consume` sets). Dead letters are rare:
     this wraps the instance's method, the records it publishes are untouched."""
     inner = sink.publish_raw
 

@@ -114,8 +114,8 @@ def setup_cluster(bootstrap: str, prefix: str, nodes: int, start_ms: int) -> Non
     """Each node's inventory, and one job STARTED at `start_ms` holding all its GPUs (interactive on idle nodes)."""
     from base.settings import KafkaSettings
     from processors.testing import inventory, job_event
-    from schemas.publish import RecordPublisher
     from schemas.topics import INVENTORY, JOB_EVENTS, job_key, node_key
+    from streams.publish import RecordPublisher
 
     pub = RecordPublisher(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix))
     for i in range(nodes):

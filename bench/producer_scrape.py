@@ -103,7 +103,7 @@ def run_one(n_nodes: int, duration: float, servers: int, bootstrap: str, referen
     from base.settings import KafkaSettings
     from producers.dcgm import parse_exposition
     from producers.scraper import DcgmScraper, Target
-    from schemas.publish import RecordPublisher
+    from streams.publish import RecordPublisher
 
     ports = [free_port() for _ in range(servers)]
     procs = []

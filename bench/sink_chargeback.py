@@ -38,12 +38,12 @@ sys.path.insert(0, str(REPO))
 
 from base.settings import ClickHouseSettings  # noqa: E402
 from schemas.codec import AvroCodec  # noqa: E402
-from schemas.consume import decode_or_dead_letter  # noqa: E402
 from sinks import chargeback as cb  # noqa: E402
 from sinks.db import connect, migrate  # noqa: E402
 from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows  # noqa: E402
 from sinks.rows import DEVICE_MINUTES  # noqa: E402
 from sinks.writer import LedgerWriter, Origin, Pending  # noqa: E402
+from streams.consume import decode_or_dead_letter  # noqa: E402
 
 MINUTE0 = 1_793_491_200_000  # 2026-11-01T00:00Z
 PASSWORD = "bench-writer"
@@ -100,7 +100,7 @@ def bench_decode(n: int) -> float:
         def publish_raw(self, *a: Any, **k: Any) -> None:
             raise AssertionError("unexpected dead letter")
 
-    from schemas.consume import SourceRecord
+    from streams.consume import SourceRecord
 
     t0 = time.perf_counter()
     for i, value in enumerate(encoded):

@@ -1,4 +1,4 @@
-"""Decode-or-dead-letter for the processors' consumers, on the shared helper (schemas/consume.py).
+"""Decode-or-dead-letter for the processors' consumers, on the shared helper (streams/consume.py).
 
 A record that cannot be decoded (or breaks its model's rules) goes to `<topic>.dlq` as a DeadLetter
 with the reason in the headers too; it never stops the worker and is never silently dropped. The
@@ -16,9 +16,9 @@ from typing import Any
 from base.errors import ContractError
 from processors.fastdecode import device_minutes_reader
 from schemas.codec import AvroCodec, InvalidRecord
-from schemas.consume import DeadLetterSink, SourceRecord, dead_letter, decode_or_dead_letter
 from schemas.models import validate
 from schemas.topics import DEVICE_MINUTES
+from streams.consume import DeadLetterSink, SourceRecord, dead_letter, decode_or_dead_letter
 
 
 class FutureTimestamp(InvalidRecord):

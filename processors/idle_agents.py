@@ -22,7 +22,7 @@ Exactness, the runtime's commit protocol mapped onto faust's at-least-once commi
    a restart replays it), after the Table writes;
 3. the changelog writes are delivered too before the acks: faust's commit does not flush its producer (it
    only publishes what was attached to the committed events, and nothing is attached here), and faust's own
-   `flush` is no proof of delivery (`schemas.agents.IdempotentProducer.delivered` is).
+   `flush` is no proof of delivery (`streams.agents.IdempotentProducer.delivered` is).
 A crash therefore replays exactly the input not reflected in delivered output and state, and a replayed
 device-minute at or before a job's `last_minute_ms` is skipped, as in the runtime.
 
@@ -63,19 +63,6 @@ from processors.recovery import RecoveryPolicy
 from processors.runtime import IDLE_STATE_TOPIC
 from processors.stages import JobOutputs, JobPartition, JobState, decode_job_state, encode_job_state
 from processors.windows import MINUTE_MS
-from schemas.agents import (
-    AppFailed,
-    FaustDeadLetters,
-    InOrder,
-    broker_options,
-    delivered,
-    drained,
-    raw_topic,
-    run_loop,
-    run_replacing,
-    serve_app,
-    use_project_clients,
-)
 from schemas.codec import AvroCodec
 from schemas.governance_appeals import fold
 from schemas.policy import Policy
@@ -88,6 +75,19 @@ from schemas.topics import (
     RECLAIM_ACTIONS,
     job_key,
     qualified_job,
+)
+from streams.agents import (
+    AppFailed,
+    FaustDeadLetters,
+    InOrder,
+    broker_options,
+    delivered,
+    drained,
+    raw_topic,
+    run_loop,
+    run_replacing,
+    serve_app,
+    use_project_clients,
 )
 
 log = logging.getLogger("gpuledger.processors.idle_agents")
@@ -183,7 +183,7 @@ class JobStageAgents:
         self.in_hand = 0  # batches (and wall-clock ticks) under way (`busy`); the order check is not one
         self.last_input = time.monotonic()  # when a batch last arrived (`--exit-when-idle`)
 
-    # ------------------------------------------------------------------ the idle test (`schemas.agents.InputClock`)
+    # ------------------------------------------------------------------ the idle test (`streams.agents.InputClock`)
     @property
     def batches(self) -> int:
         """Batches processed to the end (acked what they could)."""
@@ -193,7 +193,7 @@ class JobStageAgents:
     def busy(self) -> bool:
         """A batch (or the wall-clock tick) is being processed, or a partition was fetched past what was
         admitted (`InOrder.behind`): input is still to come. Not the order check holding the lock: it reads no
-        input, and counted here it could keep `--exit-when-idle` from ever stopping (`schemas.agents.drained`)."""
+        input, and counted here it could keep `--exit-when-idle` from ever stopping (`streams.agents.drained`)."""
         return self.in_hand > 0 or bool(self.order.behind)
 
     # ------------------------------------------------------------------ assignment
@@ -480,7 +480,7 @@ def _write_stats(path: Path | None, stats: AgentStats) -> None:
 async def _serve(
     settings: Settings, shutdown: StopSignal, exit_when_idle_s: float | None, stats_path: Path | None
 ) -> AgentStats:
-    """Run the app in this event loop (`schemas.agents.serve_app`) until stopped, idle (`exit_when_idle_s`:
+    """Run the app in this event loop (`streams.agents.serve_app`) until stopped, idle (`exit_when_idle_s`:
     the input read to its end and quiet that long) or crashed, then stop it within the deadline."""
     app = build_app(settings)
     agents: JobStageAgents = app.job_stage  # type: ignore[attr-defined]
@@ -533,7 +533,7 @@ def run_agents(
     """Run the job stage as a faust worker in this process until `shutdown` (SIGTERM/SIGINT), or, with
     `exit_when_idle_s`, once its input is read to the end and quiet that long. Raises `ServiceError` when
     the app failed more often than `policy` allows; before that, a failed app is replaced in-process by a
-    fresh one, as a restart would (`schemas.agents.run_replacing`, with the runtime's `RecoveryPolicy`)."""
+    fresh one, as a restart would (`streams.agents.run_replacing`, with the runtime's `RecoveryPolicy`)."""
 
     metrics.start_metrics_server(settings, "agents")
 

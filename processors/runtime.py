@@ -120,7 +120,7 @@ class ProcessorRuntime:
     def publish_raw(
         self, topic_name: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, Any]] | None = None
     ) -> None:
-        """Dead-letter sink for `schemas.consume` (delivered before the next offset commit)."""
+        """Dead-letter sink for `streams.consume` (delivered before the next offset commit)."""
         self.ctx.outputs.send_raw(topic_name, key, value or b"", headers)
 
     def start(self) -> None:

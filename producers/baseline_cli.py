@@ -62,8 +62,8 @@ class Recorded:
 def baseline_events(settings: Settings, timeout_s: float = READ_TIMEOUT_S) -> list[dict[str, Any]]:
     """Every event of attribution.baseline.v1 (a record that does not decode stops the apply: the baseline in force
     would be a guess)."""
-    from schemas.eventlog import read_events
     from schemas.topics import ATTRIBUTION_BASELINE
+    from streams.eventlog import read_events
 
     events, unreadable = read_events(settings.kafka, ATTRIBUTION_BASELINE, timeout_s=timeout_s)
     if unreadable:
@@ -77,8 +77,8 @@ def record_baseline(settings: Settings, policy: Policy, *, engine: str | None, n
                     actor: str) -> Recorded:  # fmt: skip
     """Publish the baseline event the applied `policy` needs, if any (idempotent: nothing when it is in force)."""
     from schemas.models import validate
-    from schemas.publish import RecordPublisher
     from schemas.topics import ATTRIBUTION_BASELINE
+    from streams.publish import RecordPublisher
 
     mode = attribution_mode(policy.attribution, settings.scheduler.mode)
     may_set = policy.attribution.baseline is not None or mode == "strict"

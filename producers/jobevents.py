@@ -29,7 +29,7 @@ _P = ParamSpec("_P")
 
 
 class EventSink(Protocol):
-    """Where events go: `schemas.publish.RecordPublisher` in production, a list in tests."""
+    """Where events go: `streams.publish.RecordPublisher` in production, a list in tests."""
 
     def publish(self, topic: Any, key: bytes, record: ContractRecord | dict[str, Any]) -> None: ...
 

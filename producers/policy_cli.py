@@ -173,9 +173,9 @@ def reservation_bumps(policy: Policy, state_dir: Path | None) -> list[policy_kue
     when the topic cannot be read: then every quota difference is drift."""
     import time
 
-    from schemas.eventlog import read_events
     from schemas.governance_reservations import fold
     from schemas.topics import RESERVATIONS
+    from streams.eventlog import read_events
 
     settings = settings_for(state_dir)
     try:

@@ -100,7 +100,7 @@ def _load_inventory(settings: Any, devmap: Any, timeout_s: float = 10.0) -> int:
 
 
 def _publisher(settings: Any) -> Any:
-    from schemas.publish import RecordPublisher
+    from streams.publish import RecordPublisher
 
     return RecordPublisher(settings.kafka)
 

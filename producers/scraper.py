@@ -5,7 +5,7 @@ ticks plus a fixed per-target offset (jitter, so hundreds of targets do not hit 
 same millisecond), with a per-request timeout; a target that fails backs off exponentially (up to
 `backoff_max_s`) and is retried, never dropped. The record's `ts_ms` is the tick the scrape was
 made for (event time, whole seconds plus the target's offset). Parsing, mapping and record
-building are `producers.dcgm` (pure); publishing goes through `schemas.publish.RecordPublisher`.
+building are `producers.dcgm` (pure); publishing goes through `streams.publish.RecordPublisher`.
 
 An endpoint is untrusted: a scrape bigger than `max_scrape_bytes` (declared or streamed) is refused
 without reading the rest, and one bigger than `OFFLOAD_BYTES` is parsed in a worker thread so the

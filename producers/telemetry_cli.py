@@ -215,7 +215,7 @@ def simulate_run(
 ) -> None:
     """Publish a simulated cluster's inventory, job events and device samples to Kafka."""
     from producers.simulator import run, write_ledger
-    from schemas.publish import RecordPublisher
+    from streams.publish import RecordPublisher
 
     cfg, settings = _sim_config(seed, nodes, duration, start, realtime, cluster, state_dir, kube_nodes)
     resume_s, on_flushed = 0, None
@@ -332,7 +332,7 @@ def dcgm_run(
     import asyncio
 
     from producers.scraper import DcgmScraper
-    from schemas.publish import RecordPublisher
+    from streams.publish import RecordPublisher
 
     settings = start_service(state_dir, verbose)
     targets = _targets_from(targets_file, target, settings, inventory, inventory_kind, url_template)
@@ -364,8 +364,8 @@ def nvsmi_run(
     import subprocess
 
     from producers.nvsmi import COMMAND, NvsmiReader
-    from schemas.publish import RecordPublisher
     from schemas.topics import DEVICE_SAMPLES, node_key
+    from streams.publish import RecordPublisher
 
     settings = settings_for(state_dir)
     publisher = RecordPublisher(settings.kafka)
@@ -436,7 +436,7 @@ def inventory_publish(
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Publish one inventory record per node to the compacted inventory topic."""
-    from schemas.publish import RecordPublisher
+    from streams.publish import RecordPublisher
 
     settings = settings_for(state_dir)
     recs = _inventory(kind, source, cluster or settings.cluster)

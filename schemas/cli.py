@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from schemas.topics_admin import BrokerTopics, TopicPlan, desired_topics, plan
+from streams.topics_admin import BrokerTopics, TopicPlan, desired_topics, plan
 
 topics_app = typer.Typer(help="Kafka topics of the catalogue (plus each topic's .dlq).", no_args_is_help=True)
 schemas_app = typer.Typer(help="The Avro contracts under schemas/.", no_args_is_help=True)

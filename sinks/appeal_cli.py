@@ -60,9 +60,9 @@ def _policy(settings: Settings, path: Path | None) -> Any:
 
 
 def _appeals(settings: Settings, policy: Any) -> dict[str, Any]:
-    from schemas.eventlog import read_events
     from schemas.governance_appeals import fold
     from schemas.topics import APPEALS
+    from streams.eventlog import read_events
 
     events, unreadable = read_events(settings.kafka, APPEALS)
     for bad in unreadable:
@@ -74,8 +74,8 @@ def _appeals(settings: Settings, policy: Any) -> dict[str, Any]:
 def publish_step(settings: Settings, event: dict[str, Any]) -> None:
     """Validate the step as every consumer will, then publish it (keyed by its job) and wait for delivery."""
     from schemas.models import validate
-    from schemas.publish import RecordPublisher
     from schemas.topics import APPEALS, job_key
+    from streams.publish import RecordPublisher
 
     try:
         validate(APPEALS.subject, event)

@@ -42,8 +42,8 @@ from schemas.codec import (
     _strip_logical_types,
     avro_long,
 )
-from schemas.consume import SourceRecord
 from schemas.topics import DEVICE_SAMPLES
+from streams.consume import SourceRecord
 
 log = logging.getLogger(__name__)
 

@@ -174,9 +174,9 @@ def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy 
                     already_sent: Iterable[str]) -> AppealNotifier:  # fmt: skip
     """The chat worker's notifier of appeal steps: the warning posts from `chat_deliveries`, the appeals read
     from `appeals.v1` whole with the worker's own login (assigned partitions, no group)."""
-    from schemas.eventlog import read_events
     from schemas.topics import APPEALS
     from sinks.chat import delivered_post
+    from streams.eventlog import read_events
 
     def read() -> list[dict[str, Any]]:
         events, unreadable = read_events(kafka, APPEALS)

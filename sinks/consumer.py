@@ -1,4 +1,4 @@
-"""Kafka -> ClickHouse sink: the handler of `schemas.consume.ConsumerLoop` that maps a batch of
+"""Kafka -> ClickHouse sink: the handler of `streams.consume.ConsumerLoop` that maps a batch of
 decoded records to rows and inserts them.
 
 The loop commits offsets only after the handler returned (the batch is in ClickHouse) and the dead
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from base.errors import ContractError, ServiceError
 from base.settings import KafkaSettings, SinksSettings
 from schemas.codec import AvroCodec
-from schemas.consume import ConsumerLoop, Received, Refused, SourceRecord
-from schemas.publish import RecordPublisher
 from schemas.topics import DEVICE_SAMPLES, Topic
 from sinks.bulk_samples import RawSampleBulk
 from sinks.rows import DEFAULT_TOPICS, SINKS, TOPICS_BY_NAME, TableSpec
 from sinks.writer import ClickHouseUnavailable, LedgerWriter, Origin, Pending, Rejected, WriteResult
+from streams.consume import ConsumerLoop, Received, Refused, SourceRecord
+from streams.publish import RecordPublisher
 
 log = logging.getLogger(__name__)
 

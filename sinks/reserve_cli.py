@@ -60,9 +60,9 @@ def _start_ms(text: str, now_ms: int) -> int:
 
 
 def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
-    from schemas.eventlog import read_events
     from schemas.governance_reservations import fold
     from schemas.topics import RESERVATIONS
+    from streams.eventlog import read_events
 
     events, unreadable = read_events(settings.kafka, RESERVATIONS)
     for bad in unreadable:
@@ -88,8 +88,8 @@ def step_key(event: dict[str, Any]) -> bytes:
 
 
 def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
-    from schemas.publish import RecordPublisher
     from schemas.topics import RESERVATIONS
+    from streams.publish import RecordPublisher
 
     check_steps(events)
     if not events:

@@ -1,8 +1,8 @@
-"""The chat and reclaim workers' consumer: one faust agent over one topic (`schemas.agents.run_record_agent`)
+"""The chat and reclaim workers' consumer: one faust agent over one topic (`streams.agents.run_record_agent`)
 with a handler per record.
 
 Like every consumer of the project, a record that does not decode or validate goes to `<topic>.dlq`
-(the reason in its headers, `schemas.consume.decode_or_dead_letter`), and a batch is acked (faust commits
+(the reason in its headers, `streams.consume.decode_or_dead_letter`), and a batch is acked (faust commits
 what was acked) only after each of its records was handled and its dead letters were delivered.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from base.settings import Settings
-from schemas.agents import run_record_agent
 from schemas.topics import Topic
+from streams.agents import run_record_agent
 
 
 def consume_records(

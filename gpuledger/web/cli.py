@@ -123,7 +123,7 @@ def _publisher(settings: Settings, given: Any) -> Any:
     def publish(topic: Any, key: bytes, record: dict[str, Any]) -> None:
         with lock:
             if not made:
-                from schemas.publish import RecordPublisher
+                from streams.publish import RecordPublisher
 
                 made.append(RecordPublisher(settings.kafka))
             made[0].publish(topic, key, record)
@@ -151,7 +151,7 @@ def _appeal_service(settings: Settings, policy: Any, publish: Any) -> Any:
     from schemas.topics import APPEALS, job_key
 
     def read() -> list[dict[str, Any]]:
-        from schemas.eventlog import read_events
+        from streams.eventlog import read_events
 
         events, unreadable = read_events(settings.kafka, APPEALS)
         if unreadable:
@@ -175,7 +175,7 @@ def _reservation_service(settings: Settings, policy: Any, publish: Any) -> Any:
     from sinks.reserve_cli import step_key
 
     def read() -> list[dict[str, Any]]:
-        from schemas.eventlog import read_events
+        from streams.eventlog import read_events
 
         events, unreadable = read_events(settings.kafka, RESERVATIONS)
         if unreadable:

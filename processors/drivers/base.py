@@ -23,7 +23,6 @@ from processors.positions import Positions, StateRecord, on_commit_result
 from processors.recovery import ConsumerFailed
 from processors.windows import Horizon
 from schemas.codec import AvroCodec
-from schemas.consume import DeadLetterSink
 from schemas.topics import (
     ALERTS,
     ALLOCATIONS,
@@ -37,6 +36,7 @@ from schemas.topics import (
     LATE_SAMPLES,
     RECLAIM_ACTIONS,
 )
+from streams.consume import DeadLetterSink
 
 log = logging.getLogger("gpuledger.processors")
 

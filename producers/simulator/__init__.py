@@ -43,7 +43,7 @@ Library API (pure Python, no Kafka):
   (Ledger.cluster says which; Kubernetes job ids are `namespace/pod`, so ids never collide). A config without
   it gives exactly the records it always gave.
 - `run(config, publisher, realtime=False, clock=time.time, sleep=time.sleep)`: publishes through
-  `schemas.publish.RecordPublisher` (what `gpuledger simulate run` does).
+  `streams.publish.RecordPublisher` (what `gpuledger simulate run` does).
 
 The cluster: nodes of mixed generations (H100, A100, L40S, V100) in on-prem, cloud on-demand and
 spot pricing tiers; five teams with projects and users. Job mix: multi-node training gangs,

@@ -47,7 +47,6 @@ from base.settings import KafkaSettings, Settings
 from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
 from producers.simulator import DEFAULT_START_MS, SimConfig, expected_ledger
 from schemas.codec import AvroCodec
-from schemas.publish import RecordPublisher
 from schemas.topics import (
     DEVICE_MINUTES,
     DEVICE_SAMPLES,
@@ -57,6 +56,7 @@ from schemas.topics import (
     all_topics,
 )
 from sinks.rows import DEFAULT_TOPICS
+from streams.publish import RecordPublisher
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = "from gpuledger.cli import main; main()"

@@ -27,9 +27,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from fault_harness import PipelineRun, Stack, log, wait_until
 
-from schemas.publish import RecordPublisher
 from schemas.topics import ALERTS, job_key
 from sinks.chat import WebhookReceiver
+from streams.publish import RecordPublisher
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(900)]
 

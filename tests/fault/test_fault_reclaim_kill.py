@@ -26,10 +26,10 @@ from contract_records import job_event
 from fault_harness import PipelineRun, Stack, log, wait_until
 
 from schemas import topics
-from schemas.publish import RecordPublisher
 from schemas.topics import RECLAIM_ACTIONS, job_key
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
+from streams.publish import RecordPublisher
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(900)]
 

@@ -1,5 +1,5 @@
 """The agents' aiokafka consumer, as aiokafka starts it against the broker, asks the broker to hold a fetch at most
-`schemas.agents.FETCH_MAX_WAIT_MS` (faust builds it with 1,500 ms). What is checked is aiokafka's own fetcher, made
+`streams.agents.FETCH_MAX_WAIT_MS` (faust builds it with 1,500 ms). What is checked is aiokafka's own fetcher, made
 by its `start()`: the value set on the consumer before it is the one aiokafka reads there."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from base.settings import Settings
 from processors.idle_agents import build_app
-from schemas.agents import FETCH_MAX_WAIT_MS, GaplessConsumer
+from streams.agents import FETCH_MAX_WAIT_MS, GaplessConsumer
 
 
 def test_the_started_fetcher_asks_the_broker_for_a_short_hold(settings: Settings) -> None:

@@ -29,13 +29,13 @@ from test_statements_close import LEDGER, card, env, hashes, lines_of, ms
 from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
 from schemas import topics
 from schemas.codec import AvroCodec
-from schemas.eventlog import read_events
-from schemas.publish import RecordPublisher
 from schemas.topics import job_key
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.ratecard import RATE_CARD_COLUMNS
 from sinks.writer import LedgerWriter
+from streams.eventlog import read_events
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 TOPICS = (topics.DEVICE_MINUTES, topics.ALERTS, topics.APPEALS)

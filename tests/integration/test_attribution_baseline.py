@@ -26,13 +26,13 @@ from fixtures_web import SMALL, make_client, run_cli, simulated_database
 
 from base.settings import BrokerSettings, KafkaSettings, Settings, SinksSettings, WebSettings
 from producers.baseline_cli import record_baseline
-from schemas.eventlog import read_events
 from schemas.governance_baseline import day_start_ms
 from schemas.policy import parse_policy
 from schemas.topics import ATTRIBUTION_BASELINE
 from sinks.consumer import LedgerSink
 from sinks.db import connect
 from sinks.writer import LedgerWriter
+from streams.eventlog import read_events
 
 pytestmark = pytest.mark.integration
 EXAMPLE = (Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml").read_text(encoding="utf-8")

@@ -4,7 +4,7 @@ One worker run consumes a topic, counts per key in a table (changelog: a compact
 writes results out; it stops cleanly (offsets committed). A second run resumes from the committed
 offset, recovers the table from its changelog, and processes only what came after.
 
-The app reads as the project's agents do (`schemas/agents.py`): the project's producer and
+The app reads as the project's agents do (`streams/agents.py`): the project's producer and
 consumer (`use_project_clients`), in-order admission (`InOrder`) with its periodic check
 (`keep_checked`, as the job stage; here with no lock around it), and acks only for what was
 admitted. Each piece answers a loss this test saw in a CI run: on bare faust the second run wrote
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 APP = """
 import faust
 
-from schemas.agents import InOrder, use_project_clients
+from streams.agents import InOrder, use_project_clients
 
 app = faust.App(
     {app_id!r},

@@ -25,10 +25,10 @@ from fixtures_cli import run_gpuledger
 from base.settings import ClickHouseSettings, KafkaSettings
 from schemas.governance_appeals import HOUR_MS, Subject, decide_event, escalations, file_event, fold
 from schemas.policy import load_policy
-from schemas.publish import RecordPublisher
 from schemas.topics import ALERTS, APPEALS, job_key
 from sinks.chat import WebhookReceiver
 from sinks.db import connect, migrate
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

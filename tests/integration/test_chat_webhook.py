@@ -12,10 +12,10 @@ from fixtures_cli import run_gpuledger
 from fixtures_clickhouse import wait_for
 
 from base.settings import ChatRoute, ChatSettings, KafkaSettings, Settings, SinksSettings
-from schemas.publish import RecordPublisher
 from schemas.topics import ALERTS, job_key
 from sinks.chat import ChatNotifier, WebhookReceiver
 from sinks.streams import consume_records
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

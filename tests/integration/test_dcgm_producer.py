@@ -18,8 +18,8 @@ from base.settings import KafkaSettings
 from producers.dcgm import normalize_text
 from producers.scraper import DcgmScraper, parse_targets
 from schemas.codec import AvroCodec
-from schemas.publish import RecordPublisher
 from schemas.topics import DEVICE_SAMPLES
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from base.settings import KafkaSettings
 from schemas.codec import AvroCodec
-from schemas.consume import (
+from schemas.models import model_for
+from schemas.topics import DEVICE_SAMPLES
+from streams.consume import (
     HEADER_ERROR_CLASS,
     HEADER_SCHEMA_FINGERPRINT,
     HEADER_SOURCE_OFFSET,
@@ -25,9 +27,7 @@ from schemas.consume import (
     ConsumerLoop,
     Received,
 )
-from schemas.models import model_for
-from schemas.publish import RecordPublisher
-from schemas.topics import DEVICE_SAMPLES
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from base.settings import KafkaSettings
 from producers.simulator import SimConfig, simulate
 from schemas import load_schema
 from schemas.codec import AvroCodec, _parse, crc64_fingerprint
-from schemas.publish import RecordPublisher
 from schemas.topics import INVENTORY, JOB_EVENTS
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

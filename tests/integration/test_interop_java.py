@@ -32,7 +32,6 @@ from processors.pipeline import LEDGER_FIELDS, ledger_from_job_minutes
 from producers.simulator import SimConfig, expected_ledger, simulate
 from schemas import SCHEMA_DIR, load_schema
 from schemas.codec import AvroCodec, registry_client
-from schemas.publish import RecordPublisher
 from schemas.topics import (
     ALERTS,
     ALLOCATIONS,
@@ -45,6 +44,7 @@ from schemas.topics import (
     JOB_MINUTES,
     Topic,
 )
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

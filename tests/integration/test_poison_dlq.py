@@ -17,8 +17,8 @@ from base.settings import KafkaSettings, Settings
 from processors.runtime import ProcessorRuntime
 from processors.testing import T0, device, poison_scrapes, scrape
 from schemas.codec import AvroCodec
-from schemas.consume import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE, HEADER_SOURCE_OFFSET
 from schemas.topics import DEVICE_SAMPLES, node_key
+from streams.consume import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE, HEADER_SOURCE_OFFSET
 
 pytestmark = pytest.mark.integration
 

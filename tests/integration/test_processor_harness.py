@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from base.settings import KafkaSettings, Settings
 from gpuledger.stack.broker import BrokerConfig, LocalBroker
 from schemas.codec import AvroCodec
-from schemas.publish import RecordPublisher
 from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic
+from streams.publish import RecordPublisher
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = "from gpuledger.cli import main; main()"

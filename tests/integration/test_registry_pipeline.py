@@ -22,7 +22,7 @@ from processors.pipeline import LEDGER_FIELDS, ledger_from_job_minutes
 from producers.simulator import SimConfig, expected_ledger, simulate
 from schemas import topics
 from schemas.codec import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC, AvroCodec, registry_client
-from schemas.publish import RecordPublisher
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from test_kube_live_policy import gpu_job, unsuspended
 from base.settings import KafkaSettings
 from gpuledger.stack.kube.cluster import LocalKube
 from schemas import topics
-from schemas.eventlog import read_events
+from streams.eventlog import read_events
 
 pytestmark = pytest.mark.integration
 

@@ -27,15 +27,15 @@ from test_statements_close import card, env, lines_of, ms, run
 from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
 from gpuledger.stack.slurm.cluster import SlurmClient
 from schemas import topics
-from schemas.eventlog import read_events
 from schemas.governance_reservations import request_events
 from schemas.policy import parse_policy
-from schemas.publish import RecordPublisher
 from schemas.topics import job_key
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.ratecard import RATE_CARD_COLUMNS
 from sinks.writer import LedgerWriter
+from streams.eventlog import read_events
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 TOPICS = (topics.DEVICE_MINUTES, topics.RESERVATIONS)

@@ -26,9 +26,9 @@ import pytest
 from base.settings import Settings
 from gpuledger.stack import broker
 from gpuledger.stack.security import component_env
-from schemas.publish import RecordPublisher
 from schemas.topics import ALERTS, job_key
 from sinks.chat import WebhookReceiver
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

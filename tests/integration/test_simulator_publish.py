@@ -11,8 +11,8 @@ from confluent_kafka import Consumer
 from base.settings import KafkaSettings
 from producers.simulator import SimConfig, run, simulate
 from schemas.codec import AvroCodec
-from schemas.publish import RecordPublisher
 from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from processors.pipeline import LEDGER_FIELDS, ledger_from_job_minutes
 from producers.simulator import SimConfig, expected_ledger, run
 from producers.simulator.kube import cluster_plan
 from producers.simulator.model import clusters
-from schemas.publish import RecordPublisher
 from schemas.topics import JOB_EVENTS
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,6 @@ from test_chargeback_ledger import CORRECTIONS, EXPECTED_TOTAL, worked_ledger
 from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
 from schemas import topics
 from schemas.codec import AvroCodec
-from schemas.consume import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE
-from schemas.publish import RecordPublisher
 from schemas.topics import job_key
 from sinks import chargeback as cb
 from sinks.consumer import LedgerSink
@@ -30,6 +28,8 @@ from sinks.db import connect, migrate
 from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
+from streams.consume import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 SINK_TOPICS = (topics.DEVICE_MINUTES, topics.CORRECTIONS, topics.ALERTS)

@@ -26,15 +26,15 @@ from base.settings import ClickHouseSettings, KafkaSettings, SinksSettings
 from processors.testing import device, job_event, scrape
 from schemas import topics
 from schemas.codec import SINGLE_OBJECT_HEADER_LEN, AvroCodec, ContractError
-from schemas.consume import HEADER_ERROR_CLASS, SourceRecord
 from schemas.models import model_for, validate
-from schemas.publish import RecordPublisher
 from schemas.topics import node_key
 from sinks.bulk_samples import SYNC_LEN, WRAPPER_NAME, RawSampleBulk, container, container_header, wrapper_schema
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
+from streams.consume import HEADER_ERROR_CLASS, SourceRecord
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 SUBJECT = topics.DEVICE_SAMPLES.subject

@@ -25,9 +25,9 @@ from fixtures_clickhouse import server_env, start_server, stop_server, wait_for
 
 from base.settings import ClickHouseSettings, KafkaSettings
 from schemas import topics
-from schemas.publish import RecordPublisher
 from schemas.topics import job_key
 from sinks.db import connect, migrate
+from streams.publish import RecordPublisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

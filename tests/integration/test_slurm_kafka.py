@@ -23,8 +23,8 @@ from producers.jobevents import EventContext
 from producers.slurm_poller import SlurmPoller
 from producers.slurm_spool import drain
 from schemas.codec import AvroCodec
-from schemas.publish import RecordPublisher
 from schemas.topics import CORRECTIONS, INVENTORY, JOB_EVENTS, node_key
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 

@@ -39,13 +39,13 @@ from fixtures_cli import run_gpuledger
 
 from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
 from schemas import topics
-from schemas.publish import RecordPublisher
 from schemas.topics import job_key
 from sinks import chargeback as cb
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.ratecard import RATE_CARD_COLUMNS
 from sinks.writer import LedgerWriter
+from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The idle test of the faust workers (`schemas.agents.drained`, `serve_app`'s readiness) without a broker:
+"""The idle test of the faust workers (`streams.agents.drained`, `serve_app`'s readiness) without a broker:
 `--exit-when-idle` (job stage) and `--max-idle-s` (chat, reclaim) stop only once the input was read to its
 end and processed, and quiet counts only from when the app is started, assigned and not rebalancing."""
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from schemas.agents import drained, serve_app
+from streams.agents import drained, serve_app
 
 
 class TP(NamedTuple):

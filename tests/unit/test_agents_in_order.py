@@ -1,5 +1,5 @@
-"""The job stage reads each input partition in offset order, whatever faust delivers (schemas.agents.InOrder),
-and faust never counts an offset gap as acked (schemas.agents.GaplessConsumer).
+"""The job stage reads each input partition in offset order, whatever faust delivers (streams.agents.InOrder),
+and faust never counts an offset gap as acked (streams.agents.GaplessConsumer).
 
 The delivery below is the one the fault suite caught after an assignment: a partition's offsets 52 to 89, then
 495 onwards, then 52 again once the consumer sought back. The consumer is a stand-in (what is tested is which
@@ -16,7 +16,7 @@ from faust.types import TP
 
 from base.settings import BrokerSettings, Settings
 from processors.idle_agents import build_app
-from schemas.agents import GaplessConsumer, InOrder
+from streams.agents import GaplessConsumer, InOrder
 
 DM = TP("t.usage.device-minutes.v1", 0)
 JOBS = TP("t.sched.job-events.v1", 0)
@@ -85,7 +85,7 @@ def test_a_partition_fetched_past_what_was_admitted_is_behind_and_sought_back_on
         assert set(order.behind) == {(DM.topic, 0)} and consumer.seeks == []  # records may still be on the way
         await order.check([DM])
         assert consumer.seeks == []  # not stalled long enough yet
-        monkeypatch.setattr("schemas.agents.RESEEK_AFTER_S", 0.0)
+        monkeypatch.setattr("streams.agents.RESEEK_AFTER_S", 0.0)
         await order.check([DM])
         assert consumer.seeks == [{DM: 90}] and order.seeks_back == 1
         consumer.positions[DM] = 90  # the seek
@@ -180,7 +180,7 @@ def test_a_position_that_never_comes_holds_up_neither_the_check_nor_the_idle_tes
     """A check that waited on it held the agent's lock for good: no batch ran and `chat run --max-idle-s` never
     stopped. Each wait is bounded now: the partition counts as not behind, and the idle test takes it as at its
     end only where what was admitted reaches its end."""
-    import schemas.agents as agents
+    import streams.agents as agents
 
     monkeypatch.setattr(agents, "POSITION_WAIT_S", 0.05)
     other = TP(DM.topic, 1)
@@ -209,7 +209,7 @@ def test_a_start_offset_still_being_asked_is_not_asked_twice(monkeypatch) -> Non
     """The broker's committed offset is slow to come: the check gives up waiting after `POSITION_WAIT_S` and
     the next check waits on the same question instead of asking again (each question holds one of the
     consumer thread's two call workers)."""
-    import schemas.agents as agents
+    import streams.agents as agents
 
     monkeypatch.setattr(agents, "POSITION_WAIT_S", 0.05)
     release = asyncio.Event()
@@ -272,7 +272,7 @@ def test_the_fetch_position_is_read_from_aiokafkas_own_subscription_state() -> N
     from aiokafka.consumer.subscription_state import SubscriptionState
     from aiokafka.structs import TopicPartition
 
-    from schemas.agents import _known_position
+    from streams.agents import _known_position
 
     async def scenario() -> list[int | None]:
         state = SubscriptionState()
@@ -321,7 +321,7 @@ def test_the_fetch_looks_again_soon_at_which_partitions_it_may_read(tmp_path: Pa
     read none (every stream buffer full): a partition resumed meanwhile waited that long. The project's consumer
     asks again within FETCH_RECHECK_S while a partition waits for its buffer to drain, and waits as faust does
     otherwise (an idle agent would wake 20 times a second for nothing)."""
-    from schemas.agents import FETCH_RECHECK_S
+    from streams.agents import FETCH_RECHECK_S
 
     asked: list[tuple[set[TP], float]] = []
 
@@ -358,7 +358,7 @@ def test_the_fetch_looks_again_soon_at_which_partitions_it_may_read(tmp_path: Pa
 def test_the_brokers_hold_on_a_fetch_is_short(tmp_path: Path) -> None:
     """faust builds its aiokafka consumer with fetch_max_wait_ms=1500, and aiokafka keeps one fetch in flight per
     broker: partitions read to the end of what was fetched waited behind a fetch of partitions with nothing new."""
-    from schemas.agents import FETCH_MAX_WAIT_MS
+    from streams.agents import FETCH_MAX_WAIT_MS
 
     async def scenario() -> None:
         app = build_app(Settings(state_dir=tmp_path, broker=BrokerSettings(enabled=False)), partitions=4)

@@ -19,7 +19,7 @@ from faust.types.tuples import RecordMetadata
 from base.errors import ServiceError
 from base.settings import BrokerSettings, KafkaSettings, Settings
 from processors.idle_agents import build_app
-from schemas.agents import IdempotentProducer, build_record_app, raw_topic
+from streams.agents import IdempotentProducer, build_record_app, raw_topic
 
 
 def _job_stage(tmp_path: Path) -> faust.App:

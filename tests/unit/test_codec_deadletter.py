@@ -9,7 +9,8 @@ import pytest
 from base.errors import ServiceError
 from base.settings import KafkaSettings
 from schemas.codec import AvroCodec, registry_client
-from schemas.consume import (
+from schemas.models import model_for
+from streams.consume import (
     HEADER_ERROR_CLASS,
     HEADER_SCHEMA_FINGERPRINT,
     HEADER_SOURCE_OFFSET,
@@ -19,7 +20,6 @@ from schemas.consume import (
     decode_or_dead_letter,
     expected_subject,
 )
-from schemas.models import model_for
 
 
 class FakePublisher:
@@ -126,7 +126,7 @@ def test_dead_letters_use_the_registry_framing_when_configured():
 
 def test_dead_letter_message_is_pure_and_truncates_long_reasons():
     from schemas.codec import InvalidRecord
-    from schemas.consume import HEADER_ERROR_MESSAGE, MAX_HEADER_MESSAGE, dead_letter_message
+    from streams.consume import HEADER_ERROR_MESSAGE, MAX_HEADER_MESSAGE, dead_letter_message
 
     error = InvalidRecord("x" * 10_000, "crc64:00")
     out = dead_letter_message(_msg(b"v"), error, CODEC, subject="telemetry.device-samples", now_ms=7)

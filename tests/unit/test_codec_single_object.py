@@ -27,8 +27,8 @@ from schemas.codec import (
     crc64_fingerprint,
     fingerprint64,
 )
-from schemas.consume import SourceRecord, decode_or_dead_letter
 from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES
+from streams.consume import SourceRecord, decode_or_dead_letter
 
 CODEC = AvroCodec()
 SAMPLES = DEVICE_SAMPLES.subject

@@ -1,4 +1,4 @@
-"""The one consumer loop (`schemas.consume.ConsumerLoop`): a bad record and a refused one go to
+"""The one consumer loop (`streams.consume.ConsumerLoop`): a bad record and a refused one go to
 `<topic>.dlq`, the handler sees only the good ones, every dead letter is delivered before the batch's
 offsets are committed, a failed delivery commits nothing, and a fatal client error raises.
 
@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError
 from base.errors import ContractError, ServiceError
 from base.settings import KafkaSettings
 from schemas.codec import MalformedRecord
-from schemas.consume import ConsumerLoop, Received, Refused
+from streams.consume import ConsumerLoop, Received, Refused
 
 TOPIC = "alerts.v1"
 

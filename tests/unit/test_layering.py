@@ -4,10 +4,14 @@ Layers, bottom to top (docs/architecture.md, "Layers"):
 
 0. `base/`: errors, settings, secrets on disk, output safety, logging, stop handling, metrics, the
    Kafka client factory. Imports nothing of the project above it.
-1. `schemas/`: the contracts (Avro schemas, topics, keys, generations) and the one way records cross
-   the Kafka boundary (`schemas.publish`, `schemas.consume` with its dead letters).
-2. `producers/`, `processors/`, `sinks/`: the components. None imports another.
-3. Entry points: every `cli` / `*_cli` / `__main__` module, and `gpuledger/` (the CLI and the local
+1. `schemas/`: the contracts (Avro schemas, generated records and models, topics, keys, generations,
+   the codec, registry sync). Data, no runtime: no module here imports a Kafka or faust client (the
+   codec's Schema Registry client, `confluent_kafka.schema_registry`, is an HTTP client, not one).
+2. `streams/`: the stream runtime, the one way records cross the Kafka boundary (`streams.publish`,
+   `streams.consume` with its dead letters, the faust runner `streams.agents`, `streams.eventlog`,
+   `streams.topics_admin`).
+3. `producers/`, `processors/`, `sinks/`: the components. None imports another.
+4. Entry points: every `cli` / `*_cli` / `__main__` module, and `gpuledger/` (the CLI and the local
    stack: broker launcher, TLS material, registry, embedded ClickHouse server, supervisor).
 
 Every import counts for the direction, including those inside functions and under TYPE_CHECKING;
@@ -23,9 +27,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("base", "schemas", "producers", "processors", "sinks", "gpuledger")
+PACKAGES = ("base", "schemas", "streams", "producers", "processors", "sinks", "gpuledger")
 COMPONENTS = ("producers", "processors", "sinks")
-LAYER_NAMES = ("base", "contracts", "components", "entry points")
+LAYER_NAMES = ("base", "contracts", "runtime", "components", "entry points")
+COMPONENT_LAYER = LAYER_NAMES.index("components")
+# The clients a contract module never imports (the stream runtime's), and the one part of them it may: the
+# Schema Registry's HTTP client, which the codec uses to register and fetch schemas (`schemas.codec`).
+RUNTIME_CLIENTS = ("confluent_kafka", "faust", "aiokafka", "mode")
+CONTRACT_MAY_IMPORT = ("confluent_kafka.schema_registry",)
 
 
 def layer_of(module: str) -> int:
@@ -33,10 +42,12 @@ def layer_of(module: str) -> int:
     if parts[0] == "base":
         return 0
     if parts[0] == "gpuledger" or parts[-1] in ("cli", "__main__") or parts[-1].endswith("_cli"):
-        return 3
+        return 4
     if parts[0] == "schemas":
         return 1
-    return 2
+    if parts[0] == "streams":
+        return 2
+    return COMPONENT_LAYER
 
 
 def project_modules() -> dict[str, Path]:
@@ -83,8 +94,25 @@ def upward_imports(modules: dict[str, Path]) -> list[str]:
             mine, theirs = layer_of(module), layer_of(target)
             if theirs > mine:
                 found.append(f"{module} ({LAYER_NAMES[mine]}) imports {target} ({LAYER_NAMES[theirs]})")
-            elif mine == theirs == 2 and module.split(".")[0] != target.split(".")[0]:
+            elif mine == theirs == COMPONENT_LAYER and module.split(".")[0] != target.split(".")[0]:
                 found.append(f"{module} imports {target}: components do not import each other")
+    return found
+
+
+def runtime_clients_imported(source: str) -> list[str]:
+    """The Kafka / faust client modules (and names) `source` imports, anywhere in it, less the registry client."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            if name.split(".")[0] in RUNTIME_CLIENTS and not any(
+                name == allowed or name.startswith(f"{allowed}.") for allowed in CONTRACT_MAY_IMPORT
+            ):
+                found.append(name)
     return found
 
 
@@ -143,6 +171,32 @@ def test_no_import_cycle_between_modules() -> None:
     assert cycles(edges) == []
 
 
+def test_no_contract_module_imports_a_kafka_or_faust_client() -> None:
+    contracts = {m: p for m, p in project_modules().items() if m.split(".")[0] == "schemas"}
+    assert contracts
+    found = {m: runtime_clients_imported(p.read_text(encoding="utf-8")) for m, p in contracts.items()}
+    assert {m: names for m, names in found.items() if names} == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from confluent_kafka import KafkaError, TopicPartition", ["confluent_kafka.KafkaError",
+                                                                    "confluent_kafka.TopicPartition"]),
+        ("def f():\n    from confluent_kafka.admin import NewTopic", ["confluent_kafka.admin.NewTopic"]),
+        ("import faust", ["faust"]),
+        ("from faust.types import TP", ["faust.types.TP"]),
+        ("from mode.threads import WorkerThread", ["mode.threads.WorkerThread"]),
+        ("if TYPE_CHECKING:\n    import aiokafka", ["aiokafka"]),
+        ("from confluent_kafka.schema_registry import Schema", []),
+        ("from confluent_kafka.schema_registry.error import SchemaRegistryError", []),
+        ("import model\nfrom modes import x\nimport httpx", []),
+    ],
+)
+def test_the_client_check_sees_each_client_import(source: str, found: list[str]) -> None:
+    assert runtime_clients_imported(source) == found
+
+
 def test_every_module_sits_in_a_layer_and_the_bottom_is_small() -> None:
     modules = project_modules()
     by_layer = {name: sorted(m for m in modules if LAYER_NAMES[layer_of(m)] == name) for name in LAYER_NAMES}
@@ -159,6 +213,9 @@ def test_every_module_sits_in_a_layer_and_the_bottom_is_small() -> None:
             "base.settings (base) imports gpuledger.stack.security",
         ),
         ("schemas.codec", "def f():\n    from sinks import rows", "schemas.codec (contracts) imports sinks.rows"),
+        ("schemas.codec", "from streams.publish import P", "schemas.codec (contracts) imports streams.publish"),
+        ("streams.publish", "import sinks.rows", "streams.publish (runtime) imports sinks.rows (components)"),
+        ("sinks.rows", "from streams.publish import P", None),  # a component uses the runtime
         ("processors.cli", "from sinks.ratecard import RATES", None),  # an entry point may use any component
         ("processors.rollup", "import sinks.rows", "processors.rollup imports sinks.rows: components"),
         ("sinks.writer", "if TYPE_CHECKING:\n    from gpuledger.cli import app", "sinks.writer (components)"),
@@ -170,7 +227,8 @@ def test_the_checker_sees_each_kind_of_violation(
     known = {"base.settings": tmp_path / "a.py", "gpuledger.stack.security": tmp_path / "b.py",
              "schemas.codec": tmp_path / "c.py", "sinks.rows": tmp_path / "d.py", "sinks.ratecard": tmp_path / "e.py",
              "processors.cli": tmp_path / "f.py", "processors.rollup": tmp_path / "g.py",
-             "sinks.writer": tmp_path / "h.py", "gpuledger.cli": tmp_path / "i.py"}  # fmt: skip
+             "sinks.writer": tmp_path / "h.py", "gpuledger.cli": tmp_path / "i.py",
+             "streams.publish": tmp_path / "j.py"}  # fmt: skip
     for path in known.values():
         path.write_text("")
     known[module].write_text(source)

@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError, Producer
 from base.errors import NotDelivered, ServiceError
 from base.settings import KafkaSettings
 from gpuledger.stack.broker import free_ports
-from schemas.publish import RecordPublisher
+from streams.publish import RecordPublisher
 
 
 def test_records_behind_a_broker_away_are_not_delivered_yet_and_behind_a_refusal_are_an_error() -> None:

@@ -1,7 +1,7 @@
-"""The chat/reclaim agent (`schemas.agents.RecordAgent`) without a broker: each record decoded or
+"""The chat/reclaim agent (`streams.agents.RecordAgent`) without a broker: each record decoded or
 dead-lettered, the good ones handled in order, the dead letters delivered (the producer flushed) and only
-then the batch acked, as `schemas.consume.ConsumerLoop` commits; records admitted in offset order
-(`schemas.agents.InOrder`), a skip neither handled nor acked and its partition sought back; and the order check,
+then the batch acked, as `streams.consume.ConsumerLoop` commits; records admitted in offset order
+(`streams.agents.InOrder`), a skip neither handled nor acked and its partition sought back; and the order check,
 which takes the agent's lock every second, never counted as a batch in hand by the idle test. The consumer is a
 stand-in holding the committed offsets and recording seeks."""
 
@@ -17,9 +17,9 @@ from faust.types import TP
 from unit.test_agents_in_order import Consumer
 
 from base.settings import KafkaSettings
-from schemas.agents import InOrder, RecordAgent, build_record_app, drained
 from schemas.codec import AvroCodec
 from schemas.topics import ALERTS
+from streams.agents import InOrder, RecordAgent, build_record_app, drained
 
 ALERT: dict[str, Any] = {
     "alert_id": "a1", "kind": "IDLE_WARNING", "ts_ms": 1_795_000_000_000, "cluster": "c1", "job_id": "j1",
@@ -78,7 +78,7 @@ def test_a_batch_is_handled_dead_lettered_delivered_then_acked(tmp_path) -> None
 
 
 def test_the_agent_is_busy_while_a_batch_is_in_hand(tmp_path) -> None:
-    """`busy` (read by the idle test, `schemas.agents.drained`) from a batch's arrival until it is acked."""
+    """`busy` (read by the idle test, `streams.agents.drained`) from a batch's arrival until it is acked."""
     kafka = KafkaSettings(topic_prefix="t.")
     topic = kafka.topic(ALERTS.name)
     busy_when: list[tuple[str, bool]] = []
@@ -143,7 +143,7 @@ def test_the_lag_per_topic_is_the_high_watermarks_less_the_fetch_positions(tmp_p
         asyncio.run(agent.refresh_lag())
         assert meter.lags == [("g-chat", alerts, 3), ("g-chat", appeals, 0)]
         consumer.answering, agent._next_lag = False, 0.0
-        monkeypatch.setattr("schemas.agents.POSITION_WAIT_S", 0.05)
+        monkeypatch.setattr("streams.agents.POSITION_WAIT_S", 0.05)
         asyncio.run(agent.refresh_lag())
         assert len(meter.lags) == 2
     finally:

@@ -20,13 +20,13 @@ import pytest
 from base.errors import ContractError
 from base.settings import KafkaSettings
 from schemas import DEFAULT_STORE, SCHEMA_DIR, SchemaStore, load_schema, subjects, topics
-from schemas import publish as publish_module
 from schemas import records as generated
 from schemas.codec import AvroCodec
 from schemas.codegen import OUTPUT, drift, main, render
 from schemas.evolution import sample_records
-from schemas.publish import RecordPublisher
 from schemas.records import RECORDS, JobEvent, NodeScrape
+from streams import publish as publish_module
+from streams.publish import RecordPublisher
 
 
 def test_the_checked_in_module_is_what_the_schemas_generate() -> None:

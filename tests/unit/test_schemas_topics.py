@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from base.settings import KafkaSettings
 from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, all_topics, topic_named
-from schemas.topics_admin import TopicState, desired_topics, plan
+from streams.topics_admin import TopicState, desired_topics, plan
 
 
 def test_every_topic_has_a_dead_letter_topic_carrying_dead_letters():

@@ -95,12 +95,12 @@ def test_the_job_agents_log_in_as_the_processors_and_need_no_grant_of_their_own(
 
 
 def test_the_chat_and_reclaim_agents_need_only_their_topic_their_group_and_its_dead_letters(tmp_path) -> None:
-    """`chat run` and `reclaim run` (one faust app each, `schemas.agents.build_record_app`): the app id is
+    """`chat run` and `reclaim run` (one faust app each, `streams.agents.build_record_app`): the app id is
     the consumer group their principal may read as, and the app declares nothing (no topic creation, no
     Table, no leader-assignor topic), so READ on the topics and the group and WRITE on `<topic>.dlq` suffice.
     The chat worker's agent reads alerts and appeals (its appeal steps: read whole too, with no group)."""
     from base.settings import KafkaSettings
-    from schemas.agents import build_record_app
+    from streams.agents import build_record_app
 
     grants = component_acls("staging.", sinks_group="s")
     for component, topics, group in (("chat", ("alerts.v1", "appeals.v1"), "s-chat"),

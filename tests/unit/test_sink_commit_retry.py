@@ -2,7 +2,7 @@
 failed, whose outcome never came, that an older one overtook, or that failed for one partition only,
 is made again; the client's position is never committed.
 
-The bookkeeping is the consumer loop's (`schemas.consume.ConsumerLoop`, which the chat and reclaim
+The bookkeeping is the consumer loop's (`streams.consume.ConsumerLoop`, which the chat and reclaim
 workers run too); it is driven here through the sink. The consumer is a stand-in (what is tested is
 the loop's bookkeeping of its own commits, not Kafka); the sink heals its commits on the real broker
 in the fault suite's broker-restart test.
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-import schemas.consume
+import streams.consume
 from base.settings import KafkaSettings, SinksSettings
 from sinks.consumer import LedgerSink
 
@@ -45,7 +45,7 @@ class FakeConsumer:
 
 @pytest.fixture(autouse=True)
 def _no_idle_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schemas.consume, "IDLE_COMMIT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(streams.consume, "IDLE_COMMIT_INTERVAL_S", 0.0)
 
 
 def _sink(positions: dict[int, int]) -> tuple[LedgerSink, FakeConsumer]:

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from base.errors import ServiceError
 from base.settings import KafkaSettings
-from schemas.topics_admin import BrokerTopics
+from streams.topics_admin import BrokerTopics
 
 
 class Brokers:

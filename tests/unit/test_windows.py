@@ -197,8 +197,8 @@ def test_a_refused_record_goes_to_its_topics_dlq_with_the_reason() -> None:
     the headers (so gpuledger_dead_letters_total counts it under error_class="FutureTimestamp")."""
     from processors.dlq import Decoder, FutureTimestamp
     from schemas.codec import AvroCodec
-    from schemas.consume import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE, SourceRecord
     from schemas.topics import DEVICE_SAMPLES
+    from streams.consume import HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE, SourceRecord
 
     sent: list[tuple[str, bytes | None, dict[str, bytes]]] = []
 

@@ -7,7 +7,7 @@ Any consumer (processors, sinks, tools) uses one of two entry points:
   `publish_raw`): returns the decoded record dict, or None after producing the record to the
   dead-letter topic (`dead_letter_message` builds that message without producing it);
 - `ConsumerLoop`, the consumer loop of the ClickHouse sink (chat and reclaim run the same steps as a
-  faust agent, `schemas.agents.RecordAgent`): decode-or-dead-letter a batch, hand it to a handler,
+  faust agent, `streams.agents.RecordAgent`): decode-or-dead-letter a batch, hand it to a handler,
   dead-letter what the handler `Refused`, deliver the dead letters, then commit.
 
 A dead letter goes to `<source topic>.dlq` (the source topic name as the broker knows it, prefix
@@ -47,8 +47,8 @@ from base.settings import KafkaSettings
 from base.shutdown import CLOSE_RESERVE_S, CLOSE_WAIT_S, budget, close_within
 from schemas.codec import AvroCodec, Decoded
 from schemas.models import validate as validate_record
-from schemas.publish import RecordPublisher
 from schemas.topics import topic_named
+from streams.publish import RecordPublisher
 
 log = logging.getLogger(__name__)
 

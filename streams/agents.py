@@ -11,7 +11,7 @@ Shared by `processors/idle_agents.py` (the job stage) and `sinks/streams.py` (ch
 - `run_replacing`: a crashed app (an agent raised, a commit or a send failed while the broker was away)
   is replaced in-process by a fresh one, with `base.recovery.RecoveryPolicy`, as a restart would.
 - `RecordAgent` / `run_record_agent`: one agent over one contract topic, the faust counterpart of
-  `schemas.consume.ConsumerLoop`: decode-or-dead-letter each record, hand the good ones to a handler (in a
+  `streams.consume.ConsumerLoop`: decode-or-dead-letter each record, hand the good ones to a handler (in a
   worker thread, in order), deliver the dead letters, then ack; faust commits what was acked.
 """
 
@@ -45,9 +45,9 @@ from base.recovery import RecoveryPolicy
 from base.settings import KafkaSettings
 from base.shutdown import CLOSE_WAIT_S, budget
 from schemas.codec import AvroCodec
-from schemas.consume import SourceRecord, decode_or_dead_letter
+from streams.consume import SourceRecord, decode_or_dead_letter
 
-log = logging.getLogger("gpuledger.schemas.agents")
+log = logging.getLogger("gpuledger.streams.agents")
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -372,7 +372,7 @@ def broker_options(kafka: KafkaSettings) -> dict[str, Any]:
 
 
 class FaustDeadLetters:
-    """`schemas.consume.DeadLetterSink` on faust's producer (buffered: flushed before the offsets are acked)."""
+    """`streams.consume.DeadLetterSink` on faust's producer (buffered: flushed before the offsets are acked)."""
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
