@@ -66,7 +66,7 @@ def test_poll_follows_jobs_that_run_finish_fail_are_requeued_and_cancelled(slurm
     (started,) = events_of(sink, train)
     assert held(started) == idx_first and set(idx_first[NODE]) <= {0, 1}  # the h100 are indices 0-1
     # The uid beside the name: squeue's own `user_id` for the job, and `id -u` of its user.
-    # squeue --json prints every job whatever the filters (Slurm 23's data_parser), so the job is picked by its id.
+    # squeue --json prints every job whatever the filters (Debian's Slurm 22.05), so the job is picked by its id.
     (listed,) = [j for j in json.loads(slurm.run("squeue", "--json").stdout)["jobs"] if str(j["job_id"]) == train]
     assert (started["user"], started["user_uid"]) == (listed["user_name"], str(listed["user_id"]))
     assert started["ts_ms"] == int(sacct_row(slurm, train)["Start"]) * 1000
