@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -113,6 +114,23 @@ class StopSignal:
     def finished(self) -> None:
         """The component is done: a watchdog armed by a signal stands down."""
         self._finished.set()
+
+    def leave(self, code: int = 0) -> None:
+        """Called by a command once its work and its output are done. With nothing abandoned it returns and the
+        interpreter exits as usual. After an abandoned step a client call is still running on a helper thread
+        (`BoundedCall`, e.g. a consumer close waiting on a broker that is gone), and finalizing the interpreter
+        under a C client's thread can crash the process (seen: `processors run` ended by SIGSEGV, status -11,
+        after abandoning its consumers' closes); so the process ends here, its output and logs flushed."""
+        if not self.abandoned:
+            return
+        self.finished()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # exiting regardless
+                stream.flush()
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        self._exit_now(code)
 
     # -- signals ------------------------------------------------------------------------------
     @property

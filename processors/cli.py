@@ -101,6 +101,7 @@ def run(
     # A consumer that fails (fenced after a broker restart) is replaced in-process, as a restart would.
     stats = run_recovering(build, shutdown)
     typer.echo(json.dumps(stats.as_dict(), sort_keys=True))
+    shutdown.leave()
 
 
 @processors_app.command("agents")
@@ -126,3 +127,4 @@ def agents(
     shutdown = stop_signal("job-agents")
     stats = run_agents(settings, shutdown=shutdown, exit_when_idle_s=exit_when_idle, stats_path=stats_file)
     typer.echo(json.dumps(stats.as_dict(), sort_keys=True))
+    shutdown.leave()

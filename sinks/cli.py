@@ -101,8 +101,10 @@ def sink_run(
     settings = start_service(state_dir, verbose)
     sink_cls = _metered_sink_class(settings) if settings.metrics.enabled else LedgerSink
     sink = sink_cls(settings.kafka, settings.sinks, LedgerWriter(_client(settings)), topics=list(topic) or None)
-    stats = sink.run(stop_signal("sink"), max_idle_s=max_idle_s)
+    stop = stop_signal("sink")
+    stats = sink.run(stop, max_idle_s=max_idle_s)
     typer.echo(json.dumps({"sink": dataclasses.asdict(stats)}))
+    stop.leave()
 
 
 def _metered_sink_class(settings: Settings) -> Any:
@@ -488,12 +490,13 @@ def chat_run(
         ALERTS,
         f"{settings.sinks.group_id}-chat",
         lambda record: journal(notifier.handle(record)),
-        stop_signal("chat"),
+        stop := stop_signal("chat"),
         max_idle_s,
         metrics_component="chat",
         out_label="chat",
         also={APPEALS: lambda record: journal(appeals.handle(record))},
     )
+    stop.leave()
 
 
 # -- reclaim --------------------------------------------------------------------------------------
@@ -565,11 +568,12 @@ def reclaim_run(
         RECLAIM_ACTIONS,
         f"{settings.sinks.group_id}-reclaim",
         executor.execute,
-        stop_signal("reclaim"),
+        stop := stop_signal("reclaim"),
         max_idle_s,
         metrics_component="reclaim",
         out_label="actions",
     )
+    stop.leave()
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:

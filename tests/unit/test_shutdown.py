@@ -127,3 +127,14 @@ def test_the_deadline_ends_a_stop_that_overruns_it() -> None:
         stop.finished()
         time.sleep(0.6)
     assert exits == []
+
+
+def test_leave_returns_when_nothing_was_abandoned_and_ends_the_process_when_a_client_call_was() -> None:
+    exits: list[int] = []
+    stop = StopSignal(30.0, exit_now=exits.append)
+    stop.leave()
+    assert exits == []  # a normal exit: nothing is left running in a client
+    stop.request("test")
+    stop.abandon("closing the node consumer")
+    stop.leave()
+    assert exits == [0]  # a close still runs on a helper thread: no interpreter finalization under it
