@@ -37,6 +37,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_cli import run_gpuledger
 from test_chargeback_ledger import cli_env
+from test_slurm_live_policy import policy_text
 
 from base.processor_settings import ProcessorSettings
 from base.settings import ClickHouseSettings
@@ -68,23 +69,6 @@ facility_usd_per_kwh = "0"
 pue = "1"
 shared_infra_ratio = "0"
 billable_fraction = "1"
-"""
-
-
-def policy_text(s: str) -> str:
-    return f"""\
-version: 1
-generations:
-  hopper: {{slurm_gres: h100, kueue_flavor: h100, fleet_gpus: 2}}
-  ampere: {{slurm_gres: a100, kueue_flavor: a100, fleet_gpus: 2}}
-tiers:
-  - {{name: prod-{s}, priority: 1000, preempts: [sweep-{s}]}}
-  - {{name: sweep-{s}, priority: 10}}
-preemptible: {{tier: sweep-{s}, discount: "0.40"}}
-fair_share: {{mode: decay, half_life_days: 7}}
-teams:
-  - {{name: serve-{s}, members: [root], tiers: [prod-{s}], quota: {{hopper: 1}}}}
-  - {{name: sweep-{s}, members: [root], tiers: [sweep-{s}], borrowing_limit: {{hopper: 2}}}}
 """
 
 
