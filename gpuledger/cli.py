@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from base.cli_common import settings_for
 from base.errors import GpuledgerError
 from base.outputs import install_log_masking
-from gpuledger.cli_common import settings_for
 
 app = typer.Typer(
     help="gpuledger: who holds which GPU, whether it computes, and what that costs.",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import typer
 
+from base.cli_common import VERBOSE_OPTION, start_service, stop_signal
 from base.errors import ConfigError
 from base.settings import Settings
-from gpuledger.cli_common import VERBOSE_OPTION, start_service, stop_signal
 
 # The stages `processors run` runs unless told: the job stage (job-minutes, idle detection, alerts, reclaim
 # actions) runs as faust agents, `processors agents` (processors/idle_agents.py).

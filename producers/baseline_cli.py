@@ -18,9 +18,9 @@ from typing import Any
 
 import typer
 
+from base.cli_common import STATE_DIR_OPTION, settings_for
 from base.errors import ConfigError, ContractError, ServiceError
 from base.settings import Settings
-from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
 from schemas.governance_baseline import (
     RECORD_KEY,
     Baseline,

@@ -26,9 +26,9 @@ from typing import Any
 
 import typer
 
+from base.cli_common import STATE_DIR_OPTION, settings_for
 from base.errors import ConfigError, ServiceError
 from base.kube import load_credentials
-from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
 from producers import policy_kueue, policy_slurm, policy_stamp
 from producers.baseline_cli import policy_baseline, record_applied
 from producers.preemptible import pricing_drift

@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from base.cli_common import STATE_DIR_OPTION, StopFlag, settings_for
 from base.errors import ConfigError, ContractError, GpuledgerError, ParseError
 from base.kube import load_credentials
 from base.producer_settings import SchedulerSettings
-from gpuledger.cli_common import STATE_DIR_OPTION, StopFlag, settings_for
 from producers.corrections import correction_record
 from producers.policy_cli import register as register_policy
 

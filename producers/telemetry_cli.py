@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from base.cli_common import STATE_DIR_OPTION, VERBOSE_OPTION, settings_for, start_service
 from base.errors import ConfigError, ServiceError
 from base.settings import Settings
-from gpuledger.cli_common import STATE_DIR_OPTION, VERBOSE_OPTION, settings_for, start_service
 
 
 def _read_source(source: str, timeout_s: float) -> str:

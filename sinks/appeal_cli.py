@@ -28,9 +28,9 @@ from typing import Any
 
 import typer
 
+from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
 from base.errors import ConfigError, ContractError
 from base.settings import Settings
-from gpuledger.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
 from sinks.cli import _client, _emit, _warehouse_errors
 
 appeal_app = typer.Typer(help="Appeals of idle warnings, reclaims and charges, and their decisions.",

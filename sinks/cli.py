@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
+from base.cli_common import VERBOSE_OPTION, settings_for, start_service, stop_signal
 from base.errors import ConfigError, ServiceError
 from base.settings import Settings
-from gpuledger.cli_common import VERBOSE_OPTION, settings_for, start_service, stop_signal
 
 if TYPE_CHECKING:
     from sinks.data_quality import DataQuality

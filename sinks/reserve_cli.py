@@ -25,9 +25,9 @@ from typing import Any
 
 import typer
 
+from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
 from base.errors import ConfigError, ContractError
 from base.settings import Settings
-from gpuledger.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
 from sinks.appeal_cli import BY_OPTION, POLICY_OPTION, _iso, _policy
 from sinks.cli import _client, _emit
 

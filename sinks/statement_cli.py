@@ -20,9 +20,9 @@ from typing import Any
 
 import typer
 
+from base.cli_common import STATE_DIR_OPTION, settings_for
 from base.errors import ConfigError
 from base.settings import Settings
-from gpuledger.cli_common import STATE_DIR_OPTION, settings_for
 from sinks.cli import _client, _emit, _warehouse_errors
 
 period_app = typer.Typer(help="Accounting periods: close a month (its statements frozen).", no_args_is_help=True)

@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from base.cli_common import settings_for
 from base.errors import ConfigError
 from base.settings import Settings
-from gpuledger.cli_common import settings_for
 from gpuledger.stack.supervisor import ComponentStatus, StackStatus, Supervisor
 
 console = Console()

@@ -14,8 +14,8 @@ from typing import Any
 
 import typer
 
+from base.cli_common import STATE_DIR_OPTION, VERBOSE_OPTION, start_service
 from base.settings import Settings
-from gpuledger.cli_common import STATE_DIR_OPTION, VERBOSE_OPTION, start_service
 
 log = logging.getLogger("gpuledger.web")
 

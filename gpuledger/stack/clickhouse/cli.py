@@ -9,10 +9,10 @@ from typing import Any
 
 import typer
 
+from base.cli_common import settings_for, start_service
 from base.errors import ConfigError, GpuledgerError, ServiceError
 from base.outputs import csv_cell
 from base.settings import Settings
-from gpuledger.cli_common import settings_for, start_service
 
 
 def serve(

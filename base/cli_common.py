@@ -1,5 +1,7 @@
 """What every command module shares: the common options, settings and logging at a command's start,
 and stop handling. Written once here; command modules stay thin (options in, a component call, output).
+It sits in the bottom layer so that every folder's command modules (`producers/*_cli.py`, `sinks/cli.py`, ...)
+import it downward.
 """
 
 from __future__ import annotations
