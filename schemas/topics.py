@@ -58,6 +58,10 @@ ATTRIBUTION_BASELINE = Topic(
     "attribution.baseline.v1", "attribution.baseline", "baseline", partitions=1, retention_ms=-1
 )
 
+# The job stage's idle states (the faust Table's changelog): internal to the processors, not in the catalogue and not
+# managed by `topics apply` (the job stage declares it at start); named here because the local stack's ACLs grant on it.
+IDLE_STATE_TOPIC = "processors.idle-state.v1"
+
 CATALOGUE: tuple[Topic, ...] = (
     DEVICE_SAMPLES,
     LATE_SAMPLES,

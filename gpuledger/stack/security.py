@@ -462,14 +462,12 @@ def component_acls(
     topics(producers, "WRITE", *produced)
     grants.append(Grant(producers, "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
 
-    from processors.runtime import IDLE_STATE_TOPIC
-
-    internal = (t.ALLOCATIONS, t.LATE_SAMPLES, t.JOB_DEVICE_MINUTES, IDLE_STATE_TOPIC)
+    internal = (t.ALLOCATIONS, t.LATE_SAMPLES, t.JOB_DEVICE_MINUTES, t.IDLE_STATE_TOPIC)
     outputs = (t.DEVICE_MINUTES, t.JOB_MINUTES, t.COVERAGE_MINUTES, t.ALERTS, t.RECLAIM_ACTIONS)
     topics(processors, "READ", *produced, *internal)
     dead_letters = (tp.dlq for tp in (*produced, t.ALLOCATIONS, t.JOB_DEVICE_MINUTES))
     topics(processors, "WRITE", *internal, *outputs, *dead_letters)
-    grants.append(Grant(processors, "topic", name(IDLE_STATE_TOPIC), "CREATE"))
+    grants.append(Grant(processors, "topic", name(t.IDLE_STATE_TOPIC), "CREATE"))
     grants.append(Grant(processors, "group", processors_group, "READ", prefixed=True))
     grants.append(Grant(processors, "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
 

@@ -29,6 +29,7 @@ from schemas.topics import (
     COVERAGE_MINUTES,
     DEVICE_MINUTES,
     DEVICE_SAMPLES,
+    IDLE_STATE_TOPIC,
     INVENTORY,
     JOB_DEVICE_MINUTES,
     JOB_EVENTS,
@@ -40,7 +41,6 @@ from streams.consume import DeadLetterSink
 
 log = logging.getLogger("gpuledger.processors")
 
-IDLE_STATE_TOPIC = "processors.idle-state.v1"
 NEG_INF = -(2**62)
 
 # A static member (`--instance`) keeps its session through a broker restart: once the client's session runs
