@@ -469,7 +469,7 @@ def chat_run(
     from sinks.chat import ChatNotifier, local_receiver_routes, recently_delivered, record_delivery
     from sinks.chat_appeals import appeal_notifier
     from sinks.gang import ClickHouseGangs
-    from sinks.streams import consume_records
+    from sinks.worker_agent import consume_records
 
     settings = start_service(state_dir)
     client = _client(settings)
@@ -559,7 +559,7 @@ def reclaim_run(
 ) -> None:
     """Consume reclaim actions and carry them out (dry-run unless --execute and the action is live)."""
     from schemas.topics import RECLAIM_ACTIONS
-    from sinks.streams import consume_records
+    from sinks.worker_agent import consume_records
 
     settings = start_service(state_dir)
     executor = _executor(settings, execute)

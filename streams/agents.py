@@ -1,6 +1,6 @@
 """Running a faust app in this process, the project's way (the job stage's agents, the chat and reclaim workers).
 
-Shared by `processors/idle_agents.py` (the job stage) and `sinks/streams.py` (chat, reclaim):
+Shared by `processors/idle_agents.py` (the job stage) and `sinks/worker_agent.py` (chat, reclaim):
 
 - `broker_options`, `raw_topic`, `FaustDeadLetters`: faust/aiokafka from the project's Kafka settings;
   topics of raw bytes (the project's own UTF-8 keys and Avro values); dead letters on faust's producer.

@@ -14,7 +14,7 @@ from fixtures_clickhouse import wait_for
 from base.settings import ChatRoute, ChatSettings, KafkaSettings, Settings, SinksSettings
 from schemas.topics import ALERTS, job_key
 from sinks.chat import ChatNotifier, WebhookReceiver
-from sinks.streams import consume_records
+from sinks.worker_agent import consume_records
 from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from base.shutdown import StopSignal
 from gpuledger.stack.broker import LocalBroker
 from processors.testing import T0, device, inventory, job_event, scrape
 from schemas.topics import ALERTS, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key
-from sinks.streams import consume_records
+from sinks.worker_agent import consume_records
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The chat and reclaim workers' consumer: one faust agent over one topic (`streams.agents.run_record_agent`)
+"""The chat and reclaim workers' agent: one faust agent over one topic (`streams.agents.run_record_agent`)
 with a handler per record.
 
 Like every consumer of the project, a record that does not decode or validate goes to `<topic>.dlq`
