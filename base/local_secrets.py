@@ -1,6 +1,6 @@
 """Where the local stack keeps its secrets, and how every process reads them.
 
-`gpuledger up` (gpuledger/stack/security.py) generates the broker's TLS material and the SCRAM and
+`gpuledger up` (stack/security.py) generates the broker's TLS material and the SCRAM and
 ClickHouse passwords under `<state_dir>/security/` (0700, secrets 0600); `Settings` fills whatever is
 not configured explicitly from those files (`apply_client_security`, `apply_clickhouse_passwords`).
 Reading lives here, at the bottom, so that settings need nothing of the stack above them.

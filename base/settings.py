@@ -154,7 +154,7 @@ class ClickHouseSettings(BaseModel):
     database: str = "gpuledger"
     user: str = "gpuledger"
     # Neither a password nor its file set, with the embedded server: the ones `gpuledger up` generates
-    # under <state_dir>/security (gpuledger/stack/security.py), read by every process through `Settings`.
+    # under <state_dir>/security (stack/security.py), read by every process through `Settings`.
     password: SecretStr = SecretStr("")
     password_file: Path | None = None
     analyst_user: str = "analyst"
@@ -256,7 +256,7 @@ class BrokerSettings(BaseModel):
     heap: str = "512m"
     kafka_version: str = "4.1.1"
     # "sasl_ssl": the client port speaks SASL/SCRAM-SHA-512 over TLS (no plaintext port), with a CA,
-    # certificate and passwords under <state_dir>/security; clients pick it up (gpuledger/stack/security.py).
+    # certificate and passwords under <state_dir>/security; clients pick it up (stack/security.py).
     security: Literal["plaintext", "sasl_ssl"] = "plaintext"
     # 1: one combined broker+controller. 3: a KRaft cluster on loopback, three combined nodes that are
     # the controller quorum too; node k (1-based) listens on port + NODE_PORT_STEP*(k-1) and
@@ -286,7 +286,7 @@ NODE_PORT_STEP = 10
 
 
 class RegistrySettings(BaseModel):
-    """The local Confluent-compatible schema registry (Apicurio Registry, gpuledger/stack/registry.py).
+    """The local Confluent-compatible schema registry (Apicurio Registry, stack/registry.py).
 
     `gpuledger up` runs it when it is enabled, the broker is the local one and no
     `kafka.schema_registry_url` is configured (`Settings.registry_local`); every component `up` starts

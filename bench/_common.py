@@ -63,7 +63,7 @@ def broker_for(bootstrap: str | None, tmp: Path) -> Iterator[str]:
         yield bootstrap
         return
     from base.settings import Settings
-    from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
+    from stack.broker import BrokerConfig, LocalBroker, free_ports
 
     port, cport = free_ports(2)
     cfg = BrokerConfig(

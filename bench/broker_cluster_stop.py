@@ -16,7 +16,7 @@ from pathlib import Path
 from _common import machine
 
 from base.settings import Settings
-from gpuledger.stack.broker import LocalCluster, cluster_on_free_ports
+from stack.broker import LocalCluster, cluster_on_free_ports
 
 
 def one_run(one_by_one: bool) -> tuple[float, float]:

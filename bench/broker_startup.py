@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from base.settings import Settings
-from gpuledger.stack import broker
+from stack import broker
 
 
 def timed_start(cfg: broker.BrokerConfig) -> tuple[broker.LocalBroker, dict[str, float]]:

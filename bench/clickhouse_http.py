@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/clickhouse_http.py [--rows 1000000] [--repeat 200]
 
-Starts `python -m gpuledger.stack.clickhouse clickhouse serve` on a free loopback port with a temporary data
+Starts `python -m stack.clickhouse clickhouse serve` on a free loopback port with a temporary data
 path, loads the same 10-column table through clickhouse-connect (HTTP, lz4 and uncompressed) and
 through chDB in this process (`INSERT ... SELECT * FROM Python(df)`), then times `SELECT 1` and a
 GROUP BY both ways. "Added" is the HTTP median minus the in-process median.
@@ -64,7 +64,7 @@ def start_server(path: Path, password: str) -> tuple[subprocess.Popen[str], str,
         GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD=secrets.token_hex(8),
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuledger.stack.clickhouse", "clickhouse", "serve",
+        [sys.executable, "-m", "stack.clickhouse", "clickhouse", "serve",
          "--path", str(path / "http"), "--port", "0"],
         cwd=REPO,
         env=env,

@@ -1,4 +1,4 @@
-"""What deciding a statement on the engine's own parse costs (gpuledger/stack/clickhouse/access.py).
+"""What deciding a statement on the engine's own parse costs (stack/clickhouse/access.py).
 
     .venv/bin/python bench/clickhouse_policy.py [--repeat 2000]
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuledger.stack.clickhouse import access
-from gpuledger.stack.clickhouse.engine import Engine
+from stack.clickhouse import access
+from stack.clickhouse.engine import Engine
 
 STATEMENTS = {
     "SELECT 1": "SELECT 1",

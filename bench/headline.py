@@ -24,8 +24,8 @@ import httpx
 
 from base import metrics
 from base.settings import Settings
-from gpuledger.stack import broker
-from gpuledger.stack.supervisor import Supervisor
+from stack import broker
+from stack.supervisor import Supervisor
 
 STACK = "broker,registry,clickhouse,topics,schemas,processors,agents,db-migrate,ratecard,sinks"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -1,4 +1,4 @@
-"""The local Kubernetes control plane (gpuledger/stack/kube): first build and warm start, memory, and the
+"""The local Kubernetes control plane (stack/kube): first build and warm start, memory, and the
 watcher's events per second against the real API server.
 
     .venv/bin/python bench/kube_startup.py [--runs 3] [--pods 5000] [--jobs 1] [--json]
@@ -22,8 +22,8 @@ from typing import Any
 
 from _common import machine, rss_mib
 
-from gpuledger.stack.kube.build import ensure_binaries
-from gpuledger.stack.kube.cluster import ClusterConfig, LocalKube
+from stack.kube.build import ensure_binaries
+from stack.kube.cluster import ClusterConfig, LocalKube
 
 
 def warm_start(bins: Any, root: Path) -> tuple[LocalKube, float]:
@@ -72,7 +72,7 @@ def watcher_rate(kube: LocalKube) -> tuple[int, float]:
 
     import yaml
 
-    from gpuledger.stack.kube import deploy_dir
+    from stack.kube import deploy_dir
 
     role = (deploy_dir() / "rbac" / "watcher.yaml").read_text(encoding="utf-8")
     group = "rbac.authorization.k8s.io"

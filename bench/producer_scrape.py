@@ -160,7 +160,7 @@ def main() -> None:
         bootstrap = args.bootstrap
         if bootstrap is None:
             from base.settings import Settings
-            from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
+            from stack.broker import BrokerConfig, LocalBroker, free_ports
 
             port, cport = free_ports(2)
             data = Path(stack.enter_context(tempfile.TemporaryDirectory()))

@@ -1,4 +1,4 @@
-"""Local schema registry (Apicurio Registry, gpuledger/stack/registry.py) start-up, memory and `schemas register`.
+"""Local schema registry (Apicurio Registry, stack/registry.py) start-up, memory and `schemas register`.
 
 Warm (application cached): start to ready on a fresh H2 file database and a restart on existing data,
 RSS idle and after every subject's history is registered, the registration itself (first run and the
@@ -22,11 +22,11 @@ from pathlib import Path
 from _common import machine, rss_mib
 
 from base.settings import RegistrySettings
-from gpuledger.stack import registry
-from gpuledger.stack.broker import free_ports
 from schemas import DEFAULT_STORE
 from schemas.registry_sync import RegistryApi, plan, register_all
 from schemas.topics import all_topics
+from stack import registry
+from stack.broker import free_ports
 
 
 def timed_start(cfg: registry.RegistryConfig) -> tuple[registry.LocalRegistry, float]:

@@ -6,7 +6,7 @@ What is measured (printed again at the end):
    (the CPU the sink spends per record before ClickHouse).
 2. sink insert: `LedgerWriter.write` of device-minute batches (stored-key look-up for dedupe,
    Native insert over HTTP through clickhouse-connect, the daily-rollup materialized view) into
-   the embedded chDB server (`python -m gpuledger.stack.clickhouse clickhouse serve`), then the same batches
+   the embedded chDB server (`python -m stack.clickhouse clickhouse serve`), then the same batches
    again (a replay: look-up only, nothing inserted).
 3. chargeback: a month of usage for 10,000 GPUs, written straight into the daily rollup
    (`usage_daily`) with INSERT ... SELECT: a month of device-minutes (10,000 x 43,200 = 432 M rows)
@@ -61,7 +61,7 @@ def start_server(path: Path) -> tuple[subprocess.Popen[str], str]:
         }
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuledger.stack.clickhouse", "clickhouse", "serve", "--path", str(path / "data"),
+        [sys.executable, "-m", "stack.clickhouse", "clickhouse", "serve", "--path", str(path / "data"),
          "--host", "127.0.0.1", "--port", "0"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip

@@ -27,10 +27,10 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 # Modules that add commands: each exposes `register(app, inspect_app)`.
 _COMMAND_MODULES = (
-    "gpuledger.stack.cli",
-    "gpuledger.stack.clickhouse.cli",
-    "gpuledger.stack.kube.cli",
-    "gpuledger.stack.slurm.cli",
+    "stack.cli",
+    "stack.clickhouse.cli",
+    "stack.kube.cli",
+    "stack.slurm.cli",
     "schemas.cli",
     "producers.cli",
     "processors.cli",

@@ -3,7 +3,7 @@
 Kafka (session-scoped, started once):
   kafka_bootstrap   "host:port" of a real broker: `GPULEDGER_KAFKA_BOOTSTRAP` when set, else
                     testcontainers' Kafka when a Docker engine answers, else the project's own
-                    launcher (gpuledger.stack.broker) on free loopback ports with a temporary data dir.
+                    launcher (stack.broker) on free loopback ports with a temporary data dir.
   kafka_config      librdkafka configuration dict for that broker (copy it before changing it).
   unique_topic      factory: unique_topic("samples") -> "test.samples.<hex>"; never shared.
   new_topic         factory: creates a unique topic on the broker (partitions, config) and
@@ -60,7 +60,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from gpuledger.stack.broker import BrokerConfig, LocalBroker
+    from stack.broker import BrokerConfig, LocalBroker
 
     cfg = BrokerConfig.on_free_ports(tmp_path_factory.mktemp("kafka"), Settings().broker.kafka_version)
     with LocalBroker(cfg) as broker:

@@ -3,7 +3,7 @@
 Load it with `pytest_plugins = ["fixtures_clickhouse"]` (tests/conftest.py does).
 
 Fixtures
-  clickhouse_server    session-scoped `ClickHouseServer`: a `python -m gpuledger.stack.clickhouse clickhouse serve`
+  clickhouse_server    session-scoped `ClickHouseServer`: a `python -m stack.clickhouse clickhouse serve`
                        subprocess on a free loopback port with a temporary data path. Attributes:
                        url, host, port, user, password (writer), analyst_user, analyst_password
                        (read-only), path, pid; methods client(**kw) / analyst_client(**kw) return
@@ -37,7 +37,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
-SERVE = (sys.executable, "-m", "gpuledger.stack.clickhouse", "clickhouse", "serve")  # the embedded server's command
+SERVE = (sys.executable, "-m", "stack.clickhouse", "clickhouse", "serve")  # the embedded server's command
 WRITER_PASSWORD = "writer-" + uuid.uuid4().hex[:12]
 ANALYST_PASSWORD = "analyst-" + uuid.uuid4().hex[:12]
 _READY = re.compile(r"listening on (http://(\S+):(\d+))")

@@ -1,12 +1,12 @@
 """A real Kubernetes control plane (a pytest plugin, listed in tests/conftest.py).
 
 kube_binaries   etcd, kube-apiserver, kubectl and the Kueue controller for the pinned versions
-                (gpuledger.stack.kube.build): built from the Go module proxy the first time on a machine
+                (stack.kube.build): built from the Go module proxy the first time on a machine
                 (about 8 minutes on 2 cores, at low priority; `GPULEDGER_KUBE_BUILD_JOBS` compiles more at
                 once), found in `<user cache dir>/gpuledger/kube-<versions>/` after that. Without Go the
                 fixture fails with one line saying what to install. `make test` builds first (`make kube`):
                 a first build inside pytest would run past a test's 300 s timeout (`--timeout 0` lifts it).
-local_kube      one control plane per session (gpuledger.stack.kube.cluster.LocalKube) on loopback ports
+local_kube      one control plane per session (stack.kube.cluster.LocalKube) on loopback ports
                 of its own in a temporary directory: etcd, kube-apiserver (RBAC, a static token per user),
                 the Kueue controller; Kueue's CRDs from its module, JobSet's and Volcano's from
                 deploy/kubernetes/crds; the ClusterRoles of deploy/kubernetes/rbac bound to the users
@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuledger.stack.kube import deploy_dir
-from gpuledger.stack.kube.build import KubeBinaries, ensure_binaries
-from gpuledger.stack.kube.cluster import ClusterConfig, LocalKube
+from stack.kube import deploy_dir
+from stack.kube.build import KubeBinaries, ensure_binaries
+from stack.kube.cluster import ClusterConfig, LocalKube
 
 COMPONENT_ROLES = {"gpuledger-watcher": "watcher", "gpuledger-reclaim": "reclaim", "gpuledger-policy": "policy"}
 NODE = "gpu-node-1"

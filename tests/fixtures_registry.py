@@ -1,6 +1,6 @@
 """Schema registry fixtures (a pytest plugin, listed in tests/conftest.py).
 
-local_registry    the real registry of the local stack (Apicurio Registry, gpuledger/stack/registry.py) on
+local_registry    the real registry of the local stack (Apicurio Registry, stack/registry.py) on
                   a free loopback port with a temporary H2 file database: one per session, started on
                   first use (about 5 s warm; the first run ever fetches ~105 MB with Maven).
                   `local_registry.stop(); local_registry.start()` restarts it on the same data.
@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import pytest
 
 from base.settings import Settings
-from gpuledger.stack.registry import LocalRegistry, RegistryConfig
+from stack.registry import LocalRegistry, RegistryConfig
 
 
 @pytest.fixture(scope="session")
 def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    from gpuledger.stack.broker import free_ports
+    from stack.broker import free_ports
 
     cfg = RegistryConfig(
         data_dir=tmp_path_factory.mktemp("registry"),

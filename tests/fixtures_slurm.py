@@ -1,6 +1,6 @@
 """A live one-node Slurm (a pytest plugin, listed in tests/conftest.py).
 
-live_slurm    one cluster per session (gpuledger.stack.slurm.cluster.LocalSlurm) in a temporary directory:
+live_slurm    one cluster per session (stack.slurm.cluster.LocalSlurm) in a temporary directory:
               munge, MariaDB, slurmdbd, slurmctld and slurmd from Debian's packages on loopback ports of
               their own; node `gpu-node-1` with `Gres=gpu:h100:2,gpu:a100:2` (GPU indices 0-1 h100, 2-3
               a100), `JobSubmitPlugins=lua` (etc/job_submit.lua accepts everything until a test writes
@@ -28,8 +28,8 @@ from collections.abc import Iterator
 import pytest
 
 from base.errors import DependencyMissing
-from gpuledger.stack.slurm import deploy_dir
-from gpuledger.stack.slurm.cluster import LocalSlurm, SlurmClient, SlurmConfig, ensure_installed
+from stack.slurm import deploy_dir
+from stack.slurm.cluster import LocalSlurm, SlurmClient, SlurmConfig, ensure_installed
 
 
 @pytest.fixture(scope="session")

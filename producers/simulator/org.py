@@ -8,7 +8,7 @@ is configured, so the demo can check a correction and scope a page like a real s
 `deploy/policy.sim.yaml` (a unit test keeps them equal): its teams, members and namespaces, one tier, each team's
 guaranteed quota per generation sized from the simulated fleet (`sim_fleet_gpus`), and governance with the operator
 deciding appeals and approving reservations; `gpuledger up` on the simulator runs with it when no policy_path is
-configured (gpuledger/stack/components.py `demo_policy`), so the demo has quota, appeals and reservations.
+configured (stack/components.py `demo_policy`), so the demo has quota, appeals and reservations.
 """
 
 from __future__ import annotations

@@ -44,7 +44,6 @@ from confluent_kafka.admin import AdminClient
 from fixtures_clickhouse import ClickHouseServer, server_env, start_server, stop_server, wait_for
 
 from base.settings import KafkaSettings, Settings
-from gpuledger.stack.broker import BrokerConfig, LocalBroker, free_ports
 from producers.simulator import DEFAULT_START_MS, SimConfig, expected_ledger
 from schemas.codec import AvroCodec
 from schemas.topics import (
@@ -56,6 +55,7 @@ from schemas.topics import (
     all_topics,
 )
 from sinks.rows import DEFAULT_TOPICS
+from stack.broker import BrokerConfig, LocalBroker, free_ports
 from streams.publish import RecordPublisher
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Fault injection on a replicated broker (issue 21): three KRaft nodes from the project's launcher
-(`gpuledger.stack.broker.LocalCluster`), every topic with three replicas and `min.insync.replicas` 2
+(`stack.broker.LocalCluster`), every topic with three replicas and `min.insync.replicas` 2
 (`GPULEDGER_KAFKA__REPLICATION_FACTOR=3`, as `broker.nodes = 3` sets it), the producers acks=all and
 idempotent (`base/kafka.py`).
 
@@ -41,9 +41,9 @@ from fault_harness import (
 )
 
 from base.settings import Settings
-from gpuledger.stack.broker import LocalCluster, cluster_on_free_ports, free_ports
 from producers.simulator import simulate
 from schemas.topics import DEVICE_SAMPLES
+from stack.broker import LocalCluster, cluster_on_free_ports, free_ports
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(900)]
 

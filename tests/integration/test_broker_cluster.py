@@ -25,8 +25,8 @@ from fixtures_cli import run_gpuledger
 
 from base.kafka import new_consumer, new_producer
 from base.settings import KafkaSettings, Settings
-from gpuledger.stack import broker
 from schemas.topics import DEVICE_SAMPLES, all_topics
+from stack import broker
 from streams.topics_admin import BrokerTopics, desired_topics, plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

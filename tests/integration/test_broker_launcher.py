@@ -1,4 +1,4 @@
-"""The local broker launcher (gpuledger.stack.broker): restart keeps data, one-line errors, jar cache reuse."""
+"""The local broker launcher (stack.broker): restart keeps data, one-line errors, jar cache reuse."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fixtures_cli import run_gpuledger
 
 from base.errors import DependencyMissing, PortInUse
 from base.settings import Settings
-from gpuledger.stack import broker
+from stack import broker
 
 pytestmark = pytest.mark.integration
 

@@ -196,7 +196,7 @@ def _sql(server: ClickHouseServer, *args: str, tmp_path: Path) -> subprocess.Com
         COLUMNS="200",
     )
     return subprocess.run(
-        [sys.executable, "-m", "gpuledger.stack.clickhouse", "sql", *args],
+        [sys.executable, "-m", "stack.clickhouse", "sql", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -249,7 +249,7 @@ def test_sql_command(clickhouse_server: ClickHouseServer, tmp_path: Path) -> Non
 def test_sql_command_without_a_server(tmp_path: Path) -> None:
     env = server_env(GPULEDGER_STATE_DIR=str(tmp_path / "state"), GPULEDGER_CLICKHOUSE__URL="http://127.0.0.1:9")
     result = subprocess.run(
-        [sys.executable, "-m", "gpuledger.stack.clickhouse", "sql", "SELECT 1"],
+        [sys.executable, "-m", "stack.clickhouse", "sql", "SELECT 1"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -267,7 +267,7 @@ def test_stream_outlives_every_other_reference_to_its_handle(tmp_path: Path) -> 
         f"""
         import gc, sys
         from pathlib import Path
-        from gpuledger.stack.clickhouse.engine import Engine
+        from stack.clickhouse.engine import Engine
         engine = Engine(Path({str(tmp_path / "data")!r}))
         handle = engine.open_handle()
         stream = handle.stream("SELECT number FROM numbers(200000) SETTINGS max_block_size = 1000", "Native", {{}})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.stack.clickhouse.engine import Engine, QueryFailed
+from stack.clickhouse.engine import Engine, QueryFailed
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuledger.stack.broker import pid_alive
-from gpuledger.stack.kube.build import KubeBinaries
+from stack.broker import pid_alive
+from stack.kube.build import KubeBinaries
 
 
 def gpuledger(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

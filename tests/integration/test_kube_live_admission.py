@@ -16,7 +16,7 @@ import pytest
 import yaml
 from fixtures_kube import gpu_pod, make_namespace
 
-from gpuledger.stack.kube.cluster import LocalKube
+from stack.kube.cluster import LocalKube
 
 PROJECT_LABEL = "gpuledger.io/project"
 POLICY = "gpuledger-require-project"

@@ -23,9 +23,9 @@ import pytest
 from fixtures_kube import NODE, eventually, get, gpu_pod, gpu_quota, run_pod
 from kubernetes import config as kube_config
 
-from gpuledger.stack.kube.cluster import LocalKube
 from sinks.kube_owner import KubeOwnerReader, owning_workload
 from sinks.reclaim import Outcome, ReclaimExecutor, kubernetes_patch
+from stack.kube.cluster import LocalKube
 
 
 class MemoryRecorder:

@@ -45,13 +45,13 @@ from test_chargeback_ledger import cli_env, run_cli
 from test_slurm_live_pricing import CARD, H100, cents, rate_micro, through_the_ledger
 
 from base.settings import ClickHouseSettings
-from gpuledger.stack.kube.build import KubeBinaries, ensure_controller_manager
-from gpuledger.stack.kube.cluster import ADMIN, LocalKube
 from producers import policy_stamp
 from producers.jobevents import EventContext
 from producers.kube import WATCH_TARGETS, KubeTracker, KubeWatcher
 from producers.kube_identity import ApiOwners, ApiStampTrust
 from schemas.codec import AvroCodec
+from stack.kube.build import KubeBinaries, ensure_controller_manager
+from stack.kube.cluster import ADMIN, LocalKube
 
 SUBMITTER, SUBMITTER_UID, SUBMITTER_GROUPS = policy_stamp.STAMP_KEYS
 REPO = Path(__file__).resolve().parents[2]

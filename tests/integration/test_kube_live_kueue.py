@@ -15,8 +15,8 @@ import pytest
 from fixtures_kube import condition, eventually, get, gpu_quota, workload_of
 from kubernetes import config as kube_config
 
-from gpuledger.stack.kube.cluster import LocalKube
 from sinks.reclaim import Outcome, ReclaimExecutor, kubernetes_patch
+from stack.kube.cluster import LocalKube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 

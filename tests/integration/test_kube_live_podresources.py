@@ -27,13 +27,13 @@ from fixtures_kube import NODE, gpu_pod, run_pod
 from kubernetes import config as kube_config
 
 from base.processor_settings import ProcessorSettings
-from gpuledger.stack.kube.cluster import LocalKube
 from processors.attribution import UNIDENTIFIED
 from processors.pipeline import run_in_memory
 from processors.testing import device, scrape
 from producers.jobevents import EventContext
 from producers.kube import WATCH_TARGETS, KubeTracker, KubeWatcher
 from schemas.topics import DEVICE_SAMPLES, JOB_EVENTS, job_key, node_key
+from stack.kube.cluster import LocalKube
 
 UUIDS = [f"GPU-{i:08d}-0000-4000-8000-000000000000" for i in range(10)]
 OWN = {"early": UUIDS[0:4], "late": UUIDS[4:8]}
@@ -148,7 +148,7 @@ def test_the_daemonset_manifest_is_valid_for_the_api_server(local_kube: LocalKub
     apps/v1 schema with strict field validation), with the node name from the downward API."""
     import yaml
 
-    from gpuledger.stack.kube import deploy_dir
+    from stack.kube import deploy_dir
 
     path = deploy_dir() / "podresources-daemonset.yaml"
     local_kube.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuledger"}}])

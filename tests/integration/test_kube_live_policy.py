@@ -22,7 +22,7 @@ from fixtures_cli import run_gpuledger
 from fixtures_kube import condition, eventually, get, make_namespace, workload_of
 from test_kube_live_identity import remove_stamp
 
-from gpuledger.stack.kube.cluster import LocalKube
+from stack.kube.cluster import LocalKube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"

@@ -35,7 +35,7 @@ from test_kube_live_identity import remove_stamp
 from test_slurm_live_pricing import CARD, H100, cents, rate_micro, through_the_ledger
 
 from base.settings import ClickHouseSettings
-from gpuledger.stack.kube.cluster import LocalKube
+from stack.kube.cluster import LocalKube
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from fixtures_kube import COMPONENT_ROLES, bind_user, gpu_pod, rbac_manifests
 
-from gpuledger.stack.kube.cluster import LocalKube
+from stack.kube.cluster import LocalKube
 
 WORKLOAD = {
     "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",

@@ -18,11 +18,11 @@ import pytest
 from fixtures_kube import NODE, bind_user, gpu_pod, gpu_quota, make_namespace, run_pod
 from kubernetes import config as kube_config
 
-from gpuledger.stack.kube.cluster import LocalKube
 from producers.jobevents import EventContext
 from producers.kube import WATCH_TARGETS, KubeTracker, KubeWatcher
 from producers.projects import Attributor, ProjectRule, registry_from_data
 from schemas.codec import AvroCodec
+from stack.kube.cluster import LocalKube
 
 PROJECT = {"gpuledger.io/project": "atlas"}
 REGISTRY = registry_from_data({"projects": [{"id": "atlas", "cost_centre": "CC-1"}], "defaults": {}})

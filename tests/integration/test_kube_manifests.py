@@ -23,8 +23,8 @@ import typer
 import yaml
 
 from base.settings import Settings
-from gpuledger.stack.components import COMPONENTS
-from gpuledger.stack.kube.cluster import LocalKube
+from stack.components import COMPONENTS
+from stack.kube.cluster import LocalKube
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes" / "gpuledger"

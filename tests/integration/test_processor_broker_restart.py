@@ -21,9 +21,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from test_processor_harness import create_topics, own_broker, publish, start_worker, worker_env
 
-from gpuledger.stack.broker import LocalBroker
 from processors.testing import T0, device, inventory, job_event, scrape
 from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic, job_key, node_key
+from stack.broker import LocalBroker
 
 pytestmark = pytest.mark.integration
 

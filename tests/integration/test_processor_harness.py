@@ -16,9 +16,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from base.settings import KafkaSettings, Settings
-from gpuledger.stack.broker import BrokerConfig, LocalBroker
 from schemas.codec import AvroCodec
 from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic
+from stack.broker import BrokerConfig, LocalBroker
 from streams.publish import RecordPublisher
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,8 +25,8 @@ from test_kube_live_identity import remove_stamp
 from test_kube_live_policy import gpu_job, unsuspended
 
 from base.settings import KafkaSettings
-from gpuledger.stack.kube.cluster import LocalKube
 from schemas import topics
+from stack.kube.cluster import LocalKube
 from streams.eventlog import read_events
 
 pytestmark = pytest.mark.integration

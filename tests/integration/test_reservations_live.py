@@ -25,7 +25,6 @@ from fixtures_cli import run_gpuledger
 from test_statements_close import card, env, lines_of, ms, run
 
 from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
-from gpuledger.stack.slurm.cluster import SlurmClient
 from schemas import topics
 from schemas.governance_reservations import request_events
 from schemas.policy import parse_policy
@@ -34,6 +33,7 @@ from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.ratecard import RATE_CARD_COLUMNS
 from sinks.writer import LedgerWriter
+from stack.slurm.cluster import SlurmClient
 from streams.eventlog import read_events
 from streams.publish import RecordPublisher
 

@@ -20,13 +20,13 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from typer.testing import CliRunner
 
 from base.settings import KafkaSettings, RegistrySettings, Settings
-from gpuledger.stack.registry import LocalRegistry
-from gpuledger.stack.supervisor import Supervisor
 from schemas import DEFAULT_STORE, load_schema
 from schemas.cli import register
 from schemas.codec import AvroCodec, registry_client
 from schemas.registry_sync import RegistryApi, plan, register_all, schema_text
 from schemas.topics import ALERTS, Topic, all_topics
+from stack.registry import LocalRegistry
+from stack.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 

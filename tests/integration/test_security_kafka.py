@@ -1,6 +1,6 @@
 """The local broker with `broker.security = "sasl_ssl"`: a SASL/SCRAM-SHA-512 listener over TLS.
 
-One real broker for the module, secured with gpuledger/stack/security.py exactly as `gpuledger up` does
+One real broker for the module, secured with stack/security.py exactly as `gpuledger up` does
 it (local CA, broker certificate, admin user added at format time, the pipeline's user created
 through the admin login). Clients without the right credentials, or without trusting the CA, are
 refused; with them, records round-trip; and the simulator -> processors -> sink pipeline runs
@@ -26,9 +26,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pydantic import SecretStr
 
 from base.settings import BrokerSettings, KafkaSettings, Settings
-from gpuledger.stack import broker, security
 from schemas.codec import AvroCodec
 from schemas.topics import ALERTS, DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, all_topics
+from stack import broker, security
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from base.settings import Settings
-from gpuledger.stack import broker
-from gpuledger.stack.security import component_env
 from schemas.topics import ALERTS, job_key
 from sinks.chat import WebhookReceiver
+from stack import broker
+from stack.security import component_env
 from streams.publish import RecordPublisher
 
 pytestmark = pytest.mark.integration

@@ -22,10 +22,10 @@ from test_processor_harness import create_topics, own_broker, publish, start_wor
 
 from base.settings import BrokerSettings, KafkaSettings, Settings
 from base.shutdown import StopSignal
-from gpuledger.stack.broker import LocalBroker
 from processors.testing import T0, device, inventory, job_event, scrape
 from schemas.topics import ALERTS, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_key
 from sinks.worker_agent import consume_records
+from stack.broker import LocalBroker
 
 pytestmark = pytest.mark.integration
 

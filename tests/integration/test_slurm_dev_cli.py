@@ -11,8 +11,8 @@ from pathlib import Path
 
 from fixtures_cli import run_gpuledger
 
-from gpuledger.stack.broker import pid_alive
-from gpuledger.stack.slurm.cluster import PROCESSES, SlurmClient, SlurmConfig, processes_of
+from stack.broker import pid_alive
+from stack.slurm.cluster import PROCESSES, SlurmClient, SlurmConfig, processes_of
 
 
 def test_dev_slurm_up_status_down(live_slurm: SlurmClient, tmp_path: Path) -> None:

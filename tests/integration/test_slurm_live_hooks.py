@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_cli import run_gpuledger
 
 from base.settings import Settings
-from gpuledger.stack.slurm.cluster import NODE, SlurmClient
 from schemas.codec import AvroCodec
 from schemas.topics import JOB_EVENTS
+from stack.slurm.cluster import NODE, SlurmClient
 
 pytestmark = pytest.mark.integration
 

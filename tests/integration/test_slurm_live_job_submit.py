@@ -15,7 +15,7 @@ import pytest
 import yaml
 from fixtures_cli import run_gpuledger
 
-from gpuledger.stack.slurm.cluster import ACCEPT_ALL_LUA, SlurmClient
+from stack.slurm.cluster import ACCEPT_ALL_LUA, SlurmClient
 
 REGISTRY = {
     "projects": [

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fixtures_cli import run_gpuledger
 
-from gpuledger.stack.slurm.cluster import SlurmClient
+from stack.slurm.cluster import SlurmClient
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ import pytest
 from fixtures_cli import run_gpuledger
 from fixtures_events import ListSink
 
-from gpuledger.stack.slurm.cluster import NODE, SlurmClient
 from producers.jobevents import EventContext
 from producers.slurm_poller import SlurmPoller
+from stack.slurm.cluster import NODE, SlurmClient
 
 
 def events_of(sink: ListSink, job_id: str) -> list[dict[str, Any]]:

@@ -41,7 +41,6 @@ from test_slurm_live_policy import policy_text
 
 from base.processor_settings import ProcessorSettings
 from base.settings import ClickHouseSettings
-from gpuledger.stack.slurm.cluster import NODE, SlurmClient
 from processors.pipeline import run_in_memory
 from processors.testing import device, scrape
 from schemas import topics
@@ -50,6 +49,7 @@ from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_
 from sinks.db import connect, migrate
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
+from stack.slurm.cluster import NODE, SlurmClient
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuledger.stack.slurm.cluster import SlurmClient
 from sinks.reclaim import Outcome, ReclaimExecutor
+from stack.slurm.cluster import SlurmClient
 
 
 class Recorder:

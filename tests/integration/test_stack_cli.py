@@ -14,9 +14,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_cli import run_gpuledger
 
 from base.settings import Settings
-from gpuledger.stack import broker
-from gpuledger.stack.components import COMPONENTS
-from gpuledger.stack.supervisor import expected_topics
+from stack import broker
+from stack.components import COMPONENTS
+from stack.supervisor import expected_topics
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from test_web_browser import artifacts, browser, ensure_chromium
 
-from gpuledger.stack import broker
+from stack import broker
 
 pytestmark = pytest.mark.integration
 __all__ = ["browser", "ensure_chromium"]

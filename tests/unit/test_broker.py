@@ -8,7 +8,7 @@ import pytest
 
 from base.errors import ConfigError, PortInUse
 from base.settings import Settings
-from gpuledger.stack import broker
+from stack import broker
 
 
 def test_single_node_kraft_on_loopback(tmp_path):

@@ -18,8 +18,8 @@ import yaml
 from pydantic import BaseModel
 
 from base.settings import BrokerSettings, ClickHouseSettings, Settings
-from gpuledger.stack import broker, registry
-from gpuledger.stack.components import COMPONENTS, Component
+from stack import broker, registry
+from stack.components import COMPONENTS, Component
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.stack.clickhouse import access
+from stack.clickhouse import access
 
 SELECT_FILE_IN_CTE = """SelectWithUnionQuery (children 1)
  ExpressionList (children 1)

@@ -9,8 +9,8 @@ import lz4.frame
 import pytest
 import zstandard
 
-from gpuledger.stack.clickhouse.codec import decoder_for
-from gpuledger.stack.clickhouse.engine import QueryFailed
+from stack.clickhouse.codec import decoder_for
+from stack.clickhouse.engine import QueryFailed
 
 PARTS = [b"INSERT INTO t FORMAT CSV\n", b"1,a\n" * 1000, b"2,b\n" * 10]
 ENCODERS = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.stack.clickhouse.lockfile import DataPathLock, PathInUse, chdb_status_pid
+from stack.clickhouse.lockfile import DataPathLock, PathInUse, chdb_status_pid
 
 
 def test_second_lock_names_path_pid_and_url(tmp_path: Path) -> None:

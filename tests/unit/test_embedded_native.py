@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from gpuledger.stack.clickhouse import native
+from stack.clickhouse import native
 
 
 def _str(text: str) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.stack.clickhouse import sqltext
+from stack.clickhouse import sqltext
 
 
 @pytest.mark.parametrize(

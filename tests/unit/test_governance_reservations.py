@@ -246,8 +246,8 @@ def test_a_kueue_bump_that_went_missing_is_put_back_at_the_next_pass() -> None:
 
 def test_the_service_takes_its_engines_from_the_command_line_else_the_settings(tmp_path: Any) -> None:
     from base.settings import ReservationServiceSettings, Settings, SinksSettings
-    from gpuledger.stack.components import by_name
     from sinks.reserve_cli import _engines
+    from stack.components import by_name
 
     bare = Settings(state_dir=tmp_path)
     with pytest.raises(ConfigError, match="no engine"):

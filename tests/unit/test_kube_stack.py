@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from base.errors import DependencyMissing
-from gpuledger.stack.kube import build, crd_files, deploy_dir
-from gpuledger.stack.kube.build import (
+from stack.kube import build, crd_files, deploy_dir
+from stack.kube.build import (
     BINARIES,
     STAGING,
     KubeBinaries,
@@ -30,7 +30,7 @@ from gpuledger.stack.kube.build import (
     find_go,
     is_built,
 )
-from gpuledger.stack.kube.cluster import ADMIN, USERS, ClusterConfig, apiserver_argv, write_kueue_config, write_tokens
+from stack.kube.cluster import ADMIN, USERS, ClusterConfig, apiserver_argv, write_kueue_config, write_tokens
 
 
 def _no_go_path(tmp_path: Path) -> str:

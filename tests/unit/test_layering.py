@@ -11,8 +11,9 @@ Layers, bottom to top (docs/architecture.md, "Layers"):
    `streams.consume` with its dead letters, the faust runner `streams.agents`, `streams.eventlog`,
    `streams.topics_admin`).
 3. `producers/`, `processors/`, `sinks/`: the components. None imports another.
-4. Entry points: every `cli` / `*_cli` / `__main__` module, and `gpuledger/` (the CLI and the local
-   stack: broker launcher, TLS material, registry, embedded ClickHouse server, supervisor).
+4. `stack/`: the local stack (`gpuledger up`: broker launcher, TLS material, registry, embedded ClickHouse
+   server, supervisor) and the live engine harnesses (Kubernetes control plane, one-node Slurm).
+5. Entry points: every `cli` / `*_cli` / `__main__` module, and `gpuledger/` (the command).
 
 Every import counts for the direction, including those inside functions and under TYPE_CHECKING;
 for cycles, the imports that run (not those under TYPE_CHECKING).
@@ -27,9 +28,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("base", "schemas", "streams", "producers", "processors", "sinks", "gpuledger")
+PACKAGES = ("base", "schemas", "streams", "producers", "processors", "sinks", "stack", "gpuledger")
 COMPONENTS = ("producers", "processors", "sinks")
-LAYER_NAMES = ("base", "contracts", "runtime", "components", "entry points")
+LAYER_NAMES = ("base", "contracts", "runtime", "components", "local stack", "entry points")
 COMPONENT_LAYER = LAYER_NAMES.index("components")
 # The clients a contract module never imports (the stream runtime's), and the one part of them it may: the
 # Schema Registry's HTTP client, which the codec uses to register and fetch schemas (`schemas.codec`).
@@ -42,7 +43,9 @@ def layer_of(module: str) -> int:
     if parts[0] == "base":
         return 0
     if parts[0] == "gpuledger" or parts[-1] in ("cli", "__main__") or parts[-1].endswith("_cli"):
-        return 4
+        return LAYER_NAMES.index("entry points")
+    if parts[0] == "stack":
+        return LAYER_NAMES.index("local stack")
     if parts[0] == "schemas":
         return 1
     if parts[0] == "streams":
@@ -209,8 +212,8 @@ def test_every_module_sits_in_a_layer_and_the_bottom_is_small() -> None:
     [
         (
             "base.settings",
-            "from gpuledger.stack.security import x",
-            "base.settings (base) imports gpuledger.stack.security",
+            "from stack.security import x",
+            "base.settings (base) imports stack.security",
         ),
         ("schemas.codec", "def f():\n    from sinks import rows", "schemas.codec (contracts) imports sinks.rows"),
         ("schemas.codec", "from streams.publish import P", "schemas.codec (contracts) imports streams.publish"),
@@ -224,7 +227,7 @@ def test_every_module_sits_in_a_layer_and_the_bottom_is_small() -> None:
 def test_the_checker_sees_each_kind_of_violation(
     tmp_path: Path, module: str, source: str, complaint: str | None
 ) -> None:
-    known = {"base.settings": tmp_path / "a.py", "gpuledger.stack.security": tmp_path / "b.py",
+    known = {"base.settings": tmp_path / "a.py", "stack.security": tmp_path / "b.py",
              "schemas.codec": tmp_path / "c.py", "sinks.rows": tmp_path / "d.py", "sinks.ratecard": tmp_path / "e.py",
              "processors.cli": tmp_path / "f.py", "processors.rollup": tmp_path / "g.py",
              "sinks.writer": tmp_path / "h.py", "gpuledger.cli": tmp_path / "i.py",

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from base import metrics
 from base.settings import MetricsSettings, Settings
-from gpuledger.stack.supervisor import ComponentStatus, StackStatus, _probe_pipeline
+from stack.supervisor import ComponentStatus, StackStatus, _probe_pipeline
 
 P = metrics.PREFIX
 
@@ -296,7 +296,7 @@ def test_status_reports_unreachable_endpoints_without_failing(tmp_path: Path) ->
     assert not by["chat"]["reachable"] and "no metrics port" in by["chat"]["detail"]
     assert st.healthy  # metrics are informative: the stack is as healthy as its components
     assert st.to_json()["pipeline"] == st.pipeline
-    from gpuledger.stack.cli import _pipeline_table
+    from stack.cli import _pipeline_table
 
     console = Console(record=True, width=100)
     console.print(_pipeline_table(st.pipeline))
@@ -304,7 +304,7 @@ def test_status_reports_unreachable_endpoints_without_failing(tmp_path: Path) ->
 
 
 def test_status_summarises_a_live_endpoint(tmp_path: Path) -> None:
-    from gpuledger.stack.cli import _pipeline_table
+    from stack.cli import _pipeline_table
 
     registry = CollectorRegistry()
     coll = metrics.PipelineCollector()

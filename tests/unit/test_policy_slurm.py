@@ -5,7 +5,9 @@ slurmdbd, tests/fixtures/slurm/sacctmgr/PROVENANCE.md) including the fix that an
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from base.errors import ParseError
 from producers import policy_slurm as ps
 from producers.policy_cli import slurm_apply, slurm_drift
-from schemas.policy import load_policy, parse_policy
+from schemas.policy import PolicyError, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "slurm" / "sacctmgr"
@@ -70,6 +72,78 @@ def test_conf_fragment_decay_and_accumulate() -> None:
     acc = parse_policy(text.replace("mode: decay", "mode: accumulate").replace("  half_life_days: 7\n", ""))
     conf = ps.render_conf(acc).splitlines()
     assert "PriorityDecayHalfLife=0" in conf and "PriorityUsageResetPeriod=NONE" in conf
+
+
+SHOW_CONFIG = (ROOT / "tests" / "fixtures" / "slurm" / "scontrol-config" / "multifactor-halflife-1min.txt").read_text()
+
+
+def one_minute_policy(mode: str = "decay") -> object:
+    text = (ROOT / "deploy" / "policy.example.yaml").read_text()
+    if mode == "accumulate":
+        return parse_policy(text.replace("mode: decay", "mode: accumulate").replace("  half_life_days: 7\n", ""))
+    return parse_policy(text.replace("half_life_days: 7", "half_life_days: 0.0007"))
+
+
+def test_half_life_rounds_to_the_minute_and_under_a_minute_is_refused() -> None:
+    # 0.0007 days is 1.008 minutes: one minute. Flooring 0.00069 days (0.99 min) gave 0-00:00: no decay at all.
+    assert ps.half_life_text(Decimal("0.0007")) == "0-00:01"
+    assert ps.half_life_text(Decimal("0.00069")) == "0-00:01"
+    assert ps.half_life_text(Decimal("7")) == "7-00:00"
+    assert ps.half_life_text(Decimal("1.5")) == "1-12:00"
+    text = (ROOT / "deploy" / "policy.example.yaml").read_text().replace("half_life_days: 7", "half_life_days: 0.0003")
+    with pytest.raises(PolicyError, match=r"half_life_days 0.0003 is under a minute"):
+        parse_policy(text)
+
+
+def test_slurm_durations_in_every_form_slurm_writes() -> None:
+    assert [ps.slurm_minutes(t) for t in ("00:01:00", "7-00:00:00", "7-00:00", "7-0", "0", "90", "01:30", "x", "1-a")] \
+        == [1, 7 * 1440, 7 * 1440, 7 * 1440, 0, 90, 1, None, None]  # fmt: skip
+
+
+def test_conf_drift_reads_what_slurmctld_runs() -> None:
+    # The captured controller runs half-life 1 minute, QOS weight 0; the example policy says 7 days and 10000.
+    assert [str(d) for d in ps.conf_drift(POLICY, SHOW_CONFIG)] == [
+        "slurm.conf PriorityWeightQOS: slurmctld runs 0, policy says 10000",
+        "slurm.conf PriorityDecayHalfLife: slurmctld runs 00:01:00, policy says 7-00:00",
+    ]
+    one = one_minute_policy()
+    assert [d.setting for d in ps.conf_drift(one, SHOW_CONFIG)] == ["PriorityWeightQOS"]
+    acc = [str(d) for d in ps.conf_drift(one_minute_policy("accumulate"), SHOW_CONFIG)]
+    assert "slurm.conf PriorityDecayHalfLife: slurmctld runs 00:01:00, policy says 0" in acc
+
+
+def test_the_block_replaces_the_settings_it_manages_and_is_replaced_itself() -> None:
+    conf = "ClusterName=c\npriorityweightage=5\nPriorityCalcPeriod=1\n# PriorityDecayHalfLife=1 (a comment)\n"
+    once = ps.write_conf(conf, POLICY, 1_000, "priority/multifactor")
+    lines = once.splitlines()
+    assert lines[:4] == ["ClusterName=c", "#gpuledger-policy: priorityweightage=5", "PriorityCalcPeriod=1",
+                         "# PriorityDecayHalfLife=1 (a comment)"]  # fmt: skip
+    block = lines[lines.index(ps.BLOCK_BEGIN) + 1 : lines.index(ps.BLOCK_END)]
+    assert block == [f"{k}={v}" for k, v in ps.conf_settings(POLICY).items()]  # no stamp: the plugin was already it
+    again = ps.write_conf(once, one_minute_policy(), 2_000, "priority/multifactor")
+    assert again.count(ps.BLOCK_BEGIN) == 1 and "PriorityDecayHalfLife=0-00:01" in again.splitlines()
+    assert "PriorityDecayHalfLife=7-00:00" not in again
+
+
+def test_a_priority_type_change_is_drift_until_slurmctld_restarts() -> None:
+    # Measured: after a reconfigure show config names the new PriorityType while the old plugin runs. The block
+    # stamps when it changed the plugin; a slurmctld that booted before the stamp still runs the old one.
+    basic = SHOW_CONFIG.replace("priority/multifactor", "priority/basic")
+    boot = time.mktime(time.strptime("2026-12-07T13:27:46", "%Y-%m-%dT%H:%M:%S"))
+    written = ps.write_conf("ClusterName=c\n", POLICY, boot + 60, "priority/basic")
+    assert f"{ps.RESTART_STAMP}{boot + 60:.0f}" in written
+    after_reconfigure = SHOW_CONFIG.replace("00:01:00", "7-00:00:00").replace("PriorityWeightQOS       = 0",
+                                                                             "PriorityWeightQOS       = 10000")
+    found = ps.conf_drift(POLICY, after_reconfigure, written)
+    assert [str(d) for d in found] == [
+        "slurm.conf PriorityType: slurmctld started before it was set to priority/multifactor; `scontrol "
+        "reconfigure` does not load another priority plugin: restart slurmctld"]
+    restarted = after_reconfigure.replace("BOOT_TIME               = 2026-12-07T13:27:46",
+                                          "BOOT_TIME               = 2026-12-07T13:30:00")
+    assert ps.conf_drift(POLICY, restarted, written) == []
+    # A later apply that finds the plugin right keeps the stamp (still no restart) rather than dropping it
+    assert ps.block_stamp(ps.write_conf(written, POLICY, boot + 120, "priority/multifactor")) == boot + 60
+    assert ps.conf_drift(POLICY, basic, None)[0].setting == "PriorityType"
 
 
 def test_sacctmgr_answer_after_apply_is_no_drift() -> None:

@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError, Producer
 
 from base.errors import NotDelivered, ServiceError
 from base.settings import KafkaSettings
-from gpuledger.stack.broker import free_ports
+from stack.broker import free_ports
 from streams.publish import RecordPublisher
 
 

@@ -9,11 +9,11 @@ import pytest
 
 from base.errors import ConfigError, ContractError
 from base.settings import BrokerSettings, KafkaSettings, RegistrySettings, Settings
-from gpuledger.stack.components import COMPONENTS
-from gpuledger.stack.registry import RegistryConfig, ensure_app, registry_argv
 from schemas import DEFAULT_STORE, SchemaStore
 from schemas.registry_sync import plan, schema_text
 from schemas.topics import ALERTS, ALLOCATIONS, JOB_EVENTS, Topic, all_topics
+from stack.components import COMPONENTS
+from stack.registry import RegistryConfig, ensure_app, registry_argv
 
 
 def test_local_registry_only_with_the_local_broker_and_no_configured_registry(tmp_path):

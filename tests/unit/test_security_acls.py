@@ -1,9 +1,9 @@
-"""The component principals' ACLs (gpuledger.stack.security.component_acls), as data: who may write what."""
+"""The component principals' ACLs (stack.security.component_acls), as data: who may write what."""
 
 from __future__ import annotations
 
-from gpuledger.stack import broker, security
-from gpuledger.stack.security import PRINCIPALS, component_acls
+from stack import broker, security
+from stack.security import PRINCIPALS, component_acls
 
 
 def _may(grants: list[security.Grant], component: str, operation: str) -> set[str]:

@@ -13,8 +13,8 @@ from pydantic import SecretStr
 
 from base.errors import ConfigError
 from base.settings import Settings
-from gpuledger.stack import security
-from gpuledger.stack.clickhouse.cli import dsn_text, neutralise_clickhouse_csv
+from stack import security
+from stack.clickhouse.cli import dsn_text, neutralise_clickhouse_csv
 
 
 @pytest.fixture(autouse=True)

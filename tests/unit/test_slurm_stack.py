@@ -1,4 +1,4 @@
-"""The live Slurm's configuration and install story (gpuledger/stack/slurm/cluster.py), without daemons."""
+"""The live Slurm's configuration and install story (stack/slurm/cluster.py), without daemons."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from base.errors import DependencyMissing
-from gpuledger.stack.slurm import cluster
-from gpuledger.stack.slurm.cluster import SlurmConfig, gres_conf_text, slurm_conf_text
+from stack.slurm import cluster
+from stack.slurm.cluster import SlurmConfig, gres_conf_text, slurm_conf_text
 
 
 def conf(tmp_path: Path, **kw: object) -> SlurmConfig:

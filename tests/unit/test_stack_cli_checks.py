@@ -8,7 +8,7 @@ import pytest
 
 from base.errors import ConfigError
 from base.settings import BrokerSettings, KafkaSettings, Settings
-from gpuledger.stack.cli import _check_broker_address
+from stack.cli import _check_broker_address
 
 
 def test_local_broker_must_be_what_clients_use(tmp_path):
@@ -37,8 +37,8 @@ def test_matching_or_external_broker_is_fine(tmp_path):
 def test_status_tables_print_details_as_text():
     from rich.console import Console
 
-    from gpuledger.stack.cli import _components_table
-    from gpuledger.stack.supervisor import ComponentStatus
+    from stack.cli import _components_table
+    from stack.supervisor import ComponentStatus
 
     detail = "exited with code 1; [/] [bold]see[/bold] /tmp/[x].log"
     row = ComponentStatus(name="sinks", description="", enabled=True, state="failed", detail=detail)

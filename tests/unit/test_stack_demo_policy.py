@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from base.settings import Settings
-from gpuledger.stack import components
-from gpuledger.stack.cli import command_prefix, next_steps
-from gpuledger.stack.components import SIM_POLICY, by_name, demo_policy, with_demo_policy
-from gpuledger.stack.supervisor import Supervisor
 from producers.simulator.org import sim_policy_text
+from stack import components
+from stack.cli import command_prefix, next_steps
+from stack.components import SIM_POLICY, by_name, demo_policy, with_demo_policy
+from stack.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 

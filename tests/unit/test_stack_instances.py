@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from base import metrics
 from base.processor_settings import ProcessorSettings
 from base.settings import MetricsSettings, Settings
-from gpuledger.stack.components import COMPONENTS
 from schemas.topics import CATALOGUE
+from stack.components import COMPONENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE_TOPICS = ("telemetry.device-samples.v1", "sched.job-events.v1", "sched.allocations.v1", "inventory.devices.v1",

@@ -10,9 +10,9 @@ import pytest
 
 from base.errors import ConfigError, ServiceError
 from base.settings import Settings
-from gpuledger.stack.broker import pid_alive
-from gpuledger.stack.components import Component, Health
-from gpuledger.stack.supervisor import Supervisor
+from stack.broker import pid_alive
+from stack.components import Component, Health
+from stack.supervisor import Supervisor
 
 
 def _py(code: str) -> list[str]:

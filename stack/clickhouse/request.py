@@ -7,9 +7,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuledger.stack.clickhouse import sqltext
-from gpuledger.stack.clickhouse.body import Body, parse_multipart
-from gpuledger.stack.clickhouse.engine import QueryFailed
+from stack.clickhouse import sqltext
+from stack.clickhouse.body import Body, parse_multipart
+from stack.clickhouse.engine import QueryFailed
 
 # URL parameters the HTTP interface consumes; everything else that is not `param_*` is a setting.
 TRANSPORT_PARAMS = frozenset(

@@ -20,7 +20,7 @@ are the KRaft quorum too (`voters`), formatted with one cluster id; the internal
 on three with a min ISR of 2, so any one node may die. A single node of a quorum of three never answers
 on its own: nodes are launched together, and the cluster is ready once every node is in the metadata.
 
-Listeners are described by `Listener` values; `gpuledger.stack.security` builds the SASL/SCRAM + TLS one
+Listeners are described by `Listener` values; `stack.security` builds the SASL/SCRAM + TLS one
 and turns the plaintext client listener off (`plaintext_listener=False`), and the SCRAM users it
 passes in `scram_credentials` are created at format time (`--add-scram`, from a 0600 argument file
 so no password is ever on a command line).
@@ -67,7 +67,7 @@ def _quiet(_: str) -> None:
 
 def deploy_dir() -> Path:
     """`deploy/kafka` of this checkout: the pom and the logging configuration."""
-    here = Path(__file__).resolve().parents[2] / "deploy" / "kafka"
+    here = Path(__file__).resolve().parents[1] / "deploy" / "kafka"
     if not (here / "pom.xml").is_file():
         raise ConfigError(
             f"the Kafka broker pom is not at {here / 'pom.xml'}; run gpuledger from a checkout of the "
@@ -333,7 +333,7 @@ def write_private(path: Path, text: str) -> None:
 
 def write_config(cfg: BrokerConfig) -> Path:
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    text = "# Written by gpuledger/stack/broker.py; edits are overwritten at the next start.\n"
+    text = "# Written by stack/broker.py; edits are overwritten at the next start.\n"
     text += "".join(f"{k}={v}\n" for k, v in cfg.properties().items())
     write_private(cfg.config_path, text)  # a secured broker's listener login is in it
     return cfg.config_path

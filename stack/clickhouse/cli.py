@@ -29,7 +29,7 @@ def serve(
     ),
 ) -> None:
     """Run chDB behind the ClickHouse HTTP interface until SIGTERM/SIGINT."""
-    from gpuledger.stack.clickhouse.server import AnalystLimits, EmbeddedClickHouse, ServerConfig, User
+    from stack.clickhouse.server import AnalystLimits, EmbeddedClickHouse, ServerConfig, User
 
     settings = start_service(state_dir, verbose)
     ch = settings.clickhouse
@@ -68,7 +68,7 @@ def serve(
 
 def _refuse_empty_passwords(settings: Settings, names: list[str]) -> None:
     """One line, exit 2: an embedded server with a passwordless user is open to every local process."""
-    from gpuledger.stack.security import materials
+    from stack.security import materials
 
     if names:
         raise ConfigError(
@@ -136,7 +136,7 @@ def run_sql(
     from rich.markup import escape
     from rich.table import Table
 
-    from gpuledger.stack.clickhouse.sqltext import leading_keyword
+    from stack.clickhouse.sqltext import leading_keyword
 
     ch = settings.clickhouse
     scheme, _, _ = ch.url.partition("://")
@@ -211,7 +211,7 @@ def dsn_text(settings: Settings, *, writer: bool = False) -> str:
     """The URL (password included) of the analyst, or of the writer, and how tools use it."""
     from urllib.parse import quote
 
-    from gpuledger.stack.security import materials
+    from stack.security import materials
 
     ch = settings.clickhouse
     user, secret = (ch.user, ch.password) if writer else (ch.analyst_user, ch.analyst_password)

@@ -33,14 +33,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from base.errors import ConfigError, PortInUse
-from gpuledger.stack.clickhouse import sqltext
-from gpuledger.stack.clickhouse.authorisation import User, authenticate, authorise, requested_readonly
-from gpuledger.stack.clickhouse.body import Body
-from gpuledger.stack.clickhouse.engine import Engine, Lease, QueryFailed
-from gpuledger.stack.clickhouse.execution import InsertRunner, QueryRunner
-from gpuledger.stack.clickhouse.lockfile import DataPathLock
-from gpuledger.stack.clickhouse.request import StatementReader, float_param, url_settings
-from gpuledger.stack.clickhouse.response import PLAIN_TEXT, ResponseWriter, http_status
+from stack.clickhouse import sqltext
+from stack.clickhouse.authorisation import User, authenticate, authorise, requested_readonly
+from stack.clickhouse.body import Body
+from stack.clickhouse.engine import Engine, Lease, QueryFailed
+from stack.clickhouse.execution import InsertRunner, QueryRunner
+from stack.clickhouse.lockfile import DataPathLock
+from stack.clickhouse.request import StatementReader, float_param, url_settings
+from stack.clickhouse.response import PLAIN_TEXT, ResponseWriter, http_status
 
 __all__ = ["AnalystLimits", "EmbeddedClickHouse", "ServerConfig", "User"]
 

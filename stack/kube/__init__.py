@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from base.errors import ConfigError
-from gpuledger.stack.kube.build import KubeBinaries
+from stack.kube.build import KubeBinaries
 
 
 def deploy_dir() -> Path:
     """`deploy/kubernetes` of this checkout: the CRDs the control plane installs, the components' RBAC."""
-    here = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
+    here = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
     if not (here / "crds").is_dir():
         raise ConfigError(f"the Kubernetes manifests are not at {here}; run gpuledger from a checkout of the project")
     return here

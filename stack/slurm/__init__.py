@@ -13,7 +13,7 @@ from base.errors import ConfigError
 
 def deploy_dir() -> Path:
     """`deploy/slurm` of this checkout: the prolog/epilog hooks the cluster installs."""
-    here = Path(__file__).resolve().parents[3] / "deploy" / "slurm"
+    here = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
     if not (here / "gpuledger_hook.py").is_file():
         raise ConfigError(f"the Slurm hooks are not at {here}; run gpuledger from a checkout of the project")
     return here

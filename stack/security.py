@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from cryptography import x509
 
     from base.settings import Settings
-    from gpuledger.stack.broker import BrokerConfig
+    from stack.broker import BrokerConfig
 
 Progress = Callable[[str], None]
 
@@ -225,7 +225,7 @@ def _jaas(username: str, password: str) -> str:
 def write_client_properties(m: Materials, username: str, password: str) -> Path:
     """The pipeline's login for Java clients and Kafka's own tools (0600)."""
     text = (
-        "# Written by gpuledger/stack/security.py: the local broker's SASL_SSL login for Java clients.\n"
+        "# Written by stack/security.py: the local broker's SASL_SSL login for Java clients.\n"
         "security.protocol=SASL_SSL\n"
         f"sasl.mechanism={MECHANISM}\n"
         "ssl.truststore.type=PEM\n"
@@ -242,7 +242,7 @@ def write_client_properties(m: Materials, username: str, password: str) -> Path:
 
 def secure_broker_config(cfg: BrokerConfig, m: Materials) -> BrokerConfig:
     """`cfg` with its client port speaking SASL_SSL only; the admin user is added at format time."""
-    from gpuledger.stack.broker import Listener
+    from stack.broker import Listener
 
     admin_password = read_secret(m.admin_password)
     prefix = f"listener.name.{LISTENER.lower()}."
@@ -270,7 +270,7 @@ def secure_broker_config(cfg: BrokerConfig, m: Materials) -> BrokerConfig:
 
 
 def check_formatted_with_scram(cfg: BrokerConfig) -> None:
-    from gpuledger.stack.broker import is_formatted
+    from stack.broker import is_formatted
 
     if is_formatted(cfg) and not (cfg.data_dir / SCRAM_MARKER).is_file():
         raise ConfigError(
@@ -285,7 +285,7 @@ def prepare_local_broker(settings: Settings, cfg: BrokerConfig, *, progress: Pro
     Also completes `settings.kafka` in place with the pipeline's login (a password generated here
     is not in it yet), so the caller's readiness checks log in like the components will.
     """
-    from gpuledger.stack.broker import is_formatted
+    from stack.broker import is_formatted
 
     hosts = tuple(dict.fromkeys((cfg.host, "127.0.0.1", "localhost")))
     m = ensure_materials(settings.state_dir, hosts, progress=progress)
@@ -325,7 +325,7 @@ def ensure_client_user(admin: dict[str, str], username: str, password: str, time
 def broker_ready(settings: Settings, *, create_user: bool = False) -> tuple[bool, str]:
     """Whether the pipeline can log in. With `create_user` (only `gpuledger up` asks, never
     `status`), a refused login first creates or updates the pipeline's user through the admin login."""
-    from gpuledger.stack.broker import metadata_ok
+    from stack.broker import metadata_ok
 
     kafka = settings.kafka
     where = f"{kafka.bootstrap_servers} (SASL_SSL as {kafka.sasl_username})"

@@ -20,7 +20,7 @@ import httpx
 from base.metrics import instance_name
 from base.outputs import mask_text
 from base.settings import Settings
-from gpuledger.stack import broker, registry, security
+from stack import broker, registry, security
 
 Progress = Callable[[str], None]
 
@@ -64,7 +64,7 @@ class Component:
     # Components of one stop group stop at once (`down`): the nodes of a KRaft cluster, whose last node would
     # otherwise wait out its timeout for a controller quorum that already left.
     stop_group: str | None = None
-    # With broker.security = sasl_ssl, the Kafka principal the process logs in as (gpuledger/stack/security.py
+    # With broker.security = sasl_ssl, the Kafka principal the process logs in as (stack/security.py
     # PRINCIPALS: producers, processors, sinks, chat, reclaim, admin); None: the default login.
     kafka_principal: str | None = None
     # Which process of its kind this is (processor.instances): its metrics endpoint is recorded under its own name.
@@ -203,7 +203,7 @@ def _simulated(settings: Settings) -> bool:
 
 
 # The simulated organisation's policy (producers/simulator/org.py writes it; a unit test keeps them equal).
-SIM_POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.sim.yaml"
+SIM_POLICY = Path(__file__).resolve().parents[1] / "deploy" / "policy.sim.yaml"
 
 
 def demo_policy(settings: Settings) -> Path | None:

@@ -39,9 +39,9 @@ import httpx
 import yaml
 
 from base.errors import ConfigError, ServiceError
-from gpuledger.stack import recorded
-from gpuledger.stack.broker import _die_with_parent, free_ports, stop_process
-from gpuledger.stack.kube.build import KubeBinaries
+from stack import recorded
+from stack.broker import _die_with_parent, free_ports, stop_process
+from stack.kube.build import KubeBinaries
 
 Progress = Callable[[str], None]
 
@@ -406,7 +406,7 @@ class LocalKube:
     def install_crds(self) -> None:
         """Every CRD, server-side; Kueue's multi-version ones with its conversion webhook, as a real install
         has it (without it, a v1beta1 read or write of a v1beta2 object is not converted)."""
-        from gpuledger.stack.kube import crd_files
+        from stack.kube import crd_files
 
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # 10x faster on the 1.4 MB Workload CRD
         docs = []

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from base.errors import DependencyMissing, ServiceError
-from gpuledger.stack import recorded
-from gpuledger.stack.broker import _die_with_parent, free_ports, stop_process
+from stack import recorded
+from stack.broker import _die_with_parent, free_ports, stop_process
 
 Progress = Callable[[str], None]
 

@@ -17,7 +17,7 @@ from rich.table import Table
 from base.cli_common import settings_for
 from base.errors import ConfigError
 from base.settings import Settings
-from gpuledger.stack.supervisor import ComponentStatus, StackStatus, Supervisor
+from stack.supervisor import ComponentStatus, StackStatus, Supervisor
 
 console = Console()
 
@@ -230,7 +230,7 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
 
 
 def _supervisor(ctx: typer.Context, state_dir: Path | None) -> Supervisor:
-    from gpuledger.stack.components import with_demo_policy
+    from stack.components import with_demo_policy
 
     settings = with_demo_policy(settings_for(state_dir))
     return Supervisor(
@@ -268,7 +268,7 @@ def up(
 
 
 def _print_policy(settings: Settings) -> None:
-    from gpuledger.stack.components import demo_policy
+    from stack.components import demo_policy
 
     if settings.policy_path is None:
         console.print("policy: none (policy_path unset): no quota, appeals or reservations", highlight=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from base.errors import ConfigError
-from gpuledger.stack.kube.cli import dev_app
+from stack.kube.cli import dev_app
 
 slurm_app = typer.Typer(help="A live one-node Slurm (munge, MariaDB, slurmdbd, slurmctld, slurmd).",
                         no_args_is_help=True)  # fmt: skip
@@ -32,9 +32,9 @@ def up(
     hooks: bool = typer.Option(True, "--hooks/--no-hooks", help="Install deploy/slurm's prolog/epilog."),
 ) -> None:
     """Start the cluster (installing the packages first when missing); print SLURM_CONF and the spool."""
-    from gpuledger.stack.recorded import running
-    from gpuledger.stack.slurm import deploy_dir
-    from gpuledger.stack.slurm.cluster import LocalSlurm, SlurmConfig, ensure_installed
+    from stack.recorded import running
+    from stack.slurm import deploy_dir
+    from stack.slurm.cluster import LocalSlurm, SlurmConfig, ensure_installed
 
     state_dir = state_dir.resolve()
     if any(alive for _, _, alive in running(state_dir)):
@@ -51,8 +51,8 @@ def up(
 @slurm_app.command("down")
 def down(state_dir: Path = STATE_DIR) -> None:
     """Stop the daemons `up` started in --state-dir, and their jobs (the data stays)."""
-    from gpuledger.stack import recorded
-    from gpuledger.stack.slurm.cluster import stop_recorded
+    from stack import recorded
+    from stack.slurm.cluster import stop_recorded
 
     recorded.echo_down(stop_recorded(state_dir.resolve()))
 
@@ -60,11 +60,11 @@ def down(state_dir: Path = STATE_DIR) -> None:
 @slurm_app.command("status")
 def status(state_dir: Path = STATE_DIR) -> None:
     """The processes `up` started and whether each runs; exit 1 when one does not."""
-    from gpuledger.stack import recorded
+    from stack import recorded
 
     recorded.echo_status(state_dir.resolve())
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
-    """`gpuledger dev slurm` (its `dev` group is registered by gpuledger.stack.kube.cli)."""
+    """`gpuledger dev slurm` (its `dev` group is registered by stack.kube.cli)."""
     return None

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from gpuledger.stack.broker import pid_alive, stop_process
+from stack.broker import pid_alive, stop_process
 
 PIDS_FILE = "pids.json"
 

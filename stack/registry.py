@@ -12,7 +12,7 @@ Steps, each usable on its own (the supervisor runs them as one component, the te
 3. `wait_until_ready`: until `GET /apis/ccompat/v7/subjects` answers.
 
 `LocalRegistry` strings these together for in-process use (tests, benchmarks); `stop` is the broker's
-(`gpuledger.stack.broker.stop_process`). `check` is the read-only probe `status` and readiness use.
+(`stack.broker.stop_process`). `check` is the read-only probe `status` and readiness use.
 Apicurio's defaults differ from Confluent's in one way that matters: compatibility is NONE unless set;
 `gpuledger schemas register` (schemas/registry_sync.py) sets BACKWARD.
 """
@@ -34,7 +34,7 @@ from platformdirs import user_cache_dir
 
 from base.errors import ConfigError, ServiceError
 from base.settings import Settings
-from gpuledger.stack import broker
+from stack import broker
 
 Progress = Callable[[str], None]
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuledger.stack.clickhouse.codec import decoder_for
-from gpuledger.stack.clickhouse.engine import QueryFailed
+from stack.clickhouse.codec import decoder_for
+from stack.clickhouse.engine import QueryFailed
 
 # Ends a Native/RowBinary stream with an error wherever it is cut: 0xFF bytes make an unterminated,
 # oversized varint (a column count, a string length) and run past the end of any fixed-width value.

@@ -23,8 +23,8 @@ from typing import Any
 from chdb import _chdb
 
 from base.errors import ServiceError
-from gpuledger.stack.clickhouse import access, native, sqltext
-from gpuledger.stack.clickhouse.lockfile import chdb_status_pid
+from stack.clickhouse import access, native, sqltext
+from stack.clickhouse.lockfile import chdb_status_pid
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuledger.stack.clickhouse import native, sqltext
-from gpuledger.stack.clickhouse.authorisation import User, authorise
-from gpuledger.stack.clickhouse.body import POISON, open_pipe_writer, write_all
-from gpuledger.stack.clickhouse.engine import Engine, Handle, Lease, Outcome, QueryFailed
-from gpuledger.stack.clickhouse.request import Parsed
-from gpuledger.stack.clickhouse.response import (
+from stack.clickhouse import native, sqltext
+from stack.clickhouse.authorisation import User, authorise
+from stack.clickhouse.body import POISON, open_pipe_writer, write_all
+from stack.clickhouse.engine import Engine, Handle, Lease, Outcome, QueryFailed
+from stack.clickhouse.request import Parsed
+from stack.clickhouse.response import (
     PLAIN_TEXT,
     ResponseWriter,
     common_headers,

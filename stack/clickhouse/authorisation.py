@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.stack.clickhouse import access
-from gpuledger.stack.clickhouse.engine import Engine, Lease, QueryFailed
-from gpuledger.stack.clickhouse.request import int_setting
+from stack.clickhouse import access
+from stack.clickhouse.engine import Engine, Lease, QueryFailed
+from stack.clickhouse.request import int_setting
 
 
 @dataclass(frozen=True)

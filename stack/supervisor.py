@@ -26,8 +26,8 @@ from typing import Any
 from base.errors import ConfigError, ServiceError
 from base.outputs import mask_text
 from base.settings import Settings
-from gpuledger.stack import broker, security
-from gpuledger.stack.components import COMPONENTS, Component, Health
+from stack import broker, security
+from stack.components import COMPONENTS, Component, Health
 
 Progress = Callable[[str], None]
 CommandExists = Callable[[tuple[str, ...]], bool]
@@ -403,7 +403,7 @@ def _probe_kafka(settings: Settings, result: StackStatus) -> None:
 
 def _probe_registry(settings: Settings, result: StackStatus) -> None:
     """The registry's Confluent API answers, how many subjects it holds and which of ours it lacks."""
-    from gpuledger.stack.registry import check
+    from stack.registry import check
 
     url = settings.registry_url
     if not url or url.startswith("mock://"):  # mock://: confluent-kafka's in-process stand-in
@@ -450,7 +450,7 @@ def expected_topics(settings: Settings) -> list[str]:
 
 
 def _probe_clickhouse(settings: Settings, result: StackStatus) -> None:
-    from gpuledger.stack.components import clickhouse_ready
+    from stack.components import clickhouse_ready
 
     health = clickhouse_ready(settings)
     result.clickhouse_reachable, result.clickhouse_detail = health.ok, health.detail

@@ -8,10 +8,10 @@ import threading
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
 
-from gpuledger.stack.clickhouse.engine import QueryFailed
+from stack.clickhouse.engine import QueryFailed
 
 if TYPE_CHECKING:
-    from gpuledger.stack.clickhouse.body import Body
+    from stack.clickhouse.body import Body
 
 DISPLAY_NAME = "gpuledger-embedded"
 PLAIN_TEXT = "text/plain; charset=UTF-8"

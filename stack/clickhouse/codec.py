@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import lz4.frame
 import zstandard
 
-from gpuledger.stack.clickhouse.engine import QueryFailed
+from stack.clickhouse.engine import QueryFailed
 
 # The most decoded bytes one step may produce: the body's limit is checked between steps, so a small
 # compressed body that expands to gigabytes stops at the limit instead of filling memory first.

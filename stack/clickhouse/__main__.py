@@ -1,4 +1,4 @@
-"""`python -m gpuledger.stack.clickhouse clickhouse serve ...`: the same commands without loading other components."""
+"""`python -m stack.clickhouse clickhouse serve ...`: the same commands without loading other components."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from base.errors import GpuledgerError
 from base.outputs import install_log_masking
-from gpuledger.stack.clickhouse.cli import register
+from stack.clickhouse.cli import register
 
 
 def main() -> None:

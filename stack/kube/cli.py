@@ -36,7 +36,7 @@ def build(
         "meanwhile; the Kubernetes fixtures wait for the build)."),
 ) -> None:
     """Build the binaries into the user cache (nothing to do when cached); print where they are."""
-    from gpuledger.stack.kube.build import (
+    from stack.kube.build import (
         CONTROLLER_MANAGER,
         KubeVersions,
         build_log,
@@ -71,9 +71,9 @@ def up(
     rebuild: bool = typer.Option(False, "--rebuild", help="Build the binaries again even when cached."),
 ) -> None:
     """Build (first time) and start the control plane; print the admin kubeconfig's path."""
-    from gpuledger.stack.kube.build import ensure_binaries
-    from gpuledger.stack.kube.cluster import ClusterConfig, LocalKube
-    from gpuledger.stack.recorded import running
+    from stack.kube.build import ensure_binaries
+    from stack.kube.cluster import ClusterConfig, LocalKube
+    from stack.recorded import running
 
     state_dir = state_dir.resolve()
     if any(alive for _, _, alive in running(state_dir)):
@@ -91,8 +91,8 @@ def up(
 @kube_app.command("down")
 def down(state_dir: Path = STATE_DIR) -> None:
     """Stop the control plane `up` started in --state-dir (its data stays)."""
-    from gpuledger.stack import recorded
-    from gpuledger.stack.kube.cluster import stop_recorded
+    from stack import recorded
+    from stack.kube.cluster import stop_recorded
 
     recorded.echo_down(stop_recorded(state_dir.resolve()))
 
@@ -100,7 +100,7 @@ def down(state_dir: Path = STATE_DIR) -> None:
 @kube_app.command("status")
 def status(state_dir: Path = STATE_DIR) -> None:
     """The processes `up` started and whether each runs; exit 1 when one does not."""
-    from gpuledger.stack import recorded
+    from stack import recorded
 
     recorded.echo_status(state_dir.resolve())
 
