@@ -4,22 +4,25 @@
 - render: files only (Slurm: `sacctmgr-policy.sh` and `slurm-policy.conf`; Kueue: `kueue-policy.yaml` and
   `submitter-stamp.yaml`, the admission policies that stamp and lock the verified submitter,
   producers/policy_stamp.py).
-- apply: Slurm: the `sacctmgr -i` commands that turn today's accounting state into the policy's (add what
-  is missing, modify what differs); Kueue: server-side apply of every object (the submitter stamp's
+- apply: Slurm: the fair-share settings written into slurm.conf as one marked block and `scontrol reconfigure`
+  (a PriorityType change also needs a slurmctld restart, which apply says, exiting 1; producers/policy_slurm.py),
+  then the `sacctmgr -i` commands that turn today's accounting state into the policy's (add what is missing,
+  modify what differs); Kueue: server-side apply of every object (the submitter stamp's
   admission policies first, then the Kueue objects) through the Kubernetes API.
-- diff: reads the live state (`sacctmgr -n -P show qos|assoc`, the Kubernetes API) and prints one line per
-  difference; exit 1 when there is any, 0 when none. It also says where the pricing disagrees with the engine
-  (`pricing: ...`: an explicit `scheduler.preemptible_qos` that names another QOS / WorkloadPriorityClass than
-  the policy's preemptible tier, or leaves that tier out; producers/preemptible.py). On Kueue a team's quota
-  raised by its active reservations (reservations.v1, the reservation service's bump) is expected: a raise they
-  account for exactly is printed as "explained by reservation R (+N) until T" and is not drift; a bump missing
-  or of another size is.
+- diff: reads the live state (`scontrol show config`, `sacctmgr -n -P show qos|assoc`, the Kubernetes API) and
+  prints one line per difference; exit 1 when there is any, 0 when none. It also says where the pricing disagrees
+  with the engine (`pricing: ...`: an explicit `scheduler.preemptible_qos` that names another QOS /
+  WorkloadPriorityClass than the policy's preemptible tier, or leaves that tier out; producers/preemptible.py). On
+  Kueue a team's quota raised by its active reservations (reservations.v1, the reservation service's bump) is
+  expected: a raise they account for exactly is printed as "explained by reservation R (+N) until T" and is not
+  drift; a bump missing or of another size is.
 A policy file with problems prints one `file:line: what` per problem and exits 2, rendering nothing.
 """
 
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,6 +104,73 @@ def slurm_apply(policy: Policy, run: Runner, sacctmgr: str = "sacctmgr") -> list
     for argv in commands:
         run([sacctmgr, "-i", *argv])
     return commands
+
+
+def slurm_conf_drift(policy: Policy, run: Runner) -> list[policy_slurm.ConfDrift]:
+    """The fair-share settings slurmctld runs with against the policy's (a PriorityType written to slurm.conf since
+    slurmctld started is drift: it needs a restart)."""
+    config = run(["scontrol", "show", "config"])
+    conf = policy_slurm.parse_show_config(config).get("slurm_conf")
+    text = _read_conf(Path(conf)) if conf else None
+    return policy_slurm.conf_drift(policy, config, text)
+
+
+def _read_conf(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace the file in one step (slurmctld never reads half of it), keeping its mode."""
+    import os
+    import tempfile
+
+    mode = path.stat().st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def slurm_conf_apply(policy: Policy, run: Runner, conf_path: Path | None, now_s: float
+                     ) -> tuple[list[policy_slurm.ConfDrift], list[policy_slurm.ConfDrift]]:  # fmt: skip
+    """Write the policy's fair-share block into slurm.conf and `scontrol reconfigure` when slurmctld runs other
+    settings. Returns (what differed before, what still differs after: a PriorityType that needs a restart)."""
+    config = run(["scontrol", "show", "config"])
+    live = policy_slurm.parse_show_config(config)
+    path = conf_path or (Path(live["slurm_conf"]) if live.get("slurm_conf") else None)
+    if path is None:
+        raise ConfigError("scontrol show config names no SLURM_CONF: pass --slurm-conf FILE")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    before = policy_slurm.conf_drift(policy, config, text)
+    if not before:
+        return [], []
+    new = policy_slurm.write_conf(text, policy, now_s, live.get("prioritytype"))
+    try:
+        _write_atomically(path, new)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc}") from exc
+    run(["scontrol", "reconfigure"])
+    after: list[policy_slurm.ConfDrift] = []
+    for attempt in range(20):  # slurmctld answers again within a second or two of a reconfigure
+        try:
+            after = policy_slurm.conf_drift(policy, run(["scontrol", "show", "config"]), new)
+            break
+        except ServiceError:
+            if attempt == 19:
+                raise
+            time.sleep(0.5)
+    return before, after
 
 
 # -- Kueue ----------------------------------------------------------------------------------------
@@ -193,6 +263,8 @@ ENGINE_OPTION = typer.Option(..., "--engine", help="slurm or kueue.")
 POLICY_OPTION = typer.Option(None, "--policy", help="policy.yaml (default: settings' policy_path).")
 KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="Kueue: default in-cluster, else ~/.kube/config.")
 SACCTMGR_OPTION = typer.Option("sacctmgr", "--sacctmgr", help="Slurm: the sacctmgr to run.")
+SLURM_CONF_OPTION = typer.Option(None, "--slurm-conf", help="Slurm: the slurm.conf to write the fair-share block "
+                                 "into (default: the SLURM_CONF `scontrol show config` names).")
 RESERVATIONS_OPTION = typer.Option(True, "--reservations/--no-reservations",
                                    help="Kueue: expect active reservations' quota raises.")  # fmt: skip
 
@@ -208,16 +280,25 @@ def policy_apply(
     policy_path: Path | None = POLICY_OPTION,
     kubeconfig: Path | None = KUBECONFIG_OPTION,
     sacctmgr: str = SACCTMGR_OPTION,
+    slurm_conf: Path | None = SLURM_CONF_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Apply the policy to the running scheduler (Slurm accounting, or Kueue objects)."""
     policy = policy_from(policy_path, state_dir)
     if check_engine(engine) == "slurm":
+        before, after = slurm_conf_apply(policy, run_command, slurm_conf, time.time())
+        for d in before:
+            typer.echo(f"slurm.conf {d.setting}={d.want} (slurmctld ran {d.have or '(none)'})")
+        typer.echo(f"applied: {len(before)} slurm.conf settings" + (" (scontrol reconfigure)" if before else ""))
         commands = slurm_apply(policy, run_command, sacctmgr)
         for argv in commands:
             typer.echo(" ".join(["sacctmgr", "-i", *argv]))
         typer.echo(f"applied: {len(commands)} sacctmgr commands")
         record_applied(policy, engine, state_dir)  # issue 38: the attribution baseline, once the engine has it
+        for d in after:
+            typer.echo(str(d), err=True)
+        if after:
+            raise typer.Exit(1)
         return
     stamp, objs = policy_stamp.render_objects(), policy_kueue.render_objects(policy)
     api = kube_api(kubeconfig)
@@ -242,7 +323,7 @@ def policy_diff(
     found: Sequence[object]
     explained: Sequence[object] = ()
     if check_engine(engine) == "slurm":
-        found = slurm_drift(policy, run_command, sacctmgr)
+        found = [*slurm_conf_drift(policy, run_command), *slurm_drift(policy, run_command, sacctmgr)]
     else:
         objs = kueue_objects(policy)
         live = kueue_live(kube_api(kubeconfig), objs)

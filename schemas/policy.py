@@ -509,6 +509,10 @@ def _semantic_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
     if fs.mode == "accumulate" and fs.half_life_days is not None:
         yield ("fair_share", "half_life_days"), (
             "fair_share.mode accumulate takes no half_life_days (usage never decays)")
+    if fs.half_life_days is not None and fs.half_life_days * 24 * 60 < Decimal("0.5"):
+        # Slurm's half-life is whole minutes and 0 means no decay at all: a shorter one would flip the mode.
+        yield ("fair_share", "half_life_days"), (
+            f"fair_share.half_life_days {fs.half_life_days} is under a minute (at least 0.0007)")
 
 
 # -- loading --------------------------------------------------------------------------------------
