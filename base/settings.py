@@ -323,7 +323,7 @@ class MetricsSettings(BaseModel):
 
 
 class WebSettings(BaseModel):
-    """The team page (`gpuledger web`, gpuledger/web/): where it listens and whom it believes.
+    """The team page (`gpuledger web`, web/): where it listens and whom it believes.
 
     Identity comes from a trusted reverse proxy (oauth2-proxy and the like set `X-Forwarded-User` and
     `X-Forwarded-Groups`), believed only from `trusted_proxies` (loopback by default: a proxy on the same

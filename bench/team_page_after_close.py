@@ -102,7 +102,7 @@ def main() -> None:
 
         def before(fn: Callable[[], Any]) -> Callable[[], Any]:
             """`fn` with the statement status reading every team's jobs, as before the scope (what
-            gpuledger.web.statements.status imports and calls; the team's lines kept after)."""
+            web.statements.status imports and calls; the team's lines kept after)."""
 
             def call() -> Any:
                 statement_store.pending_lines = pending_unscoped

@@ -192,7 +192,7 @@ def timed(fn: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
 
 def first_day(wh: Any, period: Any, job: tuple[str, str]) -> tuple[int, int, int]:
     """The job page's minute-by-minute window: the first day the job held a device, and its row cap."""
-    from gpuledger.web.pages import DEVICE_MINUTES_CSV_MAX
+    from web.pages import DEVICE_MINUTES_CSV_MAX
 
     first = min(d["first_minute_ms"] for d in wh.job_devices(period, *job))
     start = first - first % 86_400_000
@@ -204,7 +204,7 @@ def per_query(
 ) -> list[tuple[str, float, float]]:
     """Each query the team page and the job page make, alone (median, p95 ms); the priced reads from the views the
     pages pick (`priced_views`), then from the full views."""
-    from gpuledger.web.queries import FULL_VIEWS
+    from web.queries import FULL_VIEWS
 
     since = now_ms - 14 * 86_400_000
     views = wh.priced_views(period)
@@ -299,10 +299,10 @@ def main() -> None:
     from fixtures_web import Published, make_client
 
     from base.settings import BrokerSettings, Settings, WebSettings
-    from gpuledger.web import params
-    from gpuledger.web.queries import Warehouse
     from sinks.db import connect
     from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
+    from web import params
+    from web.queries import Warehouse
 
     print(f"machine: {machine()}")
     with (tempfile.TemporaryDirectory(prefix="bench-web-") if args.data_dir is None

@@ -35,7 +35,7 @@ _COMMAND_MODULES = (
     "producers.cli",
     "processors.cli",
     "sinks.cli",
-    "gpuledger.web.cli",
+    "web.cli",
     "sinks.statement_cli",
     "sinks.appeal_cli",
     "sinks.reserve_cli",

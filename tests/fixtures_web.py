@@ -143,8 +143,8 @@ class Published:
 def make_client(settings: Settings, publisher: Any = None, now_ms: int = END_MS) -> Any:
     from starlette.testclient import TestClient
 
-    from gpuledger.web.app import create_app
-    from gpuledger.web.cli import build_context
+    from web.app import create_app
+    from web.cli import build_context
 
     ctx = build_context(settings, publisher=publisher)
     ctx.clock = lambda: now_ms / 1000

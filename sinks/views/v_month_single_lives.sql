@@ -9,7 +9,7 @@
 -- job_ids_reused (the shared-days branch reads only such ids' days), and contested device-days in the month (the
 -- only days with ceded seconds). When it has neither, v_usage_priced's rows of the month are exactly
 -- `v_usage_priced_single`'s, and v_chargeback_month's lines `v_chargeback_month_single`'s: the web pages read those
--- then (gpuledger/web/queries.py `priced_views`), and the full views otherwise. The single views are 023's and 022's
+-- then (web/queries.py `priced_views`), and the full views otherwise. The single views are 023's and 022's
 -- text over `v_usage_lives_single`, v_usage_lives' first branch, which v_usage_lives now reads (its rows unchanged).
 -- A page checks and then reads: an id marked reused, or a day contested, between the two is read as at the check
 -- (its rows, or its ceded seconds, appear from the next read). A later change to v_usage_priced or

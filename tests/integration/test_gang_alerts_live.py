@@ -24,12 +24,12 @@ from fixtures_web import cli_env
 from test_processor_harness import REPO, create_topics, publish, start_worker, wait, worker_env
 
 from base.settings import ClickHouseSettings
-from gpuledger.web.model import open_warnings
-from gpuledger.web.queries import Warehouse
 from processors.testing import T0, job_event, job_rows
 from schemas.topics import ALERTS, JOB_DEVICE_MINUTES, JOB_EVENTS, JOB_MINUTES, RECLAIM_ACTIONS, job_key
 from sinks.chat import WebhookReceiver
 from sinks.db import connect, migrate
+from web.model import open_warnings
+from web.queries import Warehouse
 
 pytestmark = pytest.mark.integration
 GANG = "kueue:ml/wl"

@@ -16,13 +16,13 @@ import test_chargeback_job_lives as lives
 from test_chargeback_ledger import ledger_settings  # noqa: F401  (fixture)
 
 from base.settings import ClickHouseSettings
-from gpuledger.web.params import Period
-from gpuledger.web.queries import FULL_VIEWS, SINGLE_LIVES_VIEWS, Warehouse
 from schemas import topics
 from sinks import chargeback as cb
 from sinks.db import connect
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
+from web.params import Period
+from web.queries import FULL_VIEWS, SINGLE_LIVES_VIEWS, Warehouse
 
 pytestmark = pytest.mark.integration
 NOVEMBER = Period(2026, 11)

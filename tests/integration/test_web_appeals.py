@@ -32,7 +32,7 @@ def who(user: str) -> dict[str, str]:
 
 
 def token(client: Any, user: str) -> str:
-    from gpuledger.web.access import csrf_token
+    from web.access import csrf_token
 
     return csrf_token(client.app.state.ctx.secret, user)
 

@@ -60,8 +60,8 @@ def served(web_ledger: Any, tmp_path: Path) -> Iterator[tuple[str, Published]]:
     """The app under uvicorn on a free loopback port, demo mode on, corrections captured."""
     import uvicorn
 
-    from gpuledger.web.app import create_app
-    from gpuledger.web.cli import build_context
+    from web.app import create_app
+    from web.cli import build_context
 
     ch, _ = web_ledger
     settings = Settings(state_dir=tmp_path, cluster="sim", clickhouse=ch, broker=BrokerSettings(enabled=False),
@@ -208,12 +208,12 @@ def test_in_the_browser_a_user_appeals_an_operator_credits_and_another_team_is_r
     from selenium.webdriver.support.ui import Select
 
     from base.settings import KafkaSettings, SinksSettings
-    from gpuledger.web.app import create_app
-    from gpuledger.web.cli import build_context
     from schemas.topics import APPEALS
     from sinks.consumer import LedgerSink
     from sinks.db import connect
     from sinks.writer import LedgerWriter
+    from web.app import create_app
+    from web.cli import build_context
 
     settings = Settings(
         state_dir=tmp_path, cluster="sim", clickhouse=small_ledger, broker=BrokerSettings(enabled=False),

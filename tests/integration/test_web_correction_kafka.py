@@ -64,7 +64,7 @@ def test_a_correction_made_in_the_page_shows_in_the_next_report(
             "period": PERIOD}  # fmt: skip
     # A member of the team (not its lead, not in the target project) is refused, and nothing is published.
     member = next(e.user for e in sim_directory().values() if job.team in e.teams and not e.leads)
-    from gpuledger.web.access import csrf_token
+    from web.access import csrf_token
 
     forged = csrf_token(client.app.state.ctx.secret, member)  # a valid token of the member's own, page or not
     refused = client.post("/corrections", data={**form, "token": forged}, headers={"X-Forwarded-User": member})

@@ -20,8 +20,8 @@ from fixtures_web import END_MS, PERIOD, POLICY, SIM, make_client, run_cli, simu
 
 from base.processor_settings import ProcessorSettings
 from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
-from gpuledger.web.model import gpu_h
 from producers.simulator import simulate
+from web.model import gpu_h
 
 pytestmark = pytest.mark.integration
 OPS = {"X-Forwarded-User": "ops00"}

@@ -27,8 +27,8 @@ from fixtures_web import (
     web_settings,
 )
 
-from gpuledger.web.model import gpu_h
 from producers.simulator import expected_ledger
+from web.model import gpu_h
 
 pytestmark = pytest.mark.integration
 __all__ = ["small_ledger", "web_app", "web_ledger", "web_settings"]  # fixtures used by name
@@ -110,10 +110,10 @@ def test_projects_and_users_add_up_to_the_statement(web_app: Any, web_ledger: An
 def test_the_team_month_grouped_in_sql_equals_the_lines_built_from_its_jobs(web_ledger: Any) -> None:
     """The team page groups the month in ClickHouse (`team_usage`); its lines, total, quota seconds and
     costliest idle jobs are what the same rows give one job at a time (`team_jobs`, the project page's read)."""
-    from gpuledger.web import model as m
-    from gpuledger.web import params
-    from gpuledger.web.queries import Warehouse
     from sinks.db import connect
+    from web import model as m
+    from web import params
+    from web.queries import Warehouse
 
     ch, _ = web_ledger
     wh = Warehouse(connect(ch, analyst=True))
@@ -163,7 +163,7 @@ def test_drill_down_project_to_job_to_device_minutes_matches_the_expected_ledger
 def test_a_projects_jobs_come_a_page_at_a_time_and_the_csv_holds_them_all(
     web_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuledger.web import pages
+    from web import pages
 
     ledger = expected_ledger(SIM)
     counts: dict[str, int] = defaultdict(int)
@@ -230,8 +230,8 @@ def test_a_member_sees_only_their_teams(web_app: Any) -> None:
 def test_a_proxy_header_from_an_untrusted_address_is_ignored(web_settings: Any) -> None:
     from starlette.testclient import TestClient
 
-    from gpuledger.web.app import create_app
-    from gpuledger.web.cli import build_context
+    from web.app import create_app
+    from web.cli import build_context
 
     client = TestClient(create_app(build_context(web_settings)), client=("10.1.2.3", 5000))
     assert client.get(f"/teams/vision?period={PERIOD}", headers=as_user("ops00")).status_code == 401
@@ -312,9 +312,9 @@ def test_a_jobs_drill_down_reads_only_its_nodes_and_loses_no_row(web_ledger: Any
     """device_minutes is sorted by node first, so the job page names the nodes the job's events allocated (a
     month of every device is otherwise read per request). For every simulated job those nodes hold exactly the
     devices and seconds of the job's device-minutes."""
-    from gpuledger.web.params import period as parse_period
-    from gpuledger.web.queries import Warehouse
     from sinks.db import connect
+    from web.params import period as parse_period
+    from web.queries import Warehouse
 
     ch, _ = web_ledger
     client = connect(ch)
@@ -339,9 +339,9 @@ def test_a_jobs_drill_down_reads_only_its_nodes_and_loses_no_row(web_ledger: Any
 def test_the_data_quality_rollup_equals_the_raw_device_minutes(web_ledger: Any) -> None:
     """The team page's dark-by-node and freshest-minute figures read node_daily (migration 015), not the month's
     raw device-minutes: per team and node they are exactly what device_minutes holds."""
-    from gpuledger.web.params import period as parse_period
-    from gpuledger.web.queries import Warehouse
     from sinks.db import connect
+    from web.params import period as parse_period
+    from web.queries import Warehouse
 
     ch, _ = web_ledger
     client, analyst = connect(ch), connect(ch, analyst=True)
@@ -417,9 +417,9 @@ def test_the_data_quality_counts_the_jobs_on_default_projects_as_the_simulator_m
 def test_the_simulators_month_is_read_from_the_single_lives_views(web_ledger: Any) -> None:
     """No job id of the simulator's month has two lives and no device two clusters' claims, so the pages above,
     equal to the report (which reads the full views), were read from the single-lives views (migration 031)."""
-    from gpuledger.web import params
-    from gpuledger.web.queries import SINGLE_LIVES_VIEWS, Warehouse
     from sinks.db import connect
+    from web import params
+    from web.queries import SINGLE_LIVES_VIEWS, Warehouse
 
     ch, _ = web_ledger
     assert Warehouse(connect(ch, analyst=True)).priced_views(params.period(PERIOD, END_MS)) == SINGLE_LIVES_VIEWS

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("base", "schemas", "streams", "producers", "processors", "sinks", "stack", "gpuledger")
+PACKAGES = ("base", "schemas", "streams", "producers", "processors", "sinks", "web", "stack", "gpuledger")
 MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 95
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("base", "schemas", "streams", "producers", "processors", "sinks", "stack", "gpuledger")
+PACKAGES = ("base", "schemas", "streams", "producers", "processors", "sinks", "web", "stack", "gpuledger")
 COMPONENTS = ("producers", "processors", "sinks")
-LAYER_NAMES = ("base", "contracts", "runtime", "components", "local stack", "entry points")
+LAYER_NAMES = ("base", "contracts", "runtime", "components", "web", "local stack", "entry points")
 COMPONENT_LAYER = LAYER_NAMES.index("components")
 # The clients a contract module never imports (the stream runtime's), and the one part of them it may: the
 # Schema Registry's HTTP client, which the codec uses to register and fetch schemas (`schemas.codec`).
@@ -46,6 +46,8 @@ def layer_of(module: str) -> int:
         return LAYER_NAMES.index("entry points")
     if parts[0] == "stack":
         return LAYER_NAMES.index("local stack")
+    if parts[0] == "web":
+        return LAYER_NAMES.index("web")
     if parts[0] == "schemas":
         return 1
     if parts[0] == "streams":

@@ -1,12 +1,12 @@
-"""The fleet page's view model (gpuledger/web/fleet.py): a worked fleet asserted exactly, no services."""
+"""The fleet page's view model (web/fleet.py): a worked fleet asserted exactly, no services."""
 
 from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
 
-from gpuledger.web import fleet
-from gpuledger.web.fleet import FleetDay, FleetUsage, QueueWait
+from web import fleet
+from web.fleet import FleetDay, FleetUsage, QueueWait
 
 H = 3600
 D1, D2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gpuledger.web import access, charts, params
-from gpuledger.web import model as m
 from producers.identity import DirectoryEntry
 from producers.projects import Project, Registry
+from web import access, charts, params
+from web import model as m
 
 ROOT = Path(__file__).resolve().parents[2]
 SVG = "{http://www.w3.org/2000/svg}"
@@ -241,7 +241,7 @@ def test_cluster_filter(value: str, ok: bool) -> None:
 
 
 def test_drill_down_links_carry_the_cluster_filter_and_only_it() -> None:
-    from gpuledger.web import pages
+    from web import pages
 
     nov = params.Period(2026, 11)
     assert pages.team_url("vision", nov) == "/teams/vision?period=2026-11"
@@ -335,7 +335,7 @@ def test_timeline_merges_runs_and_escapes_labels() -> None:
 def test_the_pure_modules_import_no_framework_or_client() -> None:
     forbidden = ("starlette", "jinja2", "uvicorn", "clickhouse_connect", "confluent_kafka", "faust", "httpx")
     for name in ("model", "params", "access", "charts", "format"):
-        tree = ast.parse((ROOT / "gpuledger" / "web" / f"{name}.py").read_text())
+        tree = ast.parse((ROOT / "web" / f"{name}.py").read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not {i for i in imported if i.split(".")[0] in forbidden}, name
@@ -357,7 +357,7 @@ def test_the_simulated_organisation_agrees_with_itself() -> None:
 
 
 def test_figures_read_as_people_write_them() -> None:
-    from gpuledger.web.format import cell
+    from web.format import cell
 
     assert cell(Decimal("-7.5"), "money") == "-$7.50" and cell(Decimal("1234.5"), "money") == "$1,234.50"
     assert cell(Decimal("0.12345"), "gpu_h") == "0.1235" and cell(None, "pct") == "-" and cell(True) == "yes"
@@ -368,7 +368,7 @@ def test_every_request_thread_reads_through_one_analyst_client() -> None:
     that landed on a new server thread a connection's handshake queries."""
     import threading
 
-    from gpuledger.web.app import shared_warehouse
+    from web.app import shared_warehouse
 
     made: list[object] = []
     get = shared_warehouse(lambda: made.append(object()) or made[-1])

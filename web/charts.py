@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from html import escape
 
-from gpuledger.web.model import CLASSES, Day, gpu_h
+from web.model import CLASSES, Day, gpu_h
 
 STACK = ("active", "starved", "idle", "dark")  # bottom to top: consumed (active + starved) first
 

@@ -20,9 +20,9 @@ from decimal import Decimal
 from typing import Any
 
 from base.errors import ConfigError
-from gpuledger.web import params
-from gpuledger.web.access import Forbidden, Viewer
-from gpuledger.web.model import Column, Table
+from web import params
+from web.access import Forbidden, Viewer
+from web.model import Column, Table
 
 _ALERT_ID = re.compile(r"[0-9a-f]{8,64}")
 _APPEAL_ID = re.compile(r"ap-[0-9a-f]{12}")

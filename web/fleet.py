@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from gpuledger.web.model import Column, Day, gpu_h, money, pct
+from web.model import Column, Day, gpu_h, money, pct
 
 
 @dataclass(frozen=True, slots=True)

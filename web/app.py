@@ -2,7 +2,7 @@
 
 Reads go through the read-only analyst user (the engine refuses anything else from it); the one write,
 a correction of a job's project, is the existing `AttributionCorrection` event published to Kafka, never
-SQL. Identity and scope: gpuledger/web/access.py. Request values: gpuledger/web/params.py.
+SQL. Identity and scope: web/access.py. Request values: web/params.py.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from starlette.staticfiles import StaticFiles
 
 from base.errors import GpuledgerError
 from base.outputs import csv_text, mask_text
-from gpuledger.web import access, pages, params
-from gpuledger.web.access import Forbidden, Viewer
-from gpuledger.web.appeals import AppealService
-from gpuledger.web.model import Table
-from gpuledger.web.params import BadRequest
-from gpuledger.web.queries import Warehouse
-from gpuledger.web.reservations import ReservationService
 from producers.identity import DirectoryEntry
 from producers.projects import Registry
 from sinks.identities import robots_of
+from web import access, pages, params
+from web.access import Forbidden, Viewer
+from web.appeals import AppealService
+from web.model import Table
+from web.params import BadRequest
+from web.queries import Warehouse
+from web.reservations import ReservationService
 
 log = logging.getLogger("gpuledger.web")
 HERE = Path(__file__).parent
@@ -55,7 +55,7 @@ SECURITY_HEADERS = {
 
 @dataclass
 class WebContext:
-    """What the app needs, built once at its start (gpuledger/web/cli.py) or by a test."""
+    """What the app needs, built once at its start (web/cli.py) or by a test."""
 
     warehouse: Callable[[], Warehouse]  # the analyst's warehouse
     lookup: Callable[[str], DirectoryEntry | None]
@@ -124,7 +124,7 @@ def viewer_of(request: Request, ctx: WebContext) -> Viewer | None:
 
 
 def _templates() -> Environment:
-    from gpuledger.web.format import FILTERS
+    from web.format import FILTERS
 
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(("html",)))
     env.filters.update(FILTERS)
@@ -204,7 +204,7 @@ def team(request: Request) -> Response:
     wh = ctx.warehouse()
     page = pages.team_page(wh, name, period, ctx.now_ms(), ctx.quota, ctx.credits, only, robots_of(ctx.policy))
     if ctx.policy is not None:
-        from gpuledger.web import appeals
+        from web import appeals
 
         mine = [a for a in appeals.stored(wh.client, ctx.policy)
                 if a.subject.team == name and only in (None, a.subject.cluster)]  # fmt: skip
@@ -262,7 +262,7 @@ def _job_appeals(ctx: WebContext, page: pages.Page, cluster: str, job_id: str) -
     page.context.update(appeals_on=ctx.appeals is not None, appeal_alerts=[])
     if ctx.appeals is None:
         return
-    from gpuledger.web import appeals
+    from web import appeals
 
     wh = ctx.warehouse()
     here = (cluster, job_id)
@@ -301,7 +301,7 @@ async def correct(request: Request) -> Response:
 
 
 def _correct(request: Request, values: dict[str, str]) -> Response:
-    from gpuledger.web.corrections import submit
+    from web.corrections import submit
 
     ctx: WebContext = request.app.state.ctx
     viewer = _need_viewer(request)
@@ -357,7 +357,7 @@ def _appeal_decide(request: Request, ctx: WebContext, viewer: Viewer, values: di
 
 def appeals_page(request: Request) -> Response:
     """The deciders' page: every appeal still to decide (escalated first), and the decided ones."""
-    from gpuledger.web import appeals
+    from web import appeals
 
     ctx: WebContext = request.app.state.ctx
     viewer = _need_viewer(request)
@@ -380,7 +380,7 @@ def appeals_page(request: Request) -> Response:
 
 def reservations_page(request: Request) -> Response:
     """Reservations: operators see every one and approve, deny or release; a member sees their teams' and asks."""
-    from gpuledger.web import reservations
+    from web import reservations
 
     ctx: WebContext = request.app.state.ctx
     viewer = _need_viewer(request)

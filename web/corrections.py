@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuledger.web import access, params
-from gpuledger.web.access import Forbidden, Viewer
 from producers.corrections import correction_record
+from web import access, params
+from web.access import Forbidden, Viewer
 
 
 class CorrectionRefused(params.BadRequest):

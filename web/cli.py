@@ -1,4 +1,4 @@
-"""`gpuledger web`: serve the team page (gpuledger/web/app.py) with uvicorn until SIGTERM.
+"""`gpuledger web`: serve the team page (web/app.py) with uvicorn until SIGTERM.
 
 Built here from the one settings object: the analyst's ClickHouse client (never the writer's), the project
 registry and identity directory of the scheduler settings (the simulator's organisation when the cluster
@@ -29,7 +29,7 @@ def web_cmd(
     """Serve the team page: statements, utilisation, evidence down to device-minutes, corrections."""
     import uvicorn
 
-    from gpuledger.web.app import create_app
+    from web.app import create_app
 
     settings = start_service(state_dir, verbose)
     app = create_app(build_context(settings))
@@ -41,8 +41,8 @@ def web_cmd(
 
 def build_context(settings: Settings, publisher: Any = None) -> Any:
     """The app's WebContext from the settings (a test passes its own publisher)."""
-    from gpuledger.web.app import WebContext, shared_warehouse
     from sinks.db import connect
+    from web.app import WebContext, shared_warehouse
 
     registry, lookup, users = _organisation(settings)
     web = settings.web
@@ -147,8 +147,8 @@ def _appeal_service(settings: Settings, policy: Any, publish: Any) -> Any:
     """Filing and deciding appeals under the policy, checked against appeals.v1 read whole (as the commands do)."""
     if policy is None:
         return None
-    from gpuledger.web.appeals import AppealService
     from schemas.topics import APPEALS, job_key
+    from web.appeals import AppealService
 
     def read() -> list[dict[str, Any]]:
         from streams.eventlog import read_events
@@ -170,9 +170,9 @@ def _reservation_service(settings: Settings, policy: Any, publish: Any) -> Any:
     `gpuledger reserve` does)."""
     if policy is None:
         return None
-    from gpuledger.web.reservations import ReservationService
     from schemas.topics import RESERVATIONS
     from sinks.reserve_cli import step_key
+    from web.reservations import ReservationService
 
     def read() -> list[dict[str, Any]]:
         from streams.eventlog import read_events

@@ -7,7 +7,7 @@
   it closed now: adjustments of closed months and credits routed to it.
 
 Credits (appeals granted as credit) and reservation charges come from `credits`, the same source `period
-close` reads (wired in gpuledger/web/cli.py).
+close` reads (wired in web/cli.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpuledger.web.model import Column, Table, utc_minute
+from web.model import Column, Table, utc_minute
 
 LINE_COLUMNS_SHOWN = (
     Column("kind", "kind"), Column("source_period", "for month"), Column("cluster", "cluster"),

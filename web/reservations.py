@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from base.errors import ConfigError
-from gpuledger.web import params
-from gpuledger.web.access import Forbidden, Viewer
-from gpuledger.web.model import Column, Table
+from web import params
+from web.access import Forbidden, Viewer
+from web.model import Column, Table
 
 _RESERVATION_ID = re.compile(r"rsv-[0-9a-f]{10}")
 _GENERATION = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")

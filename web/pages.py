@@ -14,12 +14,12 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from gpuledger.web import charts, statements
-from gpuledger.web import model as m
-from gpuledger.web.model import Column, Table
-from gpuledger.web.params import Period
-from gpuledger.web.queries import PricedViews, Statement, Warehouse
 from sinks.identities import identity_text, owner_text, self_declared_notes, source_text
+from web import charts, statements
+from web import model as m
+from web.model import Column, Table
+from web.params import Period
+from web.queries import PricedViews, Statement, Warehouse
 
 WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
 DEVICE_MINUTES_PAGE = 1000
@@ -419,7 +419,7 @@ def fleet_url(period: Period) -> str:
 def fleet_page(wh: Warehouse, period: Period) -> Page:
     """Every team side by side (their statement lines), the fleet's daily trend and capacity evidence, where
     telemetry or prices are missing, and who left the most idle time."""
-    from gpuledger.web import fleet
+    from web import fleet
 
     closed = wh.closed(period)
     views = wh.priced_views(period)

@@ -1,6 +1,6 @@
 """What the pages read from ClickHouse, as the read-only analyst: the views analysts and `report chargeback`
 read, so the page and the report cannot disagree. Every value is a bound parameter; identifiers are fixed
-text in this module. Rows come back as the view model's types (gpuledger/web/model.py).
+text in this module. Rows come back as the view model's types (web/model.py).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gpuledger.web.fleet import FleetDay, FleetUsage, QueueWait
-from gpuledger.web.model import AlertRow, Day, JobUsage, ProjectSources, Sums, TeamUsage
-from gpuledger.web.params import Period
 from sinks.chargeback import LINE_COLUMNS
 from sinks.ratecard import ONPREM
+from web.fleet import FleetDay, FleetUsage, QueueWait
+from web.model import AlertRow, Day, JobUsage, ProjectSources, Sums, TeamUsage
+from web.params import Period
 
 STATEMENT_COLUMNS = (*LINE_COLUMNS, "allocated_seconds", "dark_seconds")
 
