@@ -193,6 +193,10 @@ def slurm_conf_text(cfg: SlurmConfig) -> str:
         "JobSubmitPlugins=lua", "PreemptType=preempt/qos", "PreemptMode=REQUEUE",
         "MinJobAge=600", "KillWait=5", "InactiveLimit=0", "SlurmctldTimeout=30", "SlurmdTimeout=60",
         "MessageTimeout=20",
+        # Fair share as a site runs it: the priority plugin is loaded only at slurmctld's start (a reconfigure
+        # keeps the old one), so it is multifactor from the start; usage decays once per PriorityCalcPeriod
+        # (minutes), so the shortest period lets a test see a decay pass within a minute.
+        "PriorityType=priority/multifactor", "PriorityCalcPeriod=1",
     ]  # fmt: skip
     if cfg.accounting:
         lines += [
