@@ -20,6 +20,7 @@ At the contracts layer, like `schemas/policy.py`, because three readers must agr
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -80,6 +81,11 @@ class Ignored:
 
 def _id(*parts: object) -> str:
     return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
+
+
+def iso_minute(ms: int | None) -> str:
+    """A time as the governance commands and the team page print it (UTC, to the minute); "" for none."""
+    return "" if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def clean_text(text: str, what: str) -> str:

@@ -18,13 +18,14 @@ reservation of the team and generation, and never more than the fleet across tea
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from base.errors import ConfigError
-from schemas.governance_appeals import HOUR_MS, Ignored, clean_text
+from base.errors import ConfigError, ContractError
+from schemas.governance_appeals import HOUR_MS, Ignored, clean_text, iso_minute
 from schemas.policy import Policy
 
 MINUTE_MS = 60_000
@@ -363,3 +364,72 @@ def reserved_seconds(r: Reservation, now_ms: int) -> list[tuple[str, int]]:
         return []
     end = min(r.until_ms(), now_ms)
     return [(month, r.gpus * (e - s) // 1000) for month, s, e in month_windows(r.start_ms, end)]
+
+
+# The steps as a person asks for them, from what they typed (`gpuledger reserve`, the team page's form): both
+# build, check and key a step here, so a reservation asked for on the page is the one the command would publish.
+
+
+def start_ms(text: str, now_ms: int) -> int:
+    """A requested start: `now`, or an ISO time (UTC when it names no zone)."""
+    if text == "now":
+        return now_ms
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--start must be now or an ISO time like 2026-12-03T08:00Z, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)  # a time without a zone is UTC
+    return int(when.timestamp() * 1000)
+
+
+def request_steps(existing: Mapping[str, Reservation], policy: Policy, *, cluster: str, team: str, generation: str,
+                  gpus: int, hours: float, start: str, nodes: str, reason: str, requester: str,
+                  now_ms: int) -> list[dict[str, Any]]:  # fmt: skip
+    """`reserve create`'s steps (REQUESTED, and APPROVED when within the automatic limits) from its options as
+    given (start `now` or ISO, nodes comma-separated); a one-line ConfigError when the rules refuse."""
+    if not 0 < hours <= 24 * 366:
+        raise ConfigError(f"--hours must be above 0, got {hours:g}")
+    begin = start_ms(start, now_ms)
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    return request_events(existing, policy, cluster=cluster, team=team, generation=generation, gpus=gpus,
+                          nodes=names, start_ms=begin, end_ms=max(begin, now_ms) + int(hours * HOUR_MS),
+                          reason=reason, requester=requester, now_ms=now_ms)  # fmt: skip
+
+
+def step_event(kind: str, existing: Mapping[str, Reservation], policy: Policy, rid: str, who: str, now_ms: int,
+               **kw: Any) -> dict[str, Any]:  # fmt: skip
+    """`reserve approve|extend|release`'s step, checked by the rules (a one-line ConfigError when refused)."""
+    if kind == "approve":
+        return approve_event(existing, policy, rid, who, now_ms)
+    if kind == "extend":
+        return extend_event(existing, policy, rid, who, kw["hours"], now_ms)
+    return release_event(existing, policy, rid, who, now_ms, kw["reason"])
+
+
+def check_steps(events: list[dict[str, Any]]) -> None:
+    """Each step validated against the contract before any is published (a one-line ConfigError if not)."""
+    from schemas.models import validate
+    from schemas.topics import RESERVATIONS
+
+    for event in events:
+        try:
+            validate(RESERVATIONS.subject, event)
+        except ContractError as exc:
+            raise ConfigError(str(exc).splitlines()[0][:300]) from exc
+
+
+def step_key(event: Mapping[str, Any]) -> bytes:
+    """A step's record key: its reservation, so one reservation's steps stay in order on one partition."""
+    return f"{event['cluster']}/{event['reservation_id']}".encode()
+
+
+def list_row(r: Reservation) -> dict[str, Any]:
+    """One reservation as a line of `reserve list` and of the team page's reservations table."""
+    return {
+        "reservation_id": r.reservation_id, "state": r.state, "cluster": r.cluster, "team": r.team,
+        "generation": r.generation, "gpus": r.gpus, "start": iso_minute(r.start_ms), "end": iso_minute(r.until_ms()),
+        "requested_by": r.requested_by, "approved_by": r.approved_by or "",
+        "on": ",".join(e for e in sorted(r.rendered) if e not in r.removed),
+        "nodes": ",".join(r.rendered_nodes or r.nodes), "reason": r.reason,
+    }  # fmt: skip

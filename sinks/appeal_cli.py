@@ -19,7 +19,6 @@ escalation to the operators' channel, once.
 
 from __future__ import annotations
 
-import datetime as dt
 import getpass
 import logging
 import time
@@ -31,6 +30,7 @@ import typer
 from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
 from base.errors import ConfigError, ContractError
 from base.settings import Settings
+from schemas.governance_appeals import iso_minute as _iso
 from sinks.cli import _client, _emit, _warehouse_errors
 
 appeal_app = typer.Typer(help="Appeals of idle warnings, reclaims and charges, and their decisions.",
@@ -44,10 +44,6 @@ log = logging.getLogger("gpuledger.appeals")
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _iso(ms: int | None) -> str:
-    return "" if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def _policy(settings: Settings, path: Path | None) -> Any:

@@ -16,7 +16,6 @@ nobody acts (`sinks/reservations.py`); with ClickHouse reachable it also warns a
 
 from __future__ import annotations
 
-import datetime as dt
 import getpass
 import logging
 import time
@@ -26,8 +25,9 @@ from typing import Any
 import typer
 
 from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
-from base.errors import ConfigError, ContractError
+from base.errors import ConfigError
 from base.settings import Settings
+from schemas.governance_reservations import check_steps, list_row, request_steps, step_event, step_key
 from sinks.appeal_cli import BY_OPTION, POLICY_OPTION, _iso, _policy
 from sinks.cli import _client, _emit
 
@@ -47,18 +47,6 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _start_ms(text: str, now_ms: int) -> int:
-    if text == "now":
-        return now_ms
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"--start must be now or an ISO time like 2026-12-03T08:00Z, got {text!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)  # a time without a zone is UTC
-    return int(when.timestamp() * 1000)
-
-
 def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
     from schemas.governance_reservations import fold
     from schemas.topics import RESERVATIONS
@@ -68,23 +56,6 @@ def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
     for bad in unreadable:
         log.warning("reservations.v1 partition %d offset %d not read: %s", bad.partition, bad.offset, bad.why)
     return fold(events, policy)[0]
-
-
-def check_steps(events: list[dict[str, Any]]) -> None:
-    """Each step validated against the contract before any is published (a one-line ConfigError if not)."""
-    from schemas.models import validate
-    from schemas.topics import RESERVATIONS
-
-    for event in events:
-        try:
-            validate(RESERVATIONS.subject, event)
-        except ContractError as exc:
-            raise ConfigError(str(exc).splitlines()[0][:300]) from exc
-
-
-def step_key(event: dict[str, Any]) -> bytes:
-    """A step's record key: its reservation, so one reservation's steps stay in order on one partition."""
-    return f"{event['cluster']}/{event['reservation_id']}".encode()
 
 
 def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
@@ -98,34 +69,6 @@ def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
     for event in events:
         pub.publish(RESERVATIONS, step_key(event), event)
     pub.flush()
-
-
-def request_steps(existing: dict[str, Any], policy: Any, *, cluster: str, team: str, generation: str, gpus: int,
-                  hours: float, start: str, nodes: str, reason: str, requester: str,
-                  now_ms: int) -> list[dict[str, Any]]:  # fmt: skip
-    """`reserve create`'s steps (REQUESTED, and APPROVED when within the automatic limits) from its options as
-    given (start `now` or ISO, nodes comma-separated); a one-line ConfigError when the rules refuse."""
-    from schemas.governance_reservations import HOUR_MS, request_events
-
-    if not 0 < hours <= 24 * 366:
-        raise ConfigError(f"--hours must be above 0, got {hours:g}")
-    begin = _start_ms(start, now_ms)
-    names = [n.strip() for n in nodes.split(",") if n.strip()]
-    return request_events(existing, policy, cluster=cluster, team=team, generation=generation, gpus=gpus,
-                          nodes=names, start_ms=begin, end_ms=max(begin, now_ms) + int(hours * HOUR_MS),
-                          reason=reason, requester=requester, now_ms=now_ms)  # fmt: skip
-
-
-def step_event(kind: str, existing: dict[str, Any], policy: Any, rid: str, who: str, now_ms: int,
-               **kw: Any) -> dict[str, Any]:  # fmt: skip
-    """`reserve approve|extend|release`'s step, checked by the rules (a one-line ConfigError when refused)."""
-    from schemas import governance_reservations as gr
-
-    if kind == "approve":
-        return gr.approve_event(existing, policy, rid, who, now_ms)
-    if kind == "extend":
-        return gr.extend_event(existing, policy, rid, who, kw["hours"], now_ms)
-    return gr.release_event(existing, policy, rid, who, now_ms, kw["reason"])
 
 
 @reserve_app.command("create")
@@ -201,17 +144,6 @@ def reserve_release(
     """End a reservation now; the service takes it off the engines, and it is charged up to now."""
     _step("release", rid, by, policy_path, state_dir, reason=reason)
     typer.echo(f"reservation {rid} released")
-
-
-def list_row(r: Any) -> dict[str, Any]:
-    """One reservation (`schemas.governance_reservations.Reservation`) as a line of `reserve list`."""
-    return {
-        "reservation_id": r.reservation_id, "state": r.state, "cluster": r.cluster, "team": r.team,
-        "generation": r.generation, "gpus": r.gpus, "start": _iso(r.start_ms), "end": _iso(r.until_ms()),
-        "requested_by": r.requested_by, "approved_by": r.approved_by or "",
-        "on": ",".join(e for e in sorted(r.rendered) if e not in r.removed),
-        "nodes": ",".join(r.rendered_nodes or r.nodes), "reason": r.reason,
-    }  # fmt: skip
 
 
 @reserve_app.command("list")

@@ -170,8 +170,8 @@ def _reservation_service(settings: Settings, policy: Any, publish: Any) -> Any:
     `gpuledger reserve` does)."""
     if policy is None:
         return None
+    from schemas.governance_reservations import step_key
     from schemas.topics import RESERVATIONS
-    from sinks.reserve_cli import step_key
     from web.reservations import ReservationService
 
     def read() -> list[dict[str, Any]]:

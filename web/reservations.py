@@ -44,7 +44,7 @@ def may_operate(viewer: Viewer, policy: Any) -> bool:
 
 
 def table(name: str, title: str, reservations: Iterable[Any], note: str = "") -> Table:
-    from sinks.reserve_cli import list_row
+    from schemas.governance_reservations import list_row
 
     ordered = sorted(reservations, key=lambda r: (r.start_ms, r.reservation_id))
     return Table(name, title, COLUMNS, [list_row(r) for r in ordered], note=note)
@@ -69,7 +69,7 @@ class ReservationService:
 
     def request(self, viewer: Viewer, values: dict[str, str], default_cluster: str,
                 now_ms: int) -> list[dict[str, Any]]:  # fmt: skip
-        from sinks.reserve_cli import request_steps
+        from schemas.governance_reservations import request_steps
 
         team = params.team(values.get("team"))
         if not (team in viewer.teams | viewer.leads or may_operate(viewer, self.policy)):
@@ -89,7 +89,7 @@ class ReservationService:
 
     def act(self, viewer: Viewer, values: dict[str, str], now_ms: int) -> dict[str, Any]:
         """An operator approves, denies (releases a request, the note saying why) or releases a reservation."""
-        from sinks.reserve_cli import step_event
+        from schemas.governance_reservations import step_event
 
         if not may_operate(viewer, self.policy):
             raise Forbidden(f"{viewer.user} may not approve, deny or release reservations (operators only)")
@@ -111,7 +111,7 @@ class ReservationService:
         return event
 
     def _publish(self, events: list[dict[str, Any]]) -> None:
-        from sinks.reserve_cli import check_steps
+        from schemas.governance_reservations import check_steps
 
         _checked(lambda: check_steps(events))
         for event in events:
