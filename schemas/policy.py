@@ -26,7 +26,8 @@ governance:                 # issue 19: who decides appeals and approves reserva
                  idle_warn_minutes: 30, idle_release_minutes: 60}
 teams:
   - {name: vision, slurm_account: vision, namespaces: [vision], tiers: [production, sweeps],
-     quota: {hopper: 2}, borrowing_limit: {hopper: 1}, lending_limit: {hopper: 2}, shares: 1}
+     quota: {hopper: 2}, borrowing_limit: {hopper: 1}, lending_limit: {hopper: 2}, shares: 1,
+     leads: [carol]}        # issue 41: a lead may resume the team's reclaimed jobs (so may owners, operators)
 robots:                     # issue 38: who owns each robot account (a Kubernetes service account or a Slurm user)
   - {account: "system:serviceaccount:vision:ci-robot", team: vision, project: vision-seg}
 ```
@@ -129,6 +130,7 @@ class Team(_Strict):
     slurm_account: str | None = Field(default=None, pattern=_NAME)  # default: the team's name
     namespaces: tuple[str, ...] = Field(default=(), max_length=MAX_NAMESPACES)
     members: tuple[str, ...] = Field(default=(), max_length=MAX_MEMBERS)  # Slurm users of the account
+    leads: tuple[str, ...] = Field(default=(), max_length=MAX_MEMBERS)  # may resume the team's reclaimed jobs
     tiers: tuple[str, ...] = Field(default=(), max_length=MAX_TIERS)  # empty: every tier
     quota: dict[str, int] = Field(default_factory=dict, max_length=MAX_GENERATIONS)
     borrowing_limit: dict[str, int] = Field(default_factory=dict, max_length=MAX_GENERATIONS)
@@ -217,6 +219,8 @@ class AttributionRules(_Strict):
 class KueueOptions(_Strict):
     cohort: str = Field(default="gpuledger", pattern=_NAME)
     resource: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.\-]{1,253}/[a-z0-9.\-]{1,63}$")
+    # how often Kueue samples the LocalQueues' usage for admission fair sharing (its default: 5 minutes)
+    usage_sampling_seconds: int = Field(default=300, ge=1, le=86_400)
 
 
 class Policy(_Strict):
@@ -425,9 +429,10 @@ def _team_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
             elif ns in seen["namespace"]:
                 yield ("teams", i, "namespaces", j), f"namespace {ns!r} is already team {seen['namespace'][ns]!r}'s"
             seen["namespace"][ns] = team.name
-        for j, user in enumerate(team.members):
-            if not re.match(_USER, user):
-                yield ("teams", i, "members", j), f"{user!r} is not a user name"
+        for field_name in ("members", "leads"):
+            for j, user in enumerate(getattr(team, field_name)):
+                if not re.match(_USER, user):
+                    yield ("teams", i, field_name, j), f"{user!r} is not a user name"
         for j, tier in enumerate(team.tiers):
             if tier not in tiers:
                 yield ("teams", i, "tiers", j), f"team {team.name!r} names unknown tier {tier!r}"

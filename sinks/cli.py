@@ -557,12 +557,18 @@ def reclaim_run(
     max_idle_s: float | None = typer.Option(None, "--max-idle-s"),
     state_dir: Path | None = STATE_DIR,
 ) -> None:
-    """Consume reclaim actions and carry them out (dry-run unless --execute and the action is live)."""
-    from schemas.topics import RECLAIM_ACTIONS
+    """Consume reclaim actions and carry them out (dry-run unless --execute and the action is live). With a policy
+    it also reads appeals.v1: an exemption granted on a reclaimed job resumes it (sinks/reclaim_resume_cli.py)."""
+    from schemas.policy import load_policy
+    from schemas.topics import APPEALS, RECLAIM_ACTIONS
+    from sinks.reclaim_resume_cli import appeal_handler
     from sinks.worker_agent import consume_records
 
     settings = start_service(state_dir)
     executor = _executor(settings, execute)
+    live = execute or not settings.sinks.reclaim_dry_run
+    also = ({APPEALS: appeal_handler(settings, load_policy(settings.policy_path), live)}
+            if settings.policy_path is not None else None)  # fmt: skip
     consume_records(
         settings,
         RECLAIM_ACTIONS,
@@ -572,6 +578,7 @@ def reclaim_run(
         max_idle_s,
         metrics_component="reclaim",
         out_label="actions",
+        also=also,
     )
     stop.leave()
 
@@ -583,5 +590,8 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     app.add_typer(ratecard_app, name="ratecard")
     app.add_typer(report_app, name="report")
     app.add_typer(chat_app, name="chat")
+    from sinks.reclaim_resume_cli import reclaim_resume
+
+    reclaim_app.command("resume")(reclaim_resume)
     app.add_typer(reclaim_app, name="reclaim")
     app.command("alerts")(alerts_cmd)

@@ -7,13 +7,15 @@ idle (`recheck`, pure, over a `JobNow` read by `ClickHouseJobState`). The action
 earlier from a stream: the job may have ended, or woken up, since. If not, the action is skipped
 with the reason recorded, logged and counted (`gpuledger_reclaim_skipped_total{reason}`).
 
-Slurm: `scontrol requeue <job>`, `scancel --signal=<SIG> --full <job>` to ask the job to checkpoint, a
-grace period, then `scontrol requeue` or `scancel`. Never `scontrol suspend`: a suspended Slurm job keeps
-its GPUs (Slurm only stops its processes; the devices stay allocated and no other job gets them, as the
-live-Slurm tests show), so it reclaims nothing: SUSPEND for a Slurm job is refused. Kueue: set the Workload's
-`spec.active` to false (Kueue evicts it, its pods get SIGTERM: the workload's checkpoint chance,
-and it stays queued until reactivated); a JobSet no Workload owns gets `spec.suspend=true`, a Volcano Job an
-AbortJob Command (`sinks/kube_owner.py`). Commands are argv lists (no shell); job ids are checked.
+Slurm: `scontrol requeuehold <job>`, `scancel --signal=<SIG> --full <job>` to ask the job to checkpoint, a grace
+period, then `scontrol requeuehold` or `scancel`. Requeued held, not plain requeued: a plain requeue starts the job
+again by itself once its credential lifetime has passed, to idle again; held, it waits for its way back (`gpuledger
+reclaim resume`, an appeal's exemption: sinks/reclaim_resume.py, `scontrol release`). Never `scontrol suspend`: a
+suspended Slurm job keeps its GPUs (Slurm only stops its processes; the devices stay allocated and no other job
+gets them, as the live-Slurm tests show), so it reclaims nothing: SUSPEND for a Slurm job is refused. Kueue: set
+the Workload's `spec.active` to false (Kueue evicts it, its pods get SIGTERM: the workload's checkpoint chance, and
+it stays queued until reactivated); a JobSet no Workload owns gets `spec.suspend=true`, a Volcano Job an AbortJob
+Command (`sinks/kube_owner.py`). Commands are argv lists (no shell); job ids are checked.
 """
 
 from __future__ import annotations
@@ -105,9 +107,9 @@ def plan(action: dict[str, Any], *, signal: str = "USR1", grace_s: float = 120.0
             raise ConfigError(SLURM_SUSPEND_KEEPS_GPUS)
         checkpoint = [Step("exec", ("scancel", f"--signal={signal}", "--full", job_id)), Step("wait", wait_s=grace_s)]
         return {
-            "REQUEUE": [Step("exec", ("scontrol", "requeue", job_id))],
+            "REQUEUE": [Step("exec", ("scontrol", "requeuehold", job_id))],
             "CANCEL": [Step("exec", ("scancel", job_id))],
-            "CHECKPOINT_THEN_REQUEUE": [*checkpoint, Step("exec", ("scontrol", "requeue", job_id))],
+            "CHECKPOINT_THEN_REQUEUE": [*checkpoint, Step("exec", ("scontrol", "requeuehold", job_id))],
             "CHECKPOINT_THEN_CANCEL": [*checkpoint, Step("exec", ("scancel", job_id))],
         }[kind]
     if scheduler in ("KUEUE", "KUBERNETES"):

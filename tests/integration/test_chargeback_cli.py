@@ -122,7 +122,7 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
     live = gpuledger(live_env, "reclaim", "exec", "--scheduler", "SLURM", "--job", "4242", "--action",
                      "CHECKPOINT_THEN_REQUEUE", "--execute")  # fmt: skip
     assert live.returncode == 0, live.stderr
-    assert calls.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeue 4242"]
+    assert calls.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeuehold 4242"]
     outcomes = client.query("SELECT dry_run, status, count() FROM action_outcomes FINAL GROUP BY dry_run, status "
                             "ORDER BY dry_run, status").result_rows  # fmt: skip
     assert outcomes == [(False, "ok", 3), (False, "started", 1), (True, "planned", 3)]

@@ -58,7 +58,7 @@ def test_checkpoint_then_requeue_signals_waits_and_requeues(slurm: SlurmClient, 
         action("CHECKPOINT_THEN_REQUEUE", job))
     assert [(o.command, o.status) for o in out] == [
         (f"scancel --signal=USR1 --full {job}", "ok"), ("wait 3s for the checkpoint", "ok"),
-        (f"scontrol requeue {job}", "ok")], out  # fmt: skip
+        (f"scontrol requeuehold {job}", "ok")], out  # fmt: skip
     assert time.monotonic() - started >= 3
     assert marker.read_text(encoding="utf-8").strip() == "checkpoint"  # the job had its chance
     assert slurm.wait_for_state(job, "PENDING") == "PENDING"

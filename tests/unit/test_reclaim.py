@@ -32,7 +32,7 @@ def action(kind: str, **kw: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """scontrol and scancel that log their arguments; `scontrol requeue 13` fails like Slurm does."""
+    """scontrol and scancel that log their arguments; `scontrol requeuehold 13` fails like Slurm does."""
     calls = tmp_path / "calls.log"
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -41,7 +41,7 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         script.write_text(
             "#!/bin/sh\n"
             f'echo "{tool} $*" >> "{calls}"\n'
-            'if [ "$1 $2" = "requeue 13" ]; then echo "Requested operation is presently disabled" >&2; exit 1; fi\n'
+            'if [ "$1 $2" = "requeuehold 13" ]; then echo "Requested operation is presently disabled" >&2; exit 1; fi\n'
         )
         script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
@@ -49,13 +49,13 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_slurm_plans() -> None:
-    assert [s.describe() for s in plan(action("REQUEUE"))] == ["scontrol requeue 4242"]
+    assert [s.describe() for s in plan(action("REQUEUE"))] == ["scontrol requeuehold 4242"]
     assert [s.describe() for s in plan(action("CANCEL"))] == ["scancel 4242"]
     assert [s.describe() for s in plan(action("CHECKPOINT_THEN_REQUEUE"), signal="USR2", grace_s=30)] == [
-        "scancel --signal=USR2 --full 4242", "wait 30s for the checkpoint", "scontrol requeue 4242",
+        "scancel --signal=USR2 --full 4242", "wait 30s for the checkpoint", "scontrol requeuehold 4242",
     ]  # fmt: skip
     assert [s.describe() for s in plan(action("CHECKPOINT_THEN_CANCEL"))][-1] == "scancel 4242"
-    assert plan(action("REQUEUE", job_id="77_3"))[0].argv == ("scontrol", "requeue", "77_3")
+    assert plan(action("REQUEUE", job_id="77_3"))[0].argv == ("scontrol", "requeuehold", "77_3")
 
 
 def test_slurm_suspend_is_refused_it_keeps_the_gpus(fake_slurm: Path) -> None:
@@ -95,7 +95,7 @@ def test_live_checkpoint_then_requeue_runs_the_commands(fake_slurm: Path) -> Non
     ex = ReclaimExecutor(rec, dry_run=False, grace_s=90, sleep=slept.append, clock_ms=lambda: 7)
     out = ex.execute(action("CHECKPOINT_THEN_REQUEUE"))
     assert [o.status for o in out] == ["ok", "ok", "ok"] and slept == [90]
-    assert fake_slurm.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeue 4242"]
+    assert fake_slurm.read_text().splitlines() == ["scancel --signal=USR1 --full 4242", "scontrol requeuehold 4242"]
     assert [(o.step, o.status) for o in rec.outcomes] == [(0, "started"), (1, "ok"), (2, "ok"), (3, "ok")]
     # Redelivered or replayed after a restart: not run again.
     again = ex.execute(action("CHECKPOINT_THEN_REQUEUE"))
