@@ -144,7 +144,7 @@ def make_client(settings: Settings, publisher: Any = None, now_ms: int = END_MS)
     from starlette.testclient import TestClient
 
     from web.app import create_app
-    from web.cli import build_context
+    from web.context import build_context
 
     ctx = build_context(settings, publisher=publisher)
     ctx.clock = lambda: now_ms / 1000

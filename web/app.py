@@ -31,13 +31,12 @@ from base.errors import GpuledgerError
 from base.outputs import csv_text, mask_text
 from producers.identity import DirectoryEntry
 from producers.projects import Registry
-from sinks.identities import robots_of
 from web import access, pages, params
 from web.access import Forbidden, Viewer
 from web.appeals import AppealService
 from web.model import Table
 from web.params import BadRequest
-from web.queries import Warehouse
+from web.queries import Warehouse, robots_of
 from web.reservations import ReservationService
 
 log = logging.getLogger("gpuledger.web")
@@ -55,7 +54,7 @@ SECURITY_HEADERS = {
 
 @dataclass
 class WebContext:
-    """What the app needs, built once at its start (web/cli.py) or by a test."""
+    """What the app needs, built once at its start (web/context.py) or by a test."""
 
     warehouse: Callable[[], Warehouse]  # the analyst's warehouse
     lookup: Callable[[str], DirectoryEntry | None]

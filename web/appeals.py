@@ -62,7 +62,7 @@ def table(name: str, title: str, appeals: Iterable[Any], note: str = "") -> Tabl
 def stored(client: Any, policy: Any) -> list[Any]:
     """The appeals the sink has stored, folded under the policy (what the statements' credits come from)."""
     from schemas.governance_appeals import fold
-    from sinks.governance import appeal_events
+    from web.queries import appeal_events
 
     appeals, _ = fold(appeal_events(client), policy)
     return list(appeals.values())
@@ -85,7 +85,7 @@ class AppealService:
 
     def file(self, client: Any, viewer: Viewer, values: dict[str, str], now_ms: int) -> dict[str, Any]:
         from schemas.governance_appeals import file_event
-        from sinks.governance import alert_subject, job_subject
+        from web.queries import alert_subject, job_subject
 
         cluster, job_id = params.cluster(values["cluster"]), params.job_id(values["job_id"])
         reason = params.reason(values["reason"])

@@ -14,12 +14,20 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from sinks.identities import identity_text, owner_text, self_declared_notes, source_text
 from web import charts, statements
 from web import model as m
 from web.model import Column, Table
 from web.params import Period
-from web.queries import PricedViews, Statement, Warehouse
+from web.queries import (
+    PricedViews,
+    Statement,
+    Warehouse,
+    identity_text,
+    owner_text,
+    quota_lines,
+    self_declared_notes,
+    source_text,
+)
 
 WARNINGS_LOOKBACK_MS = 14 * 24 * 3600 * 1000
 DEVICE_MINUTES_PAGE = 1000
@@ -216,9 +224,7 @@ def identity_rows(found: list[dict[str, Any]], robots: Mapping[str, Any]) -> lis
 def baseline_mark(wh: Warehouse, period: Period, team: str) -> Any:
     """The team's month against the attribution baseline (issue 38; sinks/baseline.py, as the reports): over the
     team's jobs on every cluster, the share of GPU-hours before the baseline charged to defaults."""
-    from sinks.baseline import baseline_now, month_marks
-
-    return month_marks(wh.client, period.text, baseline_now(wh.client)).team(team)
+    return wh.baseline_marks(period).team(team)
 
 
 def _cluster_lines(usage: m.TeamUsage, figures: Mapping[str, Any], only: str | None = None) -> list[dict[str, Any]]:
@@ -241,8 +247,6 @@ def _quota(quota: Mapping[str, Mapping[str, int]] | None, team: str, period: Per
     """`onprem_s`: the team's on-prem allocated seconds per generation (what quota counts)."""
     if quota is None:
         return []
-    from sinks.chargeback import quota_lines
-
     allocated = {(team, generation): seconds for generation, seconds in onprem_s.items()}
     lines = quota_lines({team: quota.get(team, {})}, period.text, allocated)
     return [{"generation": q.generation, "allocated_gpu_h": q.allocated_gpu_h, "quota_gpu_h": q.quota_gpu_h,
@@ -468,19 +472,11 @@ def _fleet_clusters(wh: Warehouse, period: Period, closed: bool) -> list[dict[st
     report sums, `add_up`); the last line is the month's total over every cluster."""
     from dataclasses import asdict
 
-    from sinks.reconcile import ALL_CLUSTERS as ALL
-    from sinks.reconcile import add_up, chargeback_by_cluster
-
-    report = chargeback_by_cluster(wh.client, period.text, closed=closed)
-    per_cluster: dict[str, list[Any]] = {}
-    for ln in report.lines:
-        if ln.cluster != ALL:
-            per_cluster.setdefault(ln.cluster, []).append(ln)
-    across = [(name, add_up("ALL", lines)) for name, lines in sorted(per_cluster.items())]
+    report, across, everywhere = wh.clusters_report(period, closed=closed)
     rows = [{**asdict(ln.line), "team": ln.line.line, "cluster": ln.cluster,
              "_team_url": team_url(ln.line.line, period)} for ln in report.lines]  # fmt: skip
     rows += [{**asdict(ln.line), "team": "ALL", "cluster": name} for name, ln in across]
-    rows.append({**asdict(report.total.line), "team": "TOTAL", "cluster": ALL})
+    rows.append({**asdict(report.total.line), "team": "TOTAL", "cluster": everywhere})
     return rows
 
 

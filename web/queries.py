@@ -1,6 +1,11 @@
 """What the pages read from ClickHouse, as the read-only analyst: the views analysts and `report chargeback`
 read, so the page and the report cannot disagree. Every value is a bound parameter; identifiers are fixed
 text in this module. Rows come back as the view model's types (web/model.py).
+
+This is the one module of web/ that imports the sinks (tests/unit/test_layering.py): where the report code
+already reads or shapes a figure (`report chargeback --by cluster`, the statements and their adjustments, the
+governance look-ups, identities, quota, the attribution baseline), the page reads it through here and restates
+none of it. A module the page needs only now and then is imported at its first use, as before.
 """
 
 from __future__ import annotations
@@ -11,6 +16,12 @@ from decimal import Decimal
 from typing import Any
 
 from sinks.chargeback import LINE_COLUMNS
+from sinks.chargeback import quota_lines as quota_lines
+from sinks.identities import identity_text as identity_text
+from sinks.identities import owner_text as owner_text
+from sinks.identities import robots_of as robots_of
+from sinks.identities import self_declared_notes as self_declared_notes
+from sinks.identities import source_text as source_text
 from sinks.ratecard import ONPREM
 from web.fleet import FleetDay, FleetUsage, QueueWait
 from web.model import AlertRow, Day, JobUsage, ProjectSources, Sums, TeamUsage
@@ -272,7 +283,41 @@ DEVICE_MINUTE_COLUMNS = (
 )  # fmt: skip
 
 
-class Warehouse(_FleetReads, _QualityReads):
+class _ReportReads(_Reads):
+    """What the report code reads (sinks/reconcile.py, sinks/baseline.py), read here so the page shows its figures."""
+
+    def cluster_lines(self, period: Period, team: str, *, closed: bool = False) -> dict[str, dict[str, Any]]:
+        """The team's lines of `report chargeback --by cluster` (sinks/reconcile.py, the report's own read):
+        cluster -> the line's figures. The report splits its cents over every (team, cluster) line of the month,
+        so the whole month is read and the team's lines picked here, not filtered in SQL."""
+        from dataclasses import asdict
+
+        from sinks.reconcile import ALL_CLUSTERS, chargeback_by_cluster
+
+        report = chargeback_by_cluster(self.client, period.text, closed=closed)
+        return {ln.cluster: {k: v for k, v in asdict(ln.line).items() if k != "line"}
+                for ln in report.lines if ln.line.line == team and ln.cluster != ALL_CLUSTERS}  # fmt: skip
+
+    def clusters_report(self, period: Period, *, closed: bool = False) -> tuple[Any, list[tuple[str, Any]], str]:
+        """`report chargeback --by cluster` (sinks/reconcile.py): the report; each cluster's lines across teams
+        added up as the report adds them (`add_up`), by cluster; and the name the report gives all clusters."""
+        from sinks.reconcile import ALL_CLUSTERS, add_up, chargeback_by_cluster
+
+        report = chargeback_by_cluster(self.client, period.text, closed=closed)
+        per_cluster: dict[str, list[Any]] = {}
+        for ln in report.lines:
+            if ln.cluster != ALL_CLUSTERS:
+                per_cluster.setdefault(ln.cluster, []).append(ln)
+        return report, [(name, add_up("ALL", lines)) for name, lines in sorted(per_cluster.items())], ALL_CLUSTERS
+
+    def baseline_marks(self, period: Period) -> Any:
+        """The month against the attribution baseline (issue 38; sinks/baseline.py, as the reports), per team."""
+        from sinks.baseline import baseline_now, month_marks
+
+        return month_marks(self.client, period.text, baseline_now(self.client))
+
+
+class Warehouse(_FleetReads, _QualityReads, _ReportReads):
     """The analyst's queries; `client` is a clickhouse-connect client logged in as the analyst."""
 
     def closed(self, period: Period) -> bool:
@@ -310,18 +355,6 @@ class Warehouse(_FleetReads, _QualityReads):
             out[str(values["line"])] = Statement(str(values["line"]), figures, int(values["allocated_seconds"]),
                                                  int(values["dark_seconds"]))  # fmt: skip
         return out
-
-    def cluster_lines(self, period: Period, team: str, *, closed: bool = False) -> dict[str, dict[str, Any]]:
-        """The team's lines of `report chargeback --by cluster` (sinks/reconcile.py, the report's own read):
-        cluster -> the line's figures. The report splits its cents over every (team, cluster) line of the month,
-        so the whole month is read and the team's lines picked here, not filtered in SQL."""
-        from dataclasses import asdict
-
-        from sinks.reconcile import ALL_CLUSTERS, chargeback_by_cluster
-
-        report = chargeback_by_cluster(self.client, period.text, closed=closed)
-        return {ln.cluster: {k: v for k, v in asdict(ln.line).items() if k != "line"}
-                for ln in report.lines if ln.line.line == team and ln.cluster != ALL_CLUSTERS}  # fmt: skip
 
     def team_jobs(self, period: Period, team: str, project: str | None = None, *, closed: bool = False,
                   cluster: str | None = None, views: PricedViews = FULL_VIEWS) -> list[JobUsage]:  # fmt: skip
@@ -510,3 +543,59 @@ class Warehouse(_FleetReads, _QualityReads):
 
 def decimal_or_none(value: Any) -> Decimal | None:
     return None if value is None else Decimal(str(value))
+
+
+def connect_analyst(clickhouse: Any, timeout_s: float) -> Any:
+    """The analyst's ClickHouse client (read-only, never the writer's), as `report` and analysts' tools use it."""
+    from sinks.db import connect
+
+    return connect(clickhouse, analyst=True, send_receive_timeout=int(timeout_s))
+
+
+def statement_store(client: Any) -> Any:
+    """The closed statements (`sinks.statement_store.StatementStore`) read through `client`."""
+    from sinks.statement_store import StatementStore
+
+    return StatementStore(client)
+
+
+def pending_lines(store: Any, period: str, charges: Any, team: str) -> list[Any]:
+    """The team's lines other than usage a close of `period` would carry now (`sinks.statement_store`)."""
+    from sinks.statement_store import pending_lines as pending
+
+    return pending(store, period, charges, team)
+
+
+def adjustments_since(store: Any, period: str, team: str) -> list[tuple[str, Any]]:
+    """The team's adjustments to closed month `period`, by the month that holds each (`sinks.statement_store`)."""
+    from sinks.statement_store import adjustments_since as since
+
+    return since(store, period, team)
+
+
+def governance_charges(client: Any, policy: Any) -> list[Any]:
+    """The credits and reservation charges `period close` routes onto statements (`sinks.governance_charges`)."""
+    from sinks.governance_charges import charges
+
+    return list(charges(client, policy))
+
+
+def appeal_events(client: Any) -> list[dict[str, Any]]:
+    """Every appeal step the sink has stored (`sinks.governance`)."""
+    from sinks.governance import appeal_events as stored
+
+    return stored(client)
+
+
+def alert_subject(client: Any, alert_id: str) -> Any:
+    """The job behind an idle warning or reclaim notice, or None (`sinks.governance`)."""
+    from sinks.governance import alert_subject as subject
+
+    return subject(client, alert_id)
+
+
+def job_subject(client: Any, cluster: str, job_id: str, period: str) -> Any:
+    """A job's charge in `period`, or None when the ledger has no usage of it then (`sinks.governance`)."""
+    from sinks.governance import job_subject as subject
+
+    return subject(client, cluster, job_id, period)

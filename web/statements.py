@@ -7,7 +7,7 @@
   it closed now: adjustments of closed months and credits routed to it.
 
 Credits (appeals granted as credit) and reservation charges come from `credits`, the same source `period
-close` reads (wired in web/cli.py).
+close` reads (wired in web/context.py).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def status(client: Any, period: str, team: str, usage_charge: Decimal,
     the credits and reservation charges (`sinks.statements.Charge`) a close would route; `closes`, the months'
     closes when the caller has read them already (`StatementStore.closes`); `cluster`: only its lines (the team
     page filtered to one cluster)."""
-    from sinks.statement_store import StatementStore, adjustments_since, pending_lines
+    from web.queries import adjustments_since, pending_lines, statement_store
 
-    store = StatementStore(client)
+    store = statement_store(client)
     closes = store.closes() if closes is None else closes
     close = closes.get(period)
     if close is None:

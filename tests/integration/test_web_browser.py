@@ -61,7 +61,7 @@ def served(web_ledger: Any, tmp_path: Path) -> Iterator[tuple[str, Published]]:
     import uvicorn
 
     from web.app import create_app
-    from web.cli import build_context
+    from web.context import build_context
 
     ch, _ = web_ledger
     settings = Settings(state_dir=tmp_path, cluster="sim", clickhouse=ch, broker=BrokerSettings(enabled=False),
@@ -213,7 +213,7 @@ def test_in_the_browser_a_user_appeals_an_operator_credits_and_another_team_is_r
     from sinks.db import connect
     from sinks.writer import LedgerWriter
     from web.app import create_app
-    from web.cli import build_context
+    from web.context import build_context
 
     settings = Settings(
         state_dir=tmp_path, cluster="sim", clickhouse=small_ledger, broker=BrokerSettings(enabled=False),

@@ -231,7 +231,7 @@ def test_a_proxy_header_from_an_untrusted_address_is_ignored(web_settings: Any) 
     from starlette.testclient import TestClient
 
     from web.app import create_app
-    from web.cli import build_context
+    from web.context import build_context
 
     client = TestClient(create_app(build_context(web_settings)), client=("10.1.2.3", 5000))
     assert client.get(f"/teams/vision?period={PERIOD}", headers=as_user("ops00")).status_code == 401
