@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 
 from base.cli_common import STATE_DIR_OPTION, settings_for
 from base.errors import ConfigError, ServiceError
@@ -83,7 +84,14 @@ def render_files(policy: Policy, engine: str, out: Path) -> list[Path]:
     manifest, stamp = out / "kueue-policy.yaml", out / "submitter-stamp.yaml"
     manifest.write_text(policy_kueue.render_yaml(policy_kueue.render_objects(policy)), encoding="utf-8")
     stamp.write_text(policy_kueue.render_yaml(policy_stamp.render_objects()), encoding="utf-8")
-    return [manifest, stamp]
+    config = out / "kueue-config.yaml"  # the controller's Configuration, its admission fair sharing only
+    want = policy_kueue.kueue_config(policy)
+    config.write_text("# Merge into the Kueue controller's Configuration (config.kueue.x-k8s.io/v1beta2), then restart "
+                      "it.\n" + ("# fair_share accumulate: Kueue's usage always fades; admission fair sharing stays "
+                                 "off (no admissionFairSharing).\n{}\n" if want is None else
+                                 yaml.safe_dump({policy_kueue.CONFIG_KEY: want}, sort_keys=False)),
+                      encoding="utf-8")  # fmt: skip
+    return [manifest, stamp, config]
 
 
 # -- Slurm ----------------------------------------------------------------------------------------
@@ -238,6 +246,43 @@ def kueue_apply(api: Any, objs: Sequence[dict[str, Any]]) -> None:
             raise ServiceError(f"applying {kind} {name}: {exc.status} {exc.reason}: {str(exc.body)[:500]}") from exc
 
 
+def kueue_config_apply(policy: Policy, path: Path, restart: str | None, run: Runner) -> list[str]:
+    """Put the policy's admission fair sharing into the Kueue controller's Configuration file (everything else in it
+    kept) when it differs; run `restart` (the controller reads the file only at start). Returns the lines that
+    differed."""
+    import shlex
+
+
+    config = _kueue_config(path)
+    found = policy_kueue.config_drift(policy, config)
+    if not found:
+        return []
+    try:
+        _write_atomically(path, yaml.safe_dump(policy_kueue.merged_config(config, policy), sort_keys=False))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc}") from exc
+    if restart:
+        run(shlex.split(restart))
+    return found
+
+
+def _kueue_config(path: Path) -> dict[str, Any]:
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read Kueue's Configuration {path}: {exc}") from exc
+    if len(text) > 1 << 20:
+        raise ConfigError(f"{path}: larger than 1 MiB")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from exc
+    if not isinstance(data, dict) or data.get("kind") != "Configuration":
+        raise ConfigError(f"{path}: not a Kueue Configuration (kind: Configuration)")
+    return data
+
+
 def reservation_bumps(policy: Policy, state_dir: Path | None) -> list[policy_kueue.Bump]:
     """The active reservations of this cluster as quota bumps (the topic read whole); none, with a warning,
     when the topic cannot be read: then every quota difference is drift."""
@@ -265,6 +310,11 @@ KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="Kueue: default in-c
 SACCTMGR_OPTION = typer.Option("sacctmgr", "--sacctmgr", help="Slurm: the sacctmgr to run.")
 SLURM_CONF_OPTION = typer.Option(None, "--slurm-conf", help="Slurm: the slurm.conf to write the fair-share block "
                                  "into (default: the SLURM_CONF `scontrol show config` names).")
+KUEUE_CONFIG_OPTION = typer.Option(None, "--kueue-config", help="Kueue: the controller's Configuration file (its "
+                                   "admissionFairSharing is the policy's fair share); not read or written without it.")
+KUEUE_RESTART_OPTION = typer.Option(None, "--kueue-restart", help="Kueue: the command that restarts the controller "
+                                    "after its Configuration changed (e.g. kubectl -n kueue-system rollout restart "
+                                    "deployment/kueue-controller-manager).")
 RESERVATIONS_OPTION = typer.Option(True, "--reservations/--no-reservations",
                                    help="Kueue: expect active reservations' quota raises.")  # fmt: skip
 
@@ -281,6 +331,8 @@ def policy_apply(
     kubeconfig: Path | None = KUBECONFIG_OPTION,
     sacctmgr: str = SACCTMGR_OPTION,
     slurm_conf: Path | None = SLURM_CONF_OPTION,
+    kueue_config: Path | None = KUEUE_CONFIG_OPTION,
+    kueue_restart: str | None = KUEUE_RESTART_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Apply the policy to the running scheduler (Slurm accounting, or Kueue objects)."""
@@ -306,6 +358,17 @@ def policy_apply(
     typer.echo(f"applied: {len(stamp)} admission objects (the submitter stamp and its lock)")
     kueue_apply(api, objs)
     typer.echo(f"applied: {len(objs)} Kueue objects")
+    if kueue_config is not None:
+        changed = kueue_config_apply(policy, kueue_config, kueue_restart, run_command)
+        for line in changed:
+            typer.echo(line)
+        if changed and not kueue_restart:
+            typer.echo(f"wrote {kueue_config}: restart the Kueue controller to load it (--kueue-restart CMD)", err=True)
+        typer.echo(f"applied: Kueue Configuration {kueue_config}" + (" (restarted)" if changed and kueue_restart
+                                                                       else "" if changed else " unchanged"))
+    if policy.fair_share.half_life is None:
+        typer.echo("fair_share accumulate: Kueue's usage always fades, so admission fair sharing is left off "
+                   "(Kueue admits by priority, then arrival)", err=True)  # fmt: skip
     record_applied(policy, engine, state_dir)
 
 
@@ -315,6 +378,7 @@ def policy_diff(
     kubeconfig: Path | None = KUBECONFIG_OPTION,
     sacctmgr: str = SACCTMGR_OPTION,
     reservations: bool = RESERVATIONS_OPTION,
+    kueue_config: Path | None = KUEUE_CONFIG_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Print how the live scheduler differs from the policy; exit 1 when it does (a Kueue quota raised by active
@@ -329,6 +393,8 @@ def policy_diff(
         live = kueue_live(kube_api(kubeconfig), objs)
         by = reservation_bumps(policy, state_dir) if reservations else []
         found, explained = policy_kueue.drift_with_reservations(policy, objs, live, by)
+        if kueue_config is not None:
+            found = [*found, *policy_kueue.config_drift(policy, _kueue_config(kueue_config))]
     # The pricing side: what the producers charge as preemptible against the tier the engine preempts.
     found = [*found, *pricing_drift(policy, settings_for(state_dir).scheduler.preemptible_qos, engine)]
     for item in [*found, *explained]:

@@ -15,9 +15,19 @@ How the policy maps onto Kueue:
   workloads of the preemptible tier (`borrowWithinCohort: LowerPriority` up to that tier's priority):
   Kueue preempts by priority, which is why the policy loader refuses a tier preempting a higher one;
 - a tier is a WorkloadPriorityClass (`value` its priority);
-- interactive limits and fair-share decay are not ClusterQueue fields in Kueue (per-user limits do not
-  exist there; the usage half-life is the controller's `admissionFairSharing` configuration) and are not
-  rendered.
+- fair share (issue 41): under `mode: decay` every ClusterQueue orders its workloads by their LocalQueue's past
+  usage (`admissionScope.admissionMode: UsageBasedAdmissionFairSharing`), each LocalQueue weighted by its team's
+  shares (`fairSharing.weight`), and the controller's Configuration gets `admissionFairSharing` with
+  `usageHalfLifeTime` = the half-life and `usageSamplingInterval` = `kueue.usage_sampling_seconds`
+  (`kueue_config`; a file the controller reads at start, so applying it means a restart). Kueue keeps usage as a
+  moving average that always fades (pkg/util/admissionfairsharing: decayed = old x (1 - a) + now x a): it cannot
+  accumulate, so under `mode: accumulate` admission fair sharing is left off (`NoAdmissionFairSharing`, no
+  `admissionFairSharing`) and Kueue admits in priority and arrival order; `policy render` says so;
+- interactive (issue 41): the interactive tier is a ClusterQueue of its own in the cohort, nominal quota 0 in
+  every flavor, borrowing what the teams' queues lend (their unused quota, taken back by their
+  `reclaimWithinCohort`), with a LocalQueue named after the tier in every team namespace: the teams share it,
+  fairly by past usage under decay. Kueue has no per-user quota and no session limit on a queue, so
+  `max_gpus_per_user` and `max_session_hours` are not rendered on Kueue (Slurm's QOS carries them).
 """
 
 from __future__ import annotations
@@ -105,8 +115,91 @@ def cluster_queue(policy: Policy, team: Team) -> dict[str, Any]:
             "resourceGroups": [{"coveredResources": [resource], "flavors": flavors}],
             "preemption": _preemption(policy),
             "fairSharing": {"weight": team.shares},
+            "admissionScope": admission_scope(policy),
         },
     }
+
+
+AFS_ON, AFS_OFF = "UsageBasedAdmissionFairSharing", "NoAdmissionFairSharing"
+CONFIG_KEY = "admissionFairSharing"
+
+
+def admission_scope(policy: Policy) -> dict[str, Any]:
+    return {"admissionMode": AFS_ON if policy.fair_share.half_life is not None else AFS_OFF}
+
+
+def kueue_config(policy: Policy) -> dict[str, Any] | None:
+    """The policy's part of Kueue's Configuration (config.kueue.x-k8s.io/v1beta2): `admissionFairSharing` under
+    decay, None under accumulate (Kueue's usage always fades: it is left off)."""
+    half_life = policy.fair_share.half_life
+    if half_life is None:
+        return None
+    seconds = int((half_life * 86_400).to_integral_value())
+    return {"usageHalfLifeTime": f"{seconds}s", "usageSamplingInterval": f"{policy.kueue.usage_sampling_seconds}s"}
+
+
+def go_seconds(text: Any) -> float | None:
+    """Seconds of a Go duration as Kueue's Configuration holds it (`168h0m0s`, `60s`, `1m30s`, `500ms`)."""
+    import re
+
+    if not isinstance(text, str) or not re.fullmatch(r"(\d+(\.\d+)?(h|m|s|ms))+", text):
+        return None
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, _, u in re.findall(r"(\d+(\.\d+)?)(ms|h|m|s)", text))
+
+
+def config_drift(policy: Policy, config: Mapping[str, Any]) -> list[str]:
+    """What the controller's Configuration says about admission fair sharing against the policy (one line each)."""
+    want, have = kueue_config(policy), config.get(CONFIG_KEY)
+    if want is None:
+        return [] if have is None else [f"Kueue Configuration: {CONFIG_KEY} is set, policy says off (fair_share "
+                                        "accumulate: Kueue's usage always fades)"]  # fmt: skip
+    if not isinstance(have, Mapping):
+        return [f"Kueue Configuration: {CONFIG_KEY} is missing, policy says {want}"]
+    out = []
+    for key, value in want.items():
+        if go_seconds(have.get(key)) != go_seconds(value):
+            out.append(f"Kueue Configuration: {CONFIG_KEY}.{key} is {have.get(key)}, policy says {value}")
+    return out
+
+
+def merged_config(config: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+    """Kueue's Configuration with the policy's admission fair sharing in place (everything else kept)."""
+    out = copy.deepcopy(dict(config))
+    want = kueue_config(policy)
+    if want is None:
+        out.pop(CONFIG_KEY, None)
+    else:
+        out[CONFIG_KEY] = {**(out.get(CONFIG_KEY) or {}), **want}
+    return out
+
+
+def interactive_objects(policy: Policy) -> list[dict[str, Any]]:
+    """The interactive tier's shared ClusterQueue and its LocalQueue in every team namespace (none without an
+    `interactive` section or team namespaces)."""
+    if policy.interactive is None:
+        return []
+    namespaces = sorted(ns for t in policy.teams for ns in t.namespaces)
+    if not namespaces:
+        return []
+    name, resource = tier_priority_class(policy.interactive.tier), policy.kueue.resource
+    flavors = [{"name": g.kueue_flavor, "resources": [{"name": resource, "nominalQuota": 0}]}
+               for g in policy.generations.values()]  # fmt: skip
+    objs: list[dict[str, Any]] = [{
+        "apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": _meta(name),
+        "spec": {
+            "cohortName": policy.kueue.cohort,
+            "namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]},
+            "resourceGroups": [{"coveredResources": [resource], "flavors": flavors}],
+            "admissionScope": admission_scope(policy),
+        },
+    }]  # fmt: skip
+    for team in policy.teams:
+        for ns in sorted(team.namespaces):
+            objs.append({"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": _meta(name, ns),
+                         "spec": {"clusterQueue": name, "fairSharing": {"weight": team.shares}}})  # fmt: skip
+    return objs
 
 
 def render_objects(policy: Policy) -> list[dict[str, Any]]:
@@ -124,8 +217,13 @@ def render_objects(policy: Policy) -> list[dict[str, Any]]:
         objs.append(cluster_queue(policy, team))
         for ns in sorted(team.namespaces):
             objs.append({"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": _meta(team.name, ns),
-                         "spec": {"clusterQueue": team.name}})  # fmt: skip
-    return objs
+                         "spec": {"clusterQueue": team.name, "fairSharing": {"weight": team.shares}}})  # fmt: skip
+    cqs = [o for o in objs if o["kind"] == "ClusterQueue"]
+    lqs = [o for o in objs if o["kind"] == "LocalQueue"]
+    extra = interactive_objects(policy)
+    rest = [o for o in objs if o["kind"] not in ("ClusterQueue", "LocalQueue")]
+    return [*rest, *cqs, *(o for o in extra if o["kind"] == "ClusterQueue"), *lqs,
+            *(o for o in extra if o["kind"] == "LocalQueue")]  # fmt: skip
 
 
 def render_yaml(objs: Iterable[Mapping[str, Any]]) -> str:

@@ -344,6 +344,16 @@ class LocalKube:
         url = f"http://127.0.0.1:{self.cfg.kueue_health_port}/readyz"
         _wait("kueue", lambda: _get_ok(url), lambda: proc.poll() is None, self.cfg.log("kueue"), timeout)
 
+    def restart_kueue(self) -> None:
+        """Stop the Kueue controller and start it again: it reads its Configuration (`kueue.yaml`) only at start."""
+        self._stop_one("kueue")
+        self.start_kueue()
+
+    @property
+    def kueue_config(self) -> Path:
+        """The Kueue controller's Configuration file (what `policy apply --engine kueue --kueue-config` writes)."""
+        return self.cfg.state_dir / "kueue.yaml"
+
     def restart_apiserver(self) -> None:
         """Stop the API server and start it again on the same port and data (watches break)."""
         self._stop_one("kube-apiserver")

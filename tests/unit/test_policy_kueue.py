@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from producers import policy_kueue as pk
-from schemas.policy import load_policy
+from schemas.policy import load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "tests" / "fixtures" / "kubernetes" / "crds"
@@ -81,8 +81,8 @@ def test_the_validator_would_catch_a_wrong_object() -> None:
 def test_kinds_and_counts() -> None:
     kinds = [o["kind"] for o in OBJECTS]
     assert kinds.count("ResourceFlavor") == 2 and kinds.count("Cohort") == 1
-    assert kinds.count("WorkloadPriorityClass") == 5 and kinds.count("ClusterQueue") == 2
-    assert kinds.count("LocalQueue") == 2
+    assert kinds.count("WorkloadPriorityClass") == 5 and kinds.count("ClusterQueue") == 3  # 2 teams, interactive
+    assert kinds.count("LocalQueue") == 4  # a team's own and the interactive one, in each team namespace
     assert kinds.index("ResourceFlavor") < kinds.index("ClusterQueue") < kinds.index("LocalQueue")
 
 
@@ -109,9 +109,9 @@ def test_drift_ignores_server_defaults_and_string_quantities_and_sees_edits() ->
     live[cq_key]["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = "5"
     del live[("LocalQueue", "vision", "vision")]
     assert [str(d) for d in pk.drift(OBJECTS, live)] == [
-        "LocalQueue vision/vision: missing",
         "ClusterQueue nlp: resourceGroups[0].flavors[h100].resources[nvidia.com/gpu].nominalQuota is 5, "
         "policy says 1",
+        "LocalQueue vision/vision: missing",
     ]
 
 
@@ -126,6 +126,8 @@ def test_render_writes_each_engines_files(tmp_path: Path) -> None:
                              env=dict(os.environ), timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr
     assert list(yaml.safe_load_all((tmp_path / "kueue-policy.yaml").read_text())) == OBJECTS
+    assert yaml.safe_load((tmp_path / "kueue-config.yaml").read_text()) == {
+        "admissionFairSharing": {"usageHalfLifeTime": "604800s", "usageSamplingInterval": "300s"}}
     assert (tmp_path / "sacctmgr-policy.sh").read_text().startswith("#!/bin/sh\n")
     assert "PreemptType=preempt/qos" in (tmp_path / "slurm-policy.conf").read_text().splitlines()
     bad = run_gpuledger(["policy", "render", "--engine", "lsf", "--out", str(tmp_path), "--policy", str(policy)],
@@ -214,3 +216,49 @@ def test_the_reservation_services_own_bump_is_what_diff_explains() -> None:
     later = NOW + 2 * HOUR  # past its end, the service not yet run: the raise is drift again
     found, explained = pk.drift_with_reservations(POLICY, OBJECTS, live, pk.bumps(POLICY, [held], "c1", later))
     assert explained == [] and [d.path for d in found] == [QUOTA.format("h100")]
+
+
+def test_fair_share_decay_is_admission_fair_sharing_and_accumulate_leaves_it_off() -> None:
+    # Decay: every ClusterQueue orders by past usage, each LocalQueue weighted by its team's shares, and the
+    # controller's Configuration carries the half-life (7 days) and the sampling interval (Kueue's default 5 min).
+    cqs = {o["metadata"]["name"]: o for o in OBJECTS if o["kind"] == "ClusterQueue"}
+    assert {n: cq["spec"]["admissionScope"] for n, cq in cqs.items()} == {
+        n: {"admissionMode": "UsageBasedAdmissionFairSharing"} for n in ("vision", "nlp", "interactive")}
+    lqs = {(o["metadata"]["namespace"], o["metadata"]["name"]): o["spec"] for o in OBJECTS if o["kind"] == "LocalQueue"}
+    assert lqs[("vision", "interactive")] == {"clusterQueue": "interactive", "fairSharing": {"weight": 2}}
+    assert lqs[("nlp", "nlp")] == {"clusterQueue": "nlp", "fairSharing": {"weight": 1}}
+    assert pk.kueue_config(POLICY) == {"usageHalfLifeTime": "604800s", "usageSamplingInterval": "300s"}
+    text = (ROOT / "deploy" / "policy.example.yaml").read_text()
+    acc = parse_policy(text.replace("mode: decay", "mode: accumulate").replace("  half_life_days: 7\n", ""))
+    assert pk.kueue_config(acc) is None
+    assert {o["spec"]["admissionScope"]["admissionMode"] for o in pk.render_objects(acc)
+            if o["kind"] == "ClusterQueue"} == {"NoAdmissionFairSharing"}  # fmt: skip
+
+
+def test_the_interactive_queue_borrows_what_the_teams_lend() -> None:
+    (cq,) = [o for o in OBJECTS if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == "interactive"]
+    assert cq["spec"]["cohortName"] == POLICY.kueue.cohort
+    assert cq["spec"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["nlp", "vision"]
+    for flavor in cq["spec"]["resourceGroups"][0]["flavors"]:
+        assert flavor["resources"] == [{"name": "nvidia.com/gpu", "nominalQuota": 0}]  # no borrowingLimit: any
+
+
+def test_the_controllers_configuration_is_merged_and_its_drift_read() -> None:
+    config = {"apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": "kueue-system"}
+    assert pk.config_drift(POLICY, config) == [
+        "Kueue Configuration: admissionFairSharing is missing, policy says "
+        "{'usageHalfLifeTime': '604800s', 'usageSamplingInterval': '300s'}"]
+    merged = pk.merged_config(config, POLICY)
+    assert merged["namespace"] == "kueue-system" and pk.config_drift(POLICY, merged) == []
+    merged["admissionFairSharing"]["usageHalfLifeTime"] = "168h0m0s"  # the same, as Go writes it
+    assert pk.config_drift(POLICY, merged) == []
+    merged["admissionFairSharing"]["usageHalfLifeTime"] = "1h"
+    assert pk.config_drift(POLICY, merged) == [
+        "Kueue Configuration: admissionFairSharing.usageHalfLifeTime is 1h, policy says 604800s"]
+    text = (ROOT / "deploy" / "policy.example.yaml").read_text()
+    acc = parse_policy(text.replace("mode: decay", "mode: accumulate").replace("  half_life_days: 7\n", ""))
+    assert pk.config_drift(acc, merged)[0].startswith(
+        "Kueue Configuration: admissionFairSharing is set, policy says off")
+    assert "admissionFairSharing" not in pk.merged_config(merged, acc)
+    seconds = [pk.go_seconds(t) for t in ("168h0m0s", "60s", "1m30s", "500ms", "x", 5)]
+    assert seconds == [604800, 60, 90, 0.5, None, None]
