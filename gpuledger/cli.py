@@ -32,6 +32,7 @@ _COMMAND_MODULES = (
     "stack.kube.cli",
     "stack.slurm.cli",
     "schemas.cli",
+    "streams.cli",
     "producers.cli",
     "processors.cli",
     "sinks.cli",

@@ -21,9 +21,9 @@ from confluent_kafka.admin import (
 from typer.testing import CliRunner
 
 from base.errors import ServiceError
-from schemas.cli import register
 from schemas.topics import ALERTS, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, all_topics
 from stack.broker import free_ports
+from streams.cli import register
 
 pytestmark = pytest.mark.integration
 
