@@ -194,11 +194,10 @@ class Resumer:
             return "gone", f"job {request.job_id}: no way back for scheduler {scheduler!r}"
         if verdict.status != "resume":
             return verdict.status, verdict.detail
-        base = {"action_id": action_id, "cluster": request.cluster, "job_id": request.job_id,
-                "scheduler": reclaimed.scheduler, "action": RESUME, "dry_run": False}  # fmt: skip
-
         def outcome(step: int, command: str, status: str, detail: str) -> Outcome:
-            return Outcome(step=step, ts_ms=self._clock_ms(), command=command, status=status, detail=detail, **base)
+            return Outcome(action_id=action_id, step=step, ts_ms=self._clock_ms(), cluster=request.cluster,
+                           job_id=request.job_id, scheduler=reclaimed.scheduler, action=RESUME, command=command,
+                           dry_run=False, status=status, detail=detail)  # fmt: skip
 
         self._recorder.record([outcome(0, "", "started", f"{request.why}; {verdict.detail}"[:2000])])
         done: list[Outcome] = []
