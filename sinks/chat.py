@@ -6,6 +6,15 @@ any apprise URL), or, for a route of format "slack", posts Slack's message JSON 
 the `ts` the endpoint answers with: the thread an appeal's decision is posted into (sinks/chat_appeals.py).
 `WebhookReceiver` is a loopback webhook endpoint for tests and demos; it answers a Slack-format post as
 chat.postMessage does, with a `ts`.
+
+Exactly once across kill -9 (`ChatJournal`, two phases in `chat_deliveries`): an alert's `posting` row is
+written before its post and its outcome (`sent`, ...) after. A kill between the two leaves the alert in doubt:
+its record was not acked, so the next life handles it again and posts it again, with the same key. Every post of
+an apprise JSON route (`json://`, `jsons://`) carries an `Idempotency-Key` header (the IETF httpapi draft
+"The Idempotency-Key HTTP Header Field"), its value the alert id, so a receiver that honours it, as
+`WebhookReceiver` does, keeps the first and answers the repeat without recording it. A route that takes no key
+(Slack incoming webhooks, Teams, email, any other apprise scheme) stays at least once: at most one post per
+kill comes twice.
 """
 
 from __future__ import annotations
@@ -14,13 +23,16 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import re
 import threading
-from collections import OrderedDict, deque
+import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from base.settings import ChatRoute, ChatSettings
 
@@ -234,12 +246,51 @@ def slack_post(route: ChatRoute, title: str, body: str, thread_ts: str = "") -> 
     return True, str(answer.get("ts") or "")
 
 
+# apprise schemes whose posts carry the Idempotency-Key header (apprise adds a `+Name=value` query item as a header)
+KEYED_SCHEMES = ("json", "jsons")
+IDEMPOTENCY_KEY_MAX = 255  # characters of a key a receiver accepts (alert and event ids are far shorter)
+
+
+def idempotency_key_value(key: str) -> str:
+    """The header's value: a Structured Field string (the draft's type), `"` and `\\` escaped."""
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def parse_idempotency_key(value: str | None) -> str | None:
+    """The key from an `Idempotency-Key` value (a quoted sf-string; a bare token is taken as it is); None when
+    absent, empty, too long or not printable ASCII."""
+    if value is None:
+        return None
+    value = value.strip()
+    if len(value) > 2 * IDEMPOTENCY_KEY_MAX + 2:  # bound the work before unescaping
+        return None
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = re.sub(r'\\(["\\])', r"\1", value[1:-1])
+    if not value or len(value) > IDEMPOTENCY_KEY_MAX or not all(" " <= c <= "~" for c in value):
+        return None
+    return value
+
+
+def keyed_url(url: str, key: str) -> str:
+    """The apprise URL with an `Idempotency-Key` header for this post, when its scheme sends headers (JSON);
+    other schemes as they are (they take no key)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if not key or scheme not in KEYED_SCHEMES:
+        return url
+    item = "+Idempotency-Key=" + quote(idempotency_key_value(key), safe="")
+    return f"{url}{'&' if '?' in url else '?'}{item}"
+
+
 def post(dest: Destination, title: str, body: str, thread_ts: str, sender: Sender,
-         slack_sender: SlackSender) -> tuple[bool, str]:  # fmt: skip
-    """Send to `dest` the way its route's format wants: (delivered, the post's ts or "")."""
+         slack_sender: SlackSender, key: str = "") -> tuple[bool, str]:  # fmt: skip
+    """Send to `dest` the way its route's format wants: (delivered, the post's ts or ""). `key`: the post's
+    idempotency key (the alert's id), sent where the route's scheme can carry it (`keyed_url`)."""
     if dest.route.format == "slack":
         return slack_sender(dest.route, title, body, thread_ts)
-    return sender(dest.route.url.get_secret_value(), title, body), ""
+    return sender(keyed_url(dest.route.url.get_secret_value(), key), title, body), ""
+
+
+Intent = Callable[["Delivery"], None]  # journal a post as begun, before it goes out (`ChatJournal.begin`)
 
 
 class ChatNotifier:
@@ -252,8 +303,16 @@ class ChatNotifier:
         already_sent: Iterable[str] = (),
         slack_sender: SlackSender = slack_post,
         gangs: GangAlerts | None = None,
+        intent: Intent | None = None,
+        in_doubt: Iterable[str] = (),
     ) -> None:
         self._chat = chat
+        # two-phase journal: a `posting` row before each post (None: no journal, at least once across kills)
+        self._intent = intent
+        # alerts a killed life began to post and never journalled (`ChatJournal.in_doubt`): posted again with the
+        # same idempotency key, so a receiver honouring it records them once
+        self._in_doubt = set(in_doubt)
+        self.in_doubt_reposted = 0
         # a gang member's idle alert -> the gang's alert it completes, or None (held): sinks/gang.py
         self._gangs = gangs
         self._clock_ms = clock_ms
@@ -293,7 +352,14 @@ class ChatNotifier:
             return Delivery(alert_id, "dry-run", dest.masked, dest.channel, members=members)
         for m in members:  # delivered in the gang's post
             self._dedupe.first_time(m)
-        ok, ts = post(dest, title, body, "", self._send, self._slack_send)
+        if alert_id in self._in_doubt:
+            self._in_doubt.discard(alert_id)
+            self.in_doubt_reposted += 1
+            log.info("alert %s in doubt (a kill cut it between post and journal): posted again, key %s", alert_id,
+                     alert_id)  # fmt: skip
+        if self._intent is not None:
+            self._intent(Delivery(alert_id, "posting", dest.masked, dest.channel))
+        ok, ts = post(dest, title, body, "", self._send, self._slack_send, key=alert_id)
         log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
         return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel, ts,
                         members=members if ok else ())  # fmt: skip
@@ -330,6 +396,34 @@ def record_delivery(client: Any, delivery: Delivery, ts_ms: int) -> bool:
     return True
 
 
+IN_DOUBT = "posting"  # the journal's first phase: the post is about to go out
+
+
+class ChatJournal:
+    """The two-phase delivery journal in `chat_deliveries` (a ReplacingMergeTree on alert_id, version ts_ms):
+    `begin` writes the `posting` row before a post, `end` the outcome after it, which replaces it. An alert
+    whose latest row is still `posting` was cut by a kill between the two: in doubt (`in_doubt`)."""
+
+    def __init__(self, client: Any, clock_ms: Callable[[], int]) -> None:
+        self._client = client
+        self._clock_ms = clock_ms
+
+    def begin(self, delivery: Delivery) -> None:
+        row = [delivery.alert_id, self._clock_ms(), IN_DOUBT, delivery.channel, delivery.destination, "", ""]
+        self._client.insert("chat_deliveries", [row], column_names=DELIVERY_COLUMNS)
+
+    def end(self, delivery: Delivery) -> bool:
+        return record_delivery(self._client, delivery, self._clock_ms())
+
+    def in_doubt(self, window: int) -> list[str]:
+        """The ids of the last `window` alerts left in doubt, oldest first."""
+        rows = self._client.query(
+            "SELECT alert_id FROM chat_deliveries FINAL WHERE status = {s:String} ORDER BY ts_ms DESC LIMIT {n:UInt32}",
+            parameters={"s": IN_DOUBT, "n": window},
+        ).result_rows
+        return [row[0] for row in reversed(rows)]
+
+
 def delivered_post(client: Any, alert_id: str) -> tuple[str, str, str] | None:
     """(masked destination, channel, thread_ts) of the alert's post, when one was sent (or dry-run)."""
     rows = client.query(
@@ -355,14 +449,30 @@ def local_receiver_routes(chat: ChatSettings, port: int) -> ChatSettings:
 # -- local webhook receiver ----------------------------------------------------------------------
 
 
-class WebhookReceiver:
-    """Loopback HTTP endpoint that stores every POST it gets (path, JSON or text body) in memory
-    and, when given, as JSON lines in a file. `GET /received` returns what it has."""
+# Idempotency keys a `WebhookReceiver` remembers: a repeat comes from the next life of a killed chat worker,
+# within one batch of its last post (seconds), so the last 10,000 keys (the chat worker's own dedupe window by
+# default) bound the memory (about a megabyte) with room to spare; an older key is forgotten, oldest first.
+RECEIVER_KEYS = 10_000
 
-    def __init__(self, port: int = 0, out: Path | None = None, host: str = "127.0.0.1") -> None:
+
+class WebhookReceiver:
+    """Loopback HTTP endpoint that stores every POST it gets (path, JSON or text body, its idempotency key) in
+    memory and, when given, as JSON lines in a file. `GET /received` returns what it has.
+
+    It honours the `Idempotency-Key` header (the IETF httpapi draft): a POST whose key it has already recorded
+    is answered as the first was (200, the same `ts` for a Slack-format post) and not recorded again; each such
+    repeat is counted in `repeats` (key -> count). It remembers the last `max_keys` keys. A POST without the header
+    is recorded each time. A key is not checked against the payload (the draft's 422 for a reused key): a
+    repeat may carry fresher figures for the same alert, and it is still that alert's one post."""
+
+    def __init__(self, port: int = 0, out: Path | None = None, host: str = "127.0.0.1",
+                 max_keys: int = RECEIVER_KEYS) -> None:  # fmt: skip
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("the webhook receiver listens on loopback only")
         self.received: list[dict[str, Any]] = []
+        self.repeats: Counter[str] = Counter()
+        self._answers: OrderedDict[str, bytes] = OrderedDict()  # key -> the answer given to its first post
+        self._max_keys = max_keys
         self._out = out
         self._lock = threading.Lock()
         self._posts = 0
@@ -372,16 +482,19 @@ class WebhookReceiver:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
+                header = self.headers.get("Idempotency-Key")
+                key = parse_idempotency_key(header)
+                if header is not None and key is None:
+                    self.send_error(400, "bad Idempotency-Key")
+                    return
                 try:
                     body: Any = json.loads(raw)
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
                 item = {"path": self.path, "content_type": self.headers.get("Content-Type"), "body": body}
-                answer = b""
-                if isinstance(body, dict) and "text" in body:  # Slack's message JSON: answer as chat.postMessage
-                    item["ts"] = receiver._next_ts()
-                    answer = json.dumps({"ok": True, "channel": body.get("channel", ""), "ts": item["ts"]}).encode()
-                receiver._store(item)
+                if key is not None:
+                    item["idempotency_key"] = key
+                answer = receiver._accept(item, key)
                 self.send_response(200)
                 if answer:
                     self.send_header("Content-Type", "application/json")
@@ -408,20 +521,29 @@ class WebhookReceiver:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
-    def _next_ts(self) -> str:
-        """A Slack-like message id: seconds since the epoch, then a sequence number (unique per receiver)."""
-        import time
-
-        with self._lock:
-            self._posts += 1
-            return f"{int(time.time())}.{self._posts:06d}"
-
-    def _store(self, item: dict[str, Any]) -> None:
-        with self._lock:
+    def _accept(self, item: dict[str, Any], key: str | None) -> bytes:
+        """Record a post (unless its key was seen: then count the repeat) and give its answer: a Slack-format
+        post's chat.postMessage answer with its `ts`, the first post's for a repeat; b"" otherwise."""
+        with self._lock:  # one lock over look-up and store: two concurrent posts of one key record one
+            if key is not None and key in self._answers:
+                self._answers.move_to_end(key)
+                self.repeats[key] += 1
+                return self._answers[key]
+            answer = b""
+            body = item["body"]
+            if isinstance(body, dict) and "text" in body:  # Slack's message JSON: answer as chat.postMessage
+                self._posts += 1
+                item["ts"] = f"{int(time.time())}.{self._posts:06d}"  # Slack-like: epoch seconds, a sequence
+                answer = json.dumps({"ok": True, "channel": body.get("channel", ""), "ts": item["ts"]}).encode()
             self.received.append(item)
             if self._out is not None:
                 with self._out.open("a", encoding="utf-8") as fh:
                     fh.write(json.dumps(item) + "\n")
+            if key is not None:
+                self._answers[key] = answer
+                if len(self._answers) > self._max_keys:
+                    self._answers.popitem(last=False)
+            return answer
 
     def start(self) -> WebhookReceiver:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

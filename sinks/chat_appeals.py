@@ -11,8 +11,9 @@
   decision, an early escalation): the same fold as the commands and the statements (`schemas.governance_appeals`),
   under the settings' policy; without a policy no step is posted (status `no-policy`).
 
-Once per step, across restarts: each delivery is journalled in `chat_deliveries` under the step's event_id, and
-the notifier's dedupe is seeded from that journal at start, as for alerts.
+Once per step, across restarts: each delivery is journalled in `chat_deliveries` under the step's event_id (its
+`posting` row before the post, its outcome after, sinks/chat.py `ChatJournal`), the notifier's dedupe is seeded
+from that journal at start, and each post carries the event_id as its `Idempotency-Key`, as for alerts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sinks.chat import (
     Deduper,
     Delivery,
     Destination,
+    Intent,
     Sender,
     SlackSender,
     apprise_send,
@@ -117,8 +119,10 @@ class AppealNotifier:
         sender: Sender = apprise_send,
         slack_sender: SlackSender = slack_post,
         already_sent: Iterable[str] = (),
+        intent: Intent | None = None,
     ) -> None:
         self._chat = chat
+        self._intent = intent  # the journal's `posting` row before each post (sinks/chat.py `ChatJournal`)
         self._book = book
         self._warning_post = warning_post
         self._send = sender
@@ -164,14 +168,16 @@ class AppealNotifier:
         if self._chat.dry_run:
             log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
             return Delivery(event_id, "dry-run", dest.masked, dest.channel, "", reply_to)
-        ok, ts = post(dest, title, body, thread_ts, self._send, self._slack_send)
+        if self._intent is not None:
+            self._intent(Delivery(event_id, "posting", dest.masked, dest.channel, "", reply_to))
+        ok, ts = post(dest, title, body, thread_ts, self._send, self._slack_send, key=event_id)
         log.info("chat %s to %s (%s)%s: %s", "sent" if ok else "FAILED", dest.channel, dest.masked,
                  f" in the thread of {reply_to}" if thread_ts else "", title)  # fmt: skip
         return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, thread_ts or ts, reply_to)
 
 
 def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy | None,
-                    already_sent: Iterable[str]) -> AppealNotifier:  # fmt: skip
+                    already_sent: Iterable[str], intent: Intent | None = None) -> AppealNotifier:  # fmt: skip
     """The chat worker's notifier of appeal steps: the warning posts from `chat_deliveries`, the appeals read
     from `appeals.v1` whole with the worker's own login (assigned partitions, no group)."""
     from schemas.topics import APPEALS
@@ -186,4 +192,4 @@ def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy 
 
     book = None if policy is None else AppealBook(read, policy)
     return AppealNotifier(chat, book=book, warning_post=lambda alert_id: delivered_post(client, alert_id),
-                          already_sent=already_sent)  # fmt: skip
+                          already_sent=already_sent, intent=intent)  # fmt: skip

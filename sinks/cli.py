@@ -442,7 +442,8 @@ def chat_receiver(
     port: int = typer.Option(8765, "--port", help="Loopback port (0 = any free)."),
     out: Path | None = typer.Option(None, "--out", help="Append what arrives here, as JSON lines."),
 ) -> None:
-    """A local webhook endpoint on 127.0.0.1 that stores what it gets (tests and demos)."""
+    """A local webhook endpoint on 127.0.0.1 that stores what it gets (tests and demos); a repeated
+    Idempotency-Key is answered as its first post and not stored again (the last 10,000 keys)."""
     from sinks.chat import WebhookReceiver
 
     receiver = WebhookReceiver(port=port, out=out)
@@ -466,7 +467,7 @@ def chat_run(
     as a reply in its warning's thread, each escalation to the operators' channel (with the policy's rules)."""
     from schemas.policy import load_policy
     from schemas.topics import ALERTS, APPEALS
-    from sinks.chat import ChatNotifier, local_receiver_routes, recently_delivered, record_delivery
+    from sinks.chat import ChatJournal, ChatNotifier, local_receiver_routes, recently_delivered
     from sinks.chat_appeals import appeal_notifier
     from sinks.gang import ClickHouseGangs
     from sinks.worker_agent import consume_records
@@ -477,13 +478,15 @@ def chat_run(
     if local_receiver is not None:
         chat = local_receiver_routes(chat, local_receiver)
     recent = recently_delivered(client, chat.dedupe_window)
-    notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=recent, gangs=ClickHouseGangs(client).alert)
+    two_phase = ChatJournal(client, _now_ms)
+    notifier = ChatNotifier(chat, clock_ms=_now_ms, already_sent=recent, gangs=ClickHouseGangs(client).alert,
+                            intent=two_phase.begin, in_doubt=two_phase.in_doubt(chat.dedupe_window))  # fmt: skip
     policy = None if settings.policy_path is None else load_policy(settings.policy_path)
-    appeals = appeal_notifier(chat, client, settings.kafka, policy, recent)
+    appeals = appeal_notifier(chat, client, settings.kafka, policy, recent, two_phase.begin)
 
     def journal(delivery: Any) -> None:
         logging.getLogger("gpuledger.chat").info("%s %s %s", delivery.alert_id, delivery.status, delivery.channel)
-        record_delivery(client, delivery, _now_ms())
+        two_phase.end(delivery)
 
     consume_records(
         settings,
@@ -511,8 +514,10 @@ def _executor(settings: Settings, execute: bool, *, recheck: bool = True) -> Any
 
     client = _client(settings)
     state = ClickHouseJobState(client)
+    recorder = ClickHouseRecorder(client)
     return ReclaimExecutor(
-        ClickHouseRecorder(client),
+        recorder,
+        progress=recorder.outcomes_of,  # an action a kill left in doubt is resolved by the engine: exactly once
         dry_run=not execute and settings.sinks.reclaim_dry_run,
         signal=settings.sinks.reclaim_checkpoint_signal,
         grace_s=settings.sinks.reclaim_checkpoint_grace_s,

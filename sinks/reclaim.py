@@ -33,7 +33,9 @@ from prometheus_client import Counter as PromCounter
 
 from base.errors import ConfigError
 from base.kube import load_credentials
+from sinks import reclaim_doubt as doubt
 from sinks.kube_owner import Owner, abort_command, kubernetes_owner_create, kubernetes_owner_patch
+from sinks.reclaim_doubt import scontrol_show_job
 
 log = logging.getLogger(__name__)
 SKIPPED = PromCounter(
@@ -163,6 +165,8 @@ def recheck(now: JobNow) -> Recheck:
 
 
 JobState = Callable[[str, str], JobNow]  # (cluster, job_id) -> JobNow
+Progress = Callable[[str], Sequence["Outcome"]]  # action_id -> its live outcomes recorded so far
+SlurmShow = Callable[[str], dict[str, str]]  # Slurm job id -> `scontrol show job -o` fields ({}: unknown job)
 GangCheck = Callable[[Mapping[str, Any]], Recheck]  # the action -> may its job's whole gang be reclaimed
 
 
@@ -215,6 +219,15 @@ class ClickHouseRecorder:
         if outcomes:
             rows = [[getattr(o, c) for c in OUTCOME_COLUMNS] for o in outcomes]
             self._client.insert("action_outcomes", rows, column_names=list(OUTCOME_COLUMNS))
+
+    def outcomes_of(self, action_id: str) -> list[Outcome]:
+        """The action's live (not dry-run) outcomes, one per step (the latest), by step."""
+        rows = self._client.query(
+            "SELECT action_id, step, ts_ms, cluster, job_id, scheduler, action, command, dry_run, status, detail "
+            "FROM action_outcomes FINAL WHERE action_id = {id:String} AND NOT dry_run ORDER BY step LIMIT 100",
+            parameters={"id": action_id},
+        ).result_rows
+        return [Outcome(*row) for row in rows]
 
     def has_run(self, action_id: str) -> bool:
         result = self._client.query(
@@ -272,6 +285,8 @@ class ReclaimExecutor:
         kueue_read: KueueRead | None = kubernetes_read,
         timeout_s: float = 60.0,
         job_state: JobState | None = None,
+        progress: Progress | None = None,
+        slurm_show: SlurmShow = scontrol_show_job,
         kueue_owner: KueueOwner | None = None,
         gang_check: GangCheck | None = None,
         owner_patch: OwnerPatch = kubernetes_owner_patch,
@@ -287,6 +302,10 @@ class ReclaimExecutor:
         self._owner_patch = owner_patch
         self._owner_create = owner_create
         self._job_state = job_state  # None: no re-check (a manual `reclaim exec`)
+        # an action's live outcomes so far (`ClickHouseRecorder.outcomes_of`): one started and not finished is in
+        # doubt and resolved by the engine (sinks/reclaim_doubt.py); None: not run again (at most once)
+        self._progress = progress
+        self._slurm_show = slurm_show  # the job as slurmctld has it now ({}: unknown), for an action in doubt
         self.skipped: Counter[str] = Counter()  # by re-check reason
         self._dry_run = dry_run
         self._signal = signal
@@ -300,9 +319,11 @@ class ReclaimExecutor:
     def execute(self, action: dict[str, Any]) -> list[Outcome]:
         """Run (or plan) an action. It runs only when neither the executor nor the action is a dry run.
 
-        At most once: a live run first records a `started` row (step 0) and each step's outcome as
-        soon as it is known, and an action whose live run was started before (a redelivery, a
-        restart) is not run again. A failed step stops the action; later steps are recorded as skipped.
+        A live run first records a `started` row (step 0) and each step's outcome as soon as it is known. An
+        action started before (a redelivery, a restart): with `progress`, exactly once: finished, it is not run
+        again; in doubt (a kill cut it between a step and its outcome), the engine is asked and the step is
+        recorded as done or carried out now, then the rest (`_resume`). Without: at most once, not run again. A
+        failed step stops the action; later steps are recorded as skipped.
         """
         dry = self._dry_run or bool(action.get("dry_run", True))
         base: dict[str, Any] = {
@@ -323,6 +344,10 @@ class ReclaimExecutor:
             outcomes = [outcome(0, "", "failed", str(exc))]
             self._recorder.record(outcomes)
             return outcomes
+        if not dry and self._progress is not None:  # before the re-check: its skip row must not replace `started`
+            before = self._progress(base["action_id"])
+            if before:
+                return self._resume(steps, before, outcome, base["job_id"])
         verdict = self._recheck(base["cluster"], base["job_id"], action)
         if not verdict.ok:
             outcomes = [outcome(0, "", "skipped", f"re-check: {verdict.reason}: {verdict.detail}")]
@@ -334,12 +359,15 @@ class ReclaimExecutor:
             outcomes = [outcome(i, s.describe(), "planned", "dry-run: not executed") for i, s in enumerate(steps, 1)]
             self._recorder.record(outcomes)
             return outcomes
-        if self._recorder.has_run(base["action_id"]):
+        if self._progress is None and self._recorder.has_run(base["action_id"]):
             return [outcome(0, "", "duplicate", "already executed; not run again")]
-        self._recorder.record([outcome(0, "", "started", f"{len(steps)} step(s)")])
-        outcomes = []
-        failed = False
-        for i, step in enumerate(steps, start=1):
+        self._recorder.record([outcome(0, "", "started", f"{len(steps)} step(s){self._baseline(steps, base)}")])
+        return self._steps(steps, 1, outcome, [], failed=False)
+
+    def _steps(self, steps: Sequence[Step], first: int, outcome: Callable[[int, str, str, str], Outcome],
+               outcomes: list[Outcome], *, failed: bool) -> list[Outcome]:  # fmt: skip
+        """Run steps `first`.. in order, recording each outcome as soon as it is known."""
+        for i, step in enumerate(steps[first - 1 :], start=first):
             if failed:
                 done = outcome(i, step.describe(), "skipped", "an earlier step failed")
             else:
@@ -349,6 +377,61 @@ class ReclaimExecutor:
             self._recorder.record([done])
             outcomes.append(done)
         return outcomes
+
+    def _baseline(self, steps: Sequence[Step], base: Mapping[str, Any]) -> str:
+        """For a Slurm requeue: `; restarts=N`, the job's restart count before it (what an action in doubt is
+        judged by); '' otherwise, or when slurmctld cannot say (then the held state alone judges it)."""
+        if self._progress is None or not any(s.kind == "exec" and doubt.effect(s.argv) == "requeue" for s in steps):
+            return ""
+        try:
+            kept = doubt.baseline(self._slurm_show(str(base["job_id"])))
+        except Exception as exc:  # the probe raises ServiceError; the action goes ahead without a baseline
+            log.warning("reclaim of %s: restart count not read: %s", base["job_id"], exc)
+            return ""
+        return f"; {kept}" if kept else ""
+
+    def _resume(self, steps: Sequence[Step], before: Sequence[Outcome],
+                outcome: Callable[[int, str, str, str], Outcome], job_id: str) -> list[Outcome]:  # fmt: skip
+        """An action a previous life started: finished (each step's outcome there, or a failure, or no `started`
+        row: a skip or a failed plan), it is a duplicate; in doubt, the engine resolves the first step without an
+        outcome (sinks/reclaim_doubt.py), then the rest run."""
+        started = next((o for o in before if o.step == 0 and o.status == "started"), None)
+        done = {o.step: o for o in before if o.step >= 1}
+        missing = [i for i in range(1, len(steps) + 1) if i not in done]
+        if started is None or not missing or any(o.status == "failed" for o in done.values()):
+            return [outcome(0, "", "duplicate", "already executed; not run again")]
+        first = missing[0]
+        step = steps[first - 1]
+        try:
+            status, detail = self._in_doubt(step, job_id, started.detail)
+        except Exception as exc:  # the engine could not be asked: do not act blind, say so
+            status, detail = "failed", f"in doubt after a restart; the engine could not be asked: {exc}"[:2000]
+        log.warning("reclaim %s step %d (%s) was in doubt after a restart: %s %s", started.action_id, first,
+                    step.describe(), status, detail)  # fmt: skip
+        resolved = outcome(first, step.describe(), status, detail)
+        self._recorder.record([resolved])
+        return self._steps(steps, first + 1, outcome, [resolved], failed=status == "failed")
+
+    def _in_doubt(self, step: Step, job_id: str, started_detail: str) -> tuple[str, str]:
+        """(status, detail) of a step in doubt: done already as the engine shows it, or carried out now."""
+        prefix = "in doubt after a restart: "
+        if step.kind == "exec":
+            fields = {} if doubt.effect(step.argv) == "signal" else self._slurm_show(job_id)
+            verdict = doubt.slurm_in_doubt(step.argv, fields, doubt.baseline_restarts(started_detail))
+            if not verdict.run:
+                return verdict.status, prefix + verdict.detail
+            status, detail = self._run(step)
+            return status, f"{prefix}{verdict.detail}: run now{': ' + detail if detail else ''}"
+        if step.kind == "kueue-deactivate":
+            if self._kueue_owner is None and self._kueue_read is not None:
+                workload = self._kueue_read(step.namespace, step.name)
+                if (workload.get("spec") or {}).get("active") is False:
+                    return "ok", f"{prefix}Workload {step.namespace}/{step.name} has spec.active=false: already done"
+            status, detail = self._deactivate(step.namespace, step.name)
+            # `_deactivate` skips only an owner found stopped (inactive, or its AbortJob Command there): done
+            return ("ok" if status == "skipped" else status), f"{prefix}{detail}"
+        status, detail = self._run(step)
+        return status, f"{prefix}run again{': ' + detail if detail else ''}"
 
     def _recheck(self, cluster: str, job_id: str, action: Mapping[str, Any]) -> Recheck:
         if self._job_state is None:

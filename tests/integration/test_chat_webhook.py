@@ -127,3 +127,37 @@ def test_chat_run_command_posts_once_across_restarts(
     finally:
         receiver.stop()
         client.close()
+
+
+def test_the_receiver_records_a_key_once_and_answers_its_repeat_as_the_first(tmp_path: Any) -> None:
+    """Through apprise (a JSON route) and httpx: a repeated Idempotency-Key is answered 200 and not recorded
+    again, a Slack-format repeat gets its first post's `ts`; posts without a key are each recorded; a bad key is
+    refused with 400; only the last `max_keys` keys are remembered."""
+    import httpx
+
+    from sinks.chat import ChatRoute, Destination, apprise_send, post, slack_post
+
+    out = tmp_path / "posts.jsonl"
+    receiver = WebhookReceiver(port=0, out=out, max_keys=2).start()
+    try:
+        base = f"http://127.0.0.1:{receiver.port}"
+        hook = Destination("default", "default", "#x", ChatRoute(url=f"json://127.0.0.1:{receiver.port}/hook"))
+        for _ in range(3):
+            assert post(hook, "t", "alert k1", "", apprise_send, slack_post, key="k1") == (True, "")
+        assert post(hook, "t", "no key", "", apprise_send, slack_post) == (True, "")
+        assert post(hook, "t", "no key", "", apprise_send, slack_post) == (True, "")
+        assert [r.get("idempotency_key") for r in receiver.received] == ["k1", None, None]
+        assert receiver.repeats == {"k1": 2}
+        assert len(out.read_text().splitlines()) == 3
+
+        slack = {"text": "*t*\nalert s1", "channel": "#x"}
+        first = httpx.post(f"{base}/api", json=slack, headers={"Idempotency-Key": '"s1"'}).json()
+        again = httpx.post(f"{base}/api", json=slack, headers={"Idempotency-Key": '"s1"'}).json()
+        assert first["ok"] and first["ts"] and again == first and receiver.repeats["s1"] == 1
+        assert httpx.post(f"{base}/api", json=slack, headers={"Idempotency-Key": "x" * 300}).status_code == 400
+        # two more keys: k1 (the oldest) is forgotten, a post with it is recorded as new
+        httpx.post(f"{base}/hook", json={"m": 1}, headers={"Idempotency-Key": '"k2"'})
+        assert post(hook, "t", "alert k1", "", apprise_send, slack_post, key="k1") == (True, "")
+        assert [r.get("idempotency_key") for r in receiver.received] == ["k1", None, None, "s1", "k2", "k1"]
+    finally:
+        receiver.stop()

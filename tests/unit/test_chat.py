@@ -142,3 +142,63 @@ def test_local_receiver_routes_only_when_nothing_is_configured() -> None:
     assert routed.default.url.get_secret_value() == "json://127.0.0.1:8765/"
     configured = chat()
     assert local_receiver_routes(configured, 8765) is configured
+
+
+# -- exactly once: the two-phase journal and the Idempotency-Key -----------------------------------
+
+
+def test_idempotency_key_rides_on_json_routes_only_as_a_quoted_sf_string() -> None:
+    from sinks.chat import keyed_url, parse_idempotency_key
+
+    assert keyed_url("json://127.0.0.1:9/hook", "a1") == "json://127.0.0.1:9/hook?+Idempotency-Key=%22a1%22"
+    assert keyed_url("jsons://h/x?+X-Token=t", "a1").endswith("?+X-Token=t&+Idempotency-Key=%22a1%22")
+    assert keyed_url(SECRET, "a1") == SECRET  # an apprise scheme that sends no headers: no key
+    assert keyed_url("json://h/x", "") == "json://h/x"
+    assert parse_idempotency_key('"a1"') == "a1" and parse_idempotency_key("a1") == "a1"
+    assert parse_idempotency_key('"a\\"b\\\\c"') == 'a"b\\c'
+    for bad in (None, "", '""', "x" * 256, "caf\u00e9", '"' + "y" * 600 + '"'):
+        assert parse_idempotency_key(bad) is None, bad
+
+
+def test_a_post_is_journalled_as_begun_before_it_goes_out_and_carries_its_alert_id_as_key() -> None:
+    from sinks.chat import Delivery
+
+    events: list[str] = []
+    intents: list[Delivery] = []
+
+    def sender(url: str, title: str, body: str) -> bool:
+        events.append(f"post {url}")
+        return True
+
+    def intent(d: Delivery) -> None:
+        events.append(f"begin {d.alert_id}")
+        intents.append(d)
+
+    notifier = ChatNotifier(chat(), clock_ms=lambda: 0, sender=sender, intent=intent)
+    assert notifier.handle(alert(user="alice")).status == "sent"
+    assert events == ["begin a1", "post json://127.0.0.1:9/alice?+Idempotency-Key=%22a1%22"]
+    assert intents[0].status == "posting" and intents[0].channel == "@alice"
+    assert notifier.in_doubt_reposted == 0
+
+
+def test_an_alert_in_doubt_is_posted_again_with_the_same_key() -> None:
+    urls: list[str] = []
+    notifier = ChatNotifier(
+        chat(), clock_ms=lambda: 0, sender=lambda u, t, b: urls.append(u) or True, in_doubt=["a1"],
+        intent=lambda d: None,
+    )
+    assert notifier.handle(alert(user="alice")).status == "sent"
+    assert urls == ["json://127.0.0.1:9/alice?+Idempotency-Key=%22a1%22"] and notifier.in_doubt_reposted == 1
+
+
+def test_the_journal_writes_posting_then_the_outcome_and_reads_back_what_is_in_doubt() -> None:
+    from sinks.chat import ChatJournal, Delivery
+
+    client = _FakeClient([("a9",), ("a8",)])
+    journal = ChatJournal(client, lambda: 42)
+    journal.begin(Delivery("a1", "posting", "json://<secret x>", "#x"))
+    journal.end(Delivery("a1", "sent", "json://<secret x>", "#x"))
+    assert [rows[0][:3] for _, rows, _ in client.inserts] == [["a1", 42, "posting"], ["a1", 42, "sent"]]
+    assert journal.in_doubt(5) == ["a8", "a9"]
+    ((sql, params),) = client.queries
+    assert params == {"s": "posting", "n": 5} and "{s:String}" in sql

@@ -8,7 +8,7 @@ from typing import Any
 from base.settings import ChatRoute, ChatSettings
 from schemas.governance_appeals import HOUR_MS, Subject, decide_event, escalations, file_event, fold
 from schemas.policy import Policy
-from sinks.chat import mask_url, slack_message
+from sinks.chat import keyed_url, mask_url, slack_message
 from sinks.chat_appeals import AppealBook, AppealNotifier, render_step
 
 NOW = 1_795_000_000_000
@@ -68,7 +68,9 @@ def test_through_apprise_the_decision_goes_to_the_warnings_destination_as_a_new_
     n, sent = notifier(chat, events, {"a1": (mask_url("json://127.0.0.1:9/ops"), "#ops", "")})
     d = n.handle(events[1])
     assert (d.status, d.channel, d.thread_ts, d.reply_to) == ("sent", "#ops", "", "a1")
-    assert [s[:2] for s in sent] == [("apprise", "json://127.0.0.1:9/ops")]
+    # the step's event id rides as its Idempotency-Key (a JSON route carries it; sinks/chat.py keyed_url)
+    assert [s[:2] for s in sent] == [("apprise", keyed_url("json://127.0.0.1:9/ops", events[1]["event_id"]))]
+    assert "Idempotency-Key=%22" in sent[0][1]
 
 
 def test_without_the_warnings_post_the_decision_goes_to_the_jobs_route() -> None:
