@@ -41,11 +41,14 @@ kube: $(STAMP)
 # control plane and the Kueue controller, and a live one-node Slurm with accounting). The Slurm fixture runs as
 # root (as CI does) and installs Debian's slurm-wlm, slurmdbd, munge, mariadb-server and slurm-client with
 # apt-get the first time when they are missing (about a minute); not as root it names what to install.
+# TEST_WORKERS: pytest-xdist workers (most tests wait on a broker, ClickHouse or an engine, so more workers than
+# cores); each live engine's tests run on one worker, in order (tests/conftest.py).
+TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(VENV)/bin/gpuledger dev kube build --jobs $(KUBE_JOBS) --detach
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The fault injection suite (tests/fault, marker `fault`, excluded from `make test`): the real pipeline
 # as processes (own broker, embedded ClickHouse, simulator, processors, sinks) under kill -9, broker

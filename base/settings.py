@@ -213,6 +213,8 @@ class ChatSettings(BaseModel):
     dedupe_window: int = 10_000  # alert ids remembered
     appeal_route: str = "reply in this thread or open a ticket with the platform team"
     kinds: list[str] = Field(default_factory=lambda: ["IDLE_WARNING", "RECLAIM_NOTICE", "COVERAGE_GAP"])
+    # With no route configured, `up` runs a local webhook receiver on this loopback port and chat posts to it.
+    local_receiver_port: int = Field(default=8765, ge=1, le=65535)
 
 
 class ReservationServiceSettings(BaseModel):

@@ -404,10 +404,13 @@ def build_app(settings: Settings, *, partitions: int | None = None, state_topic:
     """The faust app running the job stage for `settings` (broker, security, topics, group, policy)."""
     ps = settings.processor
     n = partitions if partitions is not None else source_partitions(settings.kafka)
+    faust_dir = settings.state_dir / "faust"  # faust makes its data directory even with nothing stored
+    faust_dir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         app_id(settings),
         **broker_options(settings.kafka),
         store="memory://",
+        datadir=str(faust_dir).replace("{", "{{").replace("}", "}}") + "/{conf.name}-data",  # not the cwd
         web_enabled=False,
         autodiscover=False,
         agent_supervisor=CrashingSupervisor,  # an agent that fails stops the worker: a restart replays its input

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -131,6 +132,21 @@ def ensure_jars(
     libs = target / "libs"
     if _jars_complete(libs, kafka_version):
         return libs
+    target.mkdir(parents=True, exist_ok=True)
+    # Processes starting at once (test workers, `up` beside a test) fetch once: the first holds the lock, the
+    # others find its result when they get it.
+    with (target / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if _jars_complete(libs, kafka_version):
+                return libs
+            return _fetch_jars(kafka_version, target, progress=progress, maven_repo=maven_repo)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _fetch_jars(kafka_version: str, target: Path, *, progress: Progress, maven_repo: Path | None) -> Path:
+    libs = target / "libs"
     mvn = find_mvn()
     find_java()  # Maven needs it too; say so before Maven does, in one line.
     pom = deploy_dir() / "pom.xml"
@@ -766,15 +782,54 @@ def running_broker(cfg: BrokerConfig, *, progress: Progress = _quiet) -> Iterato
         yield broker
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
-    """`n` distinct ports that were free a moment ago (for tests and benchmarks)."""
-    socks = []
+# GPULEDGER_PORT_RANGE="lo-hi": free_ports draws from this range in turn instead of the kernel's ephemeral ones.
+# The test workers of one machine each get a range of their own (tests/conftest.py), so two of them never draw
+# the same port, and no client connection's ephemeral source port can take one between its draw and its bind.
+PORT_RANGE_ENV = "GPULEDGER_PORT_RANGE"
+_next_in_range: dict[tuple[int, int], int] = {}
+
+
+def _port_range() -> tuple[int, int] | None:
+    text = os.environ.get(PORT_RANGE_ENV)
+    if not text:
+        return None
     try:
-        for _ in range(n):
+        low, high = (int(part) for part in text.split("-", 1))
+    except ValueError:
+        raise ConfigError(f"{PORT_RANGE_ENV}={text!r}: write it as LOW-HIGH, e.g. 20000-20999") from None
+    if not 1024 <= low < high <= 65535:
+        raise ConfigError(f"{PORT_RANGE_ENV}={text!r}: needs 1024 <= LOW < HIGH <= 65535")
+    return low, high
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
+    """`n` distinct ports that were free a moment ago (for tests and benchmarks): from GPULEDGER_PORT_RANGE
+    in turn when it is set, else whatever the kernel gives."""
+    bounds = _port_range()
+    socks: list[socket.socket] = []
+    try:
+        if bounds is None:
+            for _ in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((host, 0))
+                socks.append(s)
+            return [s.getsockname()[1] for s in socks]
+        low, high = bounds
+        size = high - low + 1
+        cursor = _next_in_range.get(bounds, low)
+        for _ in range(size):
+            port, cursor = cursor, low + (cursor + 1 - low) % size
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
+            try:
+                s.bind((host, port))  # no SO_REUSEADDR: a port with connections in TIME_WAIT is skipped too
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            if len(socks) == n:
+                _next_in_range[bounds] = cursor
+                return [sock.getsockname()[1] for sock in socks]
+        raise PortInUse(f"fewer than {n} free ports in {PORT_RANGE_ENV}={low}-{high}")
     finally:
         for s in socks:
             s.close()

@@ -233,7 +233,6 @@ def with_demo_policy(settings: Settings) -> Settings:
     return settings
 
 
-LOCAL_WEBHOOK_PORT = 8765
 SIMULATOR_BACKFILL_S = 3 * 3600
 
 
@@ -267,7 +266,7 @@ def _agents_argv(settings: Settings, _: Progress) -> list[str]:
 
 def _chat_argv(settings: Settings, _: Progress) -> list[str]:
     if _local_chat(settings):
-        return gpuledger_argv("chat", "run", "--local-receiver", str(LOCAL_WEBHOOK_PORT))
+        return gpuledger_argv("chat", "run", "--local-receiver", str(settings.sinks.chat.local_receiver_port))
     return gpuledger_argv("chat", "run")
 
 
@@ -382,7 +381,8 @@ COMPONENTS: list[Component] = [
         name="chat-receiver",
         description="local webhook that stands in for chat (no route configured)",
         argv=lambda s, _: gpuledger_argv(
-            "chat", "receiver", "--port", str(LOCAL_WEBHOOK_PORT), "--out", str(s.state_dir / "webhook.jsonl")
+            "chat", "receiver", "--port", str(s.sinks.chat.local_receiver_port), "--out",
+            str(s.state_dir / "webhook.jsonl"),
         ),
         enabled=_local_chat,
         command=("chat", "receiver"),

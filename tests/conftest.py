@@ -11,6 +11,12 @@ Kafka (session-scoped, started once):
 Settings:
   settings          a gpuledger `Settings` pointed at the test broker with a tmp state dir; its own
                     local broker is disabled (the test broker plays the external cluster).
+
+Parallel workers (`make test` runs pytest-xdist, `-n` workers, `--dist loadgroup`): each worker starts its own
+session services (broker, ClickHouse, registry) and draws ports from a range of its own (GPULEDGER_PORT_RANGE,
+read by gpuledger.stack.broker.free_ports). Tests on a live engine go to one worker per engine, in their order
+(xdist group "slurm": one live Slurm per machine; "kube": one control plane, its restart test last); a module
+whose tests share a module-scoped fixture goes to one worker whole, so the fixture starts once.
 """
 
 from __future__ import annotations
@@ -25,10 +31,71 @@ from pathlib import Path
 import pytest
 
 from base.settings import BrokerSettings, KafkaSettings, Settings
+from gpuledger.stack.broker import PORT_RANGE_ENV, free_ports
 
 # embedded ClickHouse; the schema registry; the Java reference program of tests/interop; Kubernetes + Kueue;
 # a live Slurm
 pytest_plugins = ["fixtures_clickhouse", "fixtures_registry", "fixtures_interop", "fixtures_kube", "fixtures_slurm"]
+
+# ------------------------------------------------------------------------------------------------
+# Parallel workers
+
+WORKER_PORTS = 1000  # ports in each worker's range
+FIRST_WORKER_PORT = 15000  # worker k draws from 15000 + 1000 k: below the kernel's ephemeral range (32768 on)
+
+
+def _worker_index() -> int | None:
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw3" in worker 3 of an xdist run
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
+
+
+_WORKER = _worker_index()
+if _WORKER is not None and PORT_RANGE_ENV not in os.environ:
+    _low = FIRST_WORKER_PORT + WORKER_PORTS * _WORKER
+    if _low + WORKER_PORTS <= 32768:
+        os.environ[PORT_RANGE_ENV] = f"{_low}-{_low + WORKER_PORTS - 1}"
+
+ENGINE_GROUPS = (("slurm", ("live_slurm", "live_slurm_noacct")), ("kube", ("kube_binaries",)))
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The worker group a test belongs to: its live engine's, else its module's when it shares a module-scoped
+    fixture, else none (any worker)."""
+    names = set(getattr(item, "fixturenames", ()))
+    for group, fixtures in ENGINE_GROUPS:
+        if names & set(fixtures):
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d.scope in ("module", "class", "package") for chain in defs for d in chain):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects, and before xdist turns the marks into "@group" node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    worker = hasattr(config, "workerinput")
+    for item in items:
+        group = xdist_group_of(item)
+        if group in {name for name, _ in ENGINE_GROUPS}:
+            item.add_marker(pytest.mark.live_engine)  # `-m live_engine`: the repeat runner's live set
+        if worker and group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def _own_default_ports(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integration tests: the ports a command binds by default (the web page's 8080, the local chat receiver's
+    8765, the registry's 19081, the components' metrics from 9470) are drawn afresh, so two tests on two workers
+    never meet on one; a test that sets its own keeps it."""
+    if "integration" not in request.node.path.parts:
+        return
+    web, chat, registry = free_ports(3)
+    monkeypatch.setenv("GPULEDGER_WEB__PORT", str(web))
+    monkeypatch.setenv("GPULEDGER_SINKS__CHAT__LOCAL_RECEIVER_PORT", str(chat))
+    monkeypatch.setenv("GPULEDGER_REGISTRY__PORT", str(registry))
+    monkeypatch.setenv("GPULEDGER_METRICS__BASE_PORT", "0")
+
 
 # ------------------------------------------------------------------------------------------------
 # Kafka

@@ -29,22 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SETS: dict[str, tuple[str, ...]] = {
     # the live engines: the local Kubernetes control plane with Kueue, and the live Slurm
-    "live": (
-        "tests/integration/test_kube_live_admission.py",
-        "tests/integration/test_kube_live_gang_reclaim.py",
-        "tests/integration/test_kube_live_kueue.py",
-        "tests/integration/test_kube_live_podresources.py",
-        "tests/integration/test_kube_live_policy.py",
-        "tests/integration/test_kube_live_rbac.py",
-        "tests/integration/test_kube_live_watch.py",
-        "tests/integration/test_reservations_kueue.py",
-        "tests/integration/test_reservations_live.py",
-        "tests/integration/test_slurm_live_hooks.py",
-        "tests/integration/test_slurm_live_job_submit.py",
-        "tests/integration/test_slurm_live_policy.py",
-        "tests/integration/test_slurm_live_poll.py",
-        "tests/integration/test_slurm_live_reclaim.py",
-    ),
+    "live": ("-m", "live_engine", "tests/integration"),
     # the faust agents and the processes around them on a real broker
     "faust": (
         "tests/integration/test_agents_fetch_wait.py",

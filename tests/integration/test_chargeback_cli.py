@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from fixtures_cli import fake_slurm_tools, run_gpuledger
 from test_chargeback_ledger import cli_env
 
 from base.settings import ClickHouseSettings
+from gpuledger.stack.broker import free_ports
 from schemas import topics
 from sinks.chat import apprise_send
 from sinks.db import connect
@@ -150,9 +150,7 @@ def test_migrate_ratecard_alerts_jobs_and_reclaim(env: dict[str, str], tmp_path:
 
 
 def test_chat_receiver_command_stores_what_it_gets(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (port,) = free_ports(1)
     out = tmp_path / "received.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-c", "from gpuledger.cli import main; main()", "chat", "receiver", "--port", str(port),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_clickhouse import server_env, start_server, stop_server, wait_for
 
 from base.settings import ClickHouseSettings, KafkaSettings
+from gpuledger.stack.broker import free_ports
 from schemas import topics
 from schemas.topics import job_key
 from sinks.db import connect, migrate
@@ -33,12 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 OUTAGE_S = float(os.environ.get("GPULEDGER_TEST_CLICKHOUSE_OUTAGE_S", "15"))
 MINUTE0 = 1_793_491_200_000  # 2026-11-01T00:00Z
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def record(gpu: int, minute: int) -> dict[str, Any]:
@@ -73,7 +67,7 @@ def start_sink(env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen[
 
 
 def test_kill_restart_outage_and_replay_keep_totals(kafka_bootstrap: str, tmp_path: Path) -> None:
-    port = free_port()
+    port = free_ports(1)[0]
     data = tmp_path / "ch" / "data"
     data.parent.mkdir()
     server = start_server(data, port=port)

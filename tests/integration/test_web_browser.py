@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -28,6 +27,7 @@ import pytest
 from fixtures_web import END_MS, PERIOD, SIM, Published, run_cli, small_ledger, web_ledger
 
 from base.settings import BrokerSettings, Settings, WebSettings
+from gpuledger.stack.broker import free_ports
 from producers.simulator import expected_ledger
 
 pytestmark = pytest.mark.integration
@@ -49,12 +49,6 @@ def ensure_chromium() -> None:
                    timeout=900)  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def served(web_ledger: Any, tmp_path: Path) -> Iterator[tuple[str, Published]]:
     """The app under uvicorn on a free loopback port, demo mode on, corrections captured."""
@@ -69,7 +63,7 @@ def served(web_ledger: Any, tmp_path: Path) -> Iterator[tuple[str, Published]]:
     published = Published()
     ctx = build_context(settings, publisher=published)
     ctx.clock = lambda: END_MS / 1000
-    port = free_port()
+    port = free_ports(1)[0]
     server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -231,7 +225,7 @@ def test_in_the_browser_a_user_appeals_an_operator_credits_and_another_team_is_r
 
     ctx = build_context(settings)
     ctx.clock = lambda: (SMALL.start_ms + SMALL.duration_s * 1000) / 1000
-    port = free_port()
+    port = free_ports(1)[0]
     server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
