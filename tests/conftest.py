@@ -14,7 +14,7 @@ Settings:
 
 Parallel workers (`make test` runs pytest-xdist, `-n` workers, `--dist loadgroup`): each worker starts its own
 session services (broker, ClickHouse, registry) and draws ports from a range of its own (GPULEDGER_PORT_RANGE,
-read by gpuledger.stack.broker.free_ports). Tests on a live engine go to one worker per engine, in their order
+read by stack.broker.free_ports). Tests on a live engine go to one worker per engine, in their order
 (xdist group "slurm": one live Slurm per machine; "kube": one control plane, its restart test last); a module
 whose tests share a module-scoped fixture goes to one worker whole, so the fixture starts once.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from base.settings import BrokerSettings, KafkaSettings, Settings
-from gpuledger.stack.broker import PORT_RANGE_ENV, free_ports
+from stack.broker import PORT_RANGE_ENV, free_ports
 
 # embedded ClickHouse; the schema registry; the Java reference program of tests/interop; Kubernetes + Kueue;
 # a live Slurm

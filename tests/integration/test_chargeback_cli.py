@@ -18,13 +18,13 @@ from fixtures_cli import fake_slurm_tools, run_gpuledger
 from test_chargeback_ledger import cli_env
 
 from base.settings import ClickHouseSettings
-from gpuledger.stack.broker import free_ports
 from schemas import topics
 from sinks.chat import apprise_send
 from sinks.db import connect
 from sinks.rows import SINKS
 from sinks.view_files import load_views
 from sinks.writer import LedgerWriter, Origin, Pending
+from stack.broker import free_ports
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -23,10 +23,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fixtures_clickhouse import server_env, start_server, stop_server, wait_for
 
 from base.settings import ClickHouseSettings, KafkaSettings
-from gpuledger.stack.broker import free_ports
 from schemas import topics
 from schemas.topics import job_key
 from sinks.db import connect, migrate
+from stack.broker import free_ports
 from streams.publish import RecordPublisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

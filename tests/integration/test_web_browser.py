@@ -27,8 +27,8 @@ import pytest
 from fixtures_web import END_MS, PERIOD, SIM, Published, run_cli, small_ledger, web_ledger
 
 from base.settings import BrokerSettings, Settings, WebSettings
-from gpuledger.stack.broker import free_ports
 from producers.simulator import expected_ledger
+from stack.broker import free_ports
 
 pytestmark = pytest.mark.integration
 __all__ = ["small_ledger", "web_ledger"]
