@@ -30,6 +30,7 @@ from base.errors import ConfigError
 from schemas.policy import Policy
 from sinks.kube_owner import Owner
 from sinks.reclaim import K8S_NAME, SLURM_JOB_ID, Outcome, OutcomeRecorder
+from sinks.reclaim_doubt import scontrol_show_job
 
 RESUME = "RESUME"
 FINISHED_SLURM = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -129,21 +130,12 @@ def kueue_verdict(job_id: str, owner: Owner | None) -> Verdict:
 
 # -- carrying it out ------------------------------------------------------------------------------------------
 
-ShowJob = Callable[[str], dict[str, str]]  # Slurm job id -> `scontrol show job -o` fields ({}: unknown)
+# Slurm job id -> `scontrol show job -o` fields ({}: unknown to Slurm); raises ServiceError when Slurm cannot be
+# asked, so a job slurmctld could not be asked about is never reported as gone (sinks/reclaim_doubt.py).
+ShowJob = Callable[[str], dict[str, str]]
 Run = Callable[[tuple[str, ...]], tuple[int, str]]  # argv -> (exit status, output)
 KueueOwner = Callable[[str, str], Owner | None]
 KueuePatch = Callable[[str, str, dict[str, Any]], None]
-
-
-def scontrol_show_job(job_id: str) -> dict[str, str]:
-    proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30,
-                          check=False)  # fmt: skip
-    fields: dict[str, str] = {}
-    for token in proc.stdout.split()[:500] if proc.returncode == 0 else ():
-        key, sep, value = token.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    return fields
 
 
 def run_argv(argv: tuple[str, ...]) -> tuple[int, str]:

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from base.errors import ServiceError
 from schemas.governance_appeals import Subject as AppealSubject
 from schemas.governance_appeals import decide_event, file_event, fold
 from schemas.policy import load_policy
 from sinks.kube_owner import Owner
 from sinks.reclaim import Outcome
+from sinks.reclaim_doubt import scontrol_show_job
 from sinks.reclaim_resume import (
     JobOwner,
     Reclaimed,
@@ -109,6 +111,21 @@ def test_a_failed_release_is_recorded_and_said() -> None:
     status, line = resumer.resume(Request("c", "7", "bob", "x"), Reclaimed("a", "SLURM", "REQUEUE", 1))
     assert (status, line) == ("failed", "job 7: scontrol release 7 failed: Access/permission denied")
     assert recorder.outcomes[-1].status == "failed"
+
+
+def test_slurm_that_cannot_be_asked_is_not_a_job_that_is_gone() -> None:
+    """The probe is the reclaim's own (sinks/reclaim_doubt.scontrol_show_job): a slurmctld that does not answer
+    raises, so nothing is recorded and the request is not answered "no such job"."""
+    recorder = Recorder()
+
+    def unreachable(job_id: str) -> dict[str, str]:
+        raise ServiceError(f"scontrol show job {job_id}: exit 1: Unable to contact slurm controller")
+
+    resumer = Resumer(recorder, clock_ms=lambda: 1, show_job=unreachable, run=lambda argv: (0, ""))
+    with pytest.raises(ServiceError, match="Unable to contact"):
+        resumer.resume(Request("c", "7", "bob", "x"), Reclaimed("a", "SLURM", "REQUEUE", 1))
+    assert recorder.outcomes == []
+    assert Resumer.__init__.__kwdefaults__["show_job"] is scontrol_show_job
 
 
 def test_only_an_exemption_the_appeal_rules_took_asks_for_a_resume() -> None:
