@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,25 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return None
 
 
+# The suite's parts and their budgets: the sum of their tests' durations (setup, call and teardown), in seconds,
+# on the 2-core machine of docs/benchmarks.md. Printed after every run; over budget is said, never failed on.
+PART_BUDGETS_S = {"unit": 180, "integration": 2100, "live Slurm": 480, "live Kubernetes": 600, "browser": 180,
+                  "fault": 660}  # fmt: skip
+
+
+def suite_part(item: pytest.Item, group: str | None) -> str:
+    parts = item.path.parts
+    if "fault" in parts:
+        return "fault"
+    if group == "slurm":
+        return "live Slurm"
+    if group == "kube":
+        return "live Kubernetes"
+    if "unit" in parts:
+        return "unit"
+    return "browser" if item.path.name == "test_web_browser.py" else "integration"
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects, and before xdist turns the marks into "@group" node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     worker = hasattr(config, "workerinput")
@@ -81,6 +101,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.live_engine)  # `-m live_engine`: the repeat runner's live set
         if worker and group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        item.user_properties.append(("suite_part", suite_part(item, group)))  # reaches the controller's reports
+
+
+_PART_TIMES: dict[str, list[float]] = {}  # part -> [tests, seconds, longest test's seconds]
+_TEST_TIMES: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    part = dict(report.user_properties).get("suite_part")
+    if not isinstance(part, str):
+        return
+    totals = _PART_TIMES.setdefault(part, [0, 0.0, 0.0])
+    if report.when == "setup":
+        totals[0] += 1
+    totals[1] += report.duration
+    _TEST_TIMES[report.nodeid] = _TEST_TIMES.get(report.nodeid, 0.0) + report.duration
+    totals[2] = max(totals[2], _TEST_TIMES[report.nodeid])
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _PART_TIMES:
+        return
+    terminalreporter.section("time per part of the suite (sum of each test's setup, call and teardown)")
+    terminalreporter.write_line(f"{'part':<16} {'tests':>6} {'seconds':>9} {'budget':>7} {'longest test':>13}")
+    for part, (tests, seconds, longest) in sorted(_PART_TIMES.items(), key=lambda kv: -kv[1][1]):
+        budget = PART_BUDGETS_S.get(part)
+        over = "  over budget" if budget is not None and seconds > budget else ""
+        terminalreporter.write_line(f"{part:<16} {int(tests):>6} {seconds:>9.0f} {budget or '':>7} {longest:>12.0f}s"
+                                    f"{over}")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
