@@ -563,17 +563,17 @@ def reclaim_run(
     state_dir: Path | None = STATE_DIR,
 ) -> None:
     """Consume reclaim actions and carry them out (dry-run unless --execute and the action is live). With a policy
-    it also reads appeals.v1: an exemption granted on a reclaimed job resumes it (sinks/reclaim_resume_cli.py)."""
+    it also reads appeals.v1: an exemption granted on a reclaimed job resumes it (sinks/reclaim_resume.py)."""
     from schemas.policy import load_policy
     from schemas.topics import APPEALS, RECLAIM_ACTIONS
-    from sinks.reclaim_resume_cli import appeal_handler
+    from sinks.reclaim_resume import appeal_handler
     from sinks.worker_agent import consume_records
 
     settings = start_service(state_dir)
     executor = _executor(settings, execute)
     live = execute or not settings.sinks.reclaim_dry_run
-    also = ({APPEALS: appeal_handler(settings, load_policy(settings.policy_path), live)}
-            if settings.policy_path is not None else None)  # fmt: skip
+    also = ({APPEALS: appeal_handler(_client(settings), settings.kafka, load_policy(settings.policy_path), live,
+                                     _now_ms)} if settings.policy_path is not None else None)  # fmt: skip
     consume_records(
         settings,
         RECLAIM_ACTIONS,
@@ -588,6 +588,44 @@ def reclaim_run(
     stop.leave()
 
 
+@reclaim_app.command("resume")
+def reclaim_resume(
+    job: str = typer.Argument(..., help="Slurm job id, or <namespace>/<pod> for Kubernetes (as the ledger names it)."),
+    cluster: str | None = typer.Option(None, "--cluster", help="The job's cluster (default: settings)."),
+    by: str | None = typer.Option(None, "--by", help="Who asks (default: the current user)."),
+    policy_path: Path | None = typer.Option(None, "--policy", help="policy.yaml (default: settings' policy_path)."),
+    state_dir: Path | None = STATE_DIR,
+) -> None:
+    """Resume a job gpuledger reclaimed: released on Slurm, its Workload reactivated on Kueue (owner, lead, operator).
+
+    One line, exit 0, when the job is resumed, was already, or runs; one line, exit 2, when it cannot be: no such
+    job, ended, not reclaimed by gpuledger, not the asker's (sinks/reclaim_resume.py says who and what)."""
+    import getpass
+
+    from schemas.policy import load_policy
+    from sinks.reclaim_resume import Request, job_owner, latest_reclaim, ledger_resumer, may_resume
+
+    settings = settings_for(state_dir)
+    chosen = policy_path or settings.policy_path
+    if chosen is None:
+        raise ConfigError("resume needs the policy (who may resume): pass --policy FILE or set policy_path")
+    policy = load_policy(chosen)
+    asker = by or getpass.getuser()
+    where = cluster or settings.cluster
+    if len(job) > 256:
+        raise ConfigError("the job id is longer than 256 characters")
+    with _warehouse_errors():
+        client = _client(settings)
+        refusal = may_resume(policy, job_owner(client, where, job), asker, job)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        status, line = ledger_resumer(client, _now_ms).resume(Request(where, job, asker, f"asked by {asker}"),
+                                                              latest_reclaim(client, where, job))  # fmt: skip
+    if status not in ("resumed", "already", "running"):
+        raise ConfigError(line)
+    typer.echo(line)
+
+
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     """Add this component's commands to the `gpuledger` command."""
     app.add_typer(db_app, name="db")
@@ -595,8 +633,5 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     app.add_typer(ratecard_app, name="ratecard")
     app.add_typer(report_app, name="report")
     app.add_typer(chat_app, name="chat")
-    from sinks.reclaim_resume_cli import reclaim_resume
-
-    reclaim_app.command("resume")(reclaim_resume)
     app.add_typer(reclaim_app, name="reclaim")
     app.command("alerts")(alerts_cmd)

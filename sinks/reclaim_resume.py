@@ -21,17 +21,20 @@ out is one line saying why: no such job, ended, not reclaimed by gpuledger, not 
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from base.errors import ConfigError
+from base.settings import KafkaSettings
 from schemas.policy import Policy
-from sinks.kube_owner import Owner
-from sinks.reclaim import K8S_NAME, SLURM_JOB_ID, Outcome, OutcomeRecorder
+from sinks.kube_owner import Owner, kubernetes_owner
+from sinks.reclaim import K8S_NAME, SLURM_JOB_ID, ClickHouseRecorder, Outcome, OutcomeRecorder, kubernetes_patch
 from sinks.reclaim_doubt import scontrol_show_job
 
+log = logging.getLogger("gpuledger.reclaim")
 RESUME = "RESUME"
 FINISHED_SLURM = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
                             "BOOT_FAIL", "DEADLINE"})  # fmt: skip
@@ -257,3 +260,38 @@ def job_owner(client: Any, cluster: str, job_id: str) -> JobOwner | None:
         return None
     user, team, _ = rows[0]
     return JobOwner(str(user) if user else None, str(team) if team else None)
+
+
+# -- wiring: what `gpuledger reclaim resume` and `reclaim run`'s appeal path (sinks/cli.py) build ----------------
+
+
+def ledger_resumer(client: Any, clock_ms: Callable[[], int]) -> Resumer:
+    """A Resumer that records in the ledger's `action_outcomes` and reaches Kueue with the reclaim's credentials."""
+    return Resumer(ClickHouseRecorder(client), clock_ms=clock_ms, kueue_owner=kubernetes_owner,
+                   kueue_patch=kubernetes_patch)  # fmt: skip
+
+
+def appeal_handler(client: Any, kafka: KafkaSettings, policy: Policy, execute: bool,
+                   clock_ms: Callable[[], int]) -> Callable[[dict[str, Any]], None]:  # fmt: skip
+    """For `reclaim run`: each appeals.v1 step; a granted exemption of a reclaimed job resumes it (dry-run: logged)."""
+    from schemas.governance_appeals import fold
+    from schemas.topics import APPEALS
+    from streams.eventlog import read_events
+
+    engine = ledger_resumer(client, clock_ms)
+
+    def handle(event: dict[str, Any]) -> None:
+        if event.get("event_type") != "DECIDED" or event.get("decision") != "EXEMPTION":
+            return
+        events, _ = read_events(kafka, APPEALS)  # the fold needs the filing too; appeals are few
+        request = exemption_request(event, fold(events, policy)[0])
+        if request is None:
+            return
+        reclaimed = latest_reclaim(client, request.cluster, request.job_id)
+        if not execute:
+            log.info("dry-run: would resume %s/%s (%s)", request.cluster, request.job_id, request.why)
+            return
+        status, line = engine.resume(request, reclaimed)
+        log.info("%s: %s", status, line)
+
+    return handle
