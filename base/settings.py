@@ -212,7 +212,7 @@ class ChatSettings(BaseModel):
     rate_limit_per_minute: int = 20  # per destination
     dedupe_window: int = 10_000  # alert ids remembered
     appeal_route: str = "reply in this thread or open a ticket with the platform team"
-    kinds: list[str] = Field(default_factory=lambda: ["IDLE_WARNING", "RECLAIM_NOTICE", "COVERAGE_GAP"])
+    kinds: list[str] = Field(default_factory=lambda: ["IDLE_WARNING", "RECLAIM_NOTICE", "COVERAGE_GAP", "POLICY_DRIFT"])
     # With no route configured, `up` runs a local webhook receiver on this loopback port and chat posts to it.
     local_receiver_port: int = Field(default=8765, ge=1, le=65535)
 
@@ -347,6 +347,19 @@ class WebSettings(BaseModel):
     query_timeout_s: float = Field(default=30.0, gt=0, le=600)
 
 
+class PolicyWatchSettings(BaseModel):
+    """The policy watch (`gpuledger policy watch`, producers/policy_watch.py): the engines it diffs against the
+    policy, how often, and how it reaches them. No engine: `up` does not run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[Literal["slurm", "kueue"]] = Field(default_factory=list)
+    interval_s: float = Field(default=300.0, ge=1.0)  # seconds between passes; a drift is alerted within one
+    kubeconfig: Path | None = None  # Kueue: None is in-cluster (its ServiceAccount), else ~/.kube/config
+    sacctmgr: str = "sacctmgr"
+    kueue_config: Path | None = None  # Kueue: the controller's Configuration file, compared when named
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GPULEDGER_",
@@ -371,6 +384,7 @@ class Settings(BaseSettings):
     # The organisation's policy.yaml (schemas/policy.py; deploy/policy.example.yaml): `gpuledger policy
     # render|apply|diff --engine`, the rate card's preemptible discount, quota in reports. None: no policy.
     policy_path: Path | None = None
+    policy_watch: PolicyWatchSettings = Field(default_factory=PolicyWatchSettings)
     # Untyped sections for whatever has no typed section yet; `extra.scheduler` and `extra.dcgm` are
     # the deprecated spellings of `scheduler` and `dcgm` (moved there, with a warning).
     extra: dict[str, Any] = Field(default_factory=dict)

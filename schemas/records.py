@@ -21,6 +21,8 @@ AlertKind = Literal[
     "COVERAGE_GAP",
     "COVERAGE_RECOVERED",
     "UNKNOWN_DEVICE",
+    "POLICY_DRIFT",
+    "POLICY_DRIFT_CLEARED",
 ]
 """What happened."""
 
@@ -132,8 +134,8 @@ class ReclaimAction:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Alert:
-    """A notification for people: idle warnings, reclaim notices, resolutions, coverage gaps. Key: cluster/job_id or
-    cluster/node.
+    """A notification for people: idle warnings, reclaim notices, resolutions, coverage gaps, policy drift on a
+    scheduler. Key: cluster/job_id, cluster/node, or cluster/policy-<engine>.
     """
 
     SUBJECT: ClassVar[str] = "alerts"
@@ -156,6 +158,8 @@ class Alert:
     message: str
     appeal_route: str | None = None
     emitted_ts_ms: int | None = None
+    engine: str | None = None
+    drift_lines: tuple[str, ...] = ()
 
     def to_avro(self) -> dict[str, Any]:
         return {
@@ -177,6 +181,8 @@ class Alert:
             "message": self.message,
             "appeal_route": self.appeal_route,
             "emitted_ts_ms": self.emitted_ts_ms,
+            "engine": self.engine,
+            "drift_lines": list(self.drift_lines),
         }
 
     @classmethod
@@ -200,6 +206,8 @@ class Alert:
             message=d["message"],
             appeal_route=d.get("appeal_route"),
             emitted_ts_ms=d.get("emitted_ts_ms"),
+            engine=d.get("engine"),
+            drift_lines=tuple(d.get("drift_lines", [])),
         )
 
 

@@ -93,6 +93,8 @@ _TITLES = {
     "IDLE_RESOLVED": "Idle GPUs: resolved",
     "COVERAGE_GAP": "GPU telemetry missing (coverage gap)",
     "COVERAGE_RECOVERED": "GPU telemetry restored",
+    "POLICY_DRIFT": "Scheduler differs from the policy",
+    "POLICY_DRIFT_CLEARED": "Scheduler matches the policy again",
 }
 
 
@@ -106,6 +108,13 @@ def render(alert: dict[str, Any], destination: Destination, default_appeal: str)
     """Title and body: what happened, the evidence, what happens next, and how to appeal."""
     kind = str(alert.get("kind", "ALERT"))
     title = f"[gpuledger] {_TITLES.get(kind, kind)}"
+    if alert.get("engine"):  # policy drift: the message carries each differing line; no job, owner or devices
+        title += f": {alert['engine']} on {alert.get('cluster', '?')}"
+        evidence = [f"channel: {destination.channel}", f"alert: {alert.get('alert_id')} ({kind}) at "
+                    f"{_when(alert.get('ts_ms'))}"]  # fmt: skip
+        if alert.get("action"):
+            evidence.append(f"next: {alert['action']}")
+        return title, "\n".join([str(alert.get("message") or "").strip(), *evidence])
     if alert.get("gang_id"):
         title += f": gang {alert['gang_id']} on {alert.get('cluster', '?')}"
     elif alert.get("job_id"):

@@ -176,6 +176,7 @@ def correction_rows(r: AttributionCorrection) -> list[Row]:
 ALERT_COLUMNS = (
     "alert_id", "kind", "ts_ms", "cluster", "job_id", "node", "device_uuids", "user", "team", "project",
     "idle_minutes", "cost_so_far", "action", "action_at_ms", "dry_run", "message", "appeal_route", "emitted_ts_ms",
+    "engine", "drift_lines",
 )  # fmt: skip
 
 
@@ -183,7 +184,7 @@ def alert_rows(r: Alert) -> list[Row]:
     return [[
         r.alert_id, r.kind, r.ts_ms, r.cluster, r.job_id, r.node, list(r.device_uuids), r.user, r.team, r.project,
         r.idle_minutes, r.cost_so_far, r.action, r.action_at_ms, r.dry_run, r.message, r.appeal_route,
-        r.emitted_ts_ms,
+        r.emitted_ts_ms, r.engine, list(r.drift_lines),
     ]]  # fmt: skip
 
 

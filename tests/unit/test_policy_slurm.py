@@ -14,7 +14,7 @@ import pytest
 
 from base.errors import ParseError
 from producers import policy_slurm as ps
-from producers.policy_cli import slurm_apply, slurm_drift
+from producers.policy_engine import slurm_apply, slurm_drift
 from schemas.policy import PolicyError, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
