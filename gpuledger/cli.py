@@ -40,6 +40,7 @@ _COMMAND_MODULES = (
     "sinks.statement_cli",
     "sinks.appeal_cli",
     "sinks.reserve_cli",
+    "processors.whatif_cli",  # adds `policy whatif` to producers' `policy` group, so it comes after it
 )
 
 

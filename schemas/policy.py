@@ -19,6 +19,7 @@ interactive: {tier: interactive, max_gpus_per_user: 2, max_session_hours: 8}
 fair_share: {mode: decay, half_life_days: 7}    # or mode: accumulate (no decay)
 attribution: {mode: strict, baseline: 2026-03-01} # issue 38: every job names its project from this day (the
                             # baseline; without a date, the day a strict policy was first applied)
+idle: {idle_after_min_interactive: 30, grace_min: 15}  # issue 43: optional, over the processors' settings
 governance:                 # issue 19: who decides appeals and approves reservations, and their limits
   operators: [ops1]
   appeals: {deciders: [ops1], deadline_hours: 72, window_days: 60, max_credit: "500.00"}
@@ -47,6 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from base.errors import ConfigError
+from base.processor_settings import IdlePolicy
 from schemas.generations import UNKNOWN, generation_of, generation_table
 
 MAX_FILE_BYTES = 1 << 20
@@ -58,6 +60,7 @@ MAX_MEMBERS = 10_000
 MAX_DEPTH = 16  # a policy is at most 4 levels deep
 MAX_NODES = 200_000  # YAML nodes in the file: a bound on work before any model sees it
 MAX_GPUS = 1_000_000
+MAX_IDLE_MIN = 31 * 24 * 60  # a month of minutes: idle thresholds and graces
 DEFAULT_HALF_LIFE_DAYS = Decimal(7)
 EARLIEST_BASELINE, LATEST_BASELINE = dt.date(2000, 1, 1), dt.date(2100, 12, 31)
 
@@ -223,6 +226,31 @@ class KueueOptions(_Strict):
     usage_sampling_seconds: int = Field(default=300, ge=1, le=86_400)
 
 
+class IdleRules(_Strict):
+    """When an idle job is warned and reclaimed (issue 43: a proposal states these for `policy whatif`). Each
+    field left out keeps the processors' own setting (`processor.idle`), so a policy without the section
+    changes nothing."""
+
+    idle_after_min_interactive: int | None = Field(default=None, ge=1, le=MAX_IDLE_MIN)
+    idle_after_min_batch: int | None = Field(default=None, ge=1, le=MAX_IDLE_MIN)
+    idle_after_min_by_partition: dict[str, int] | None = Field(default=None, max_length=MAX_TIERS)
+    idle_after_min_by_project: dict[str, int] | None = Field(default=None, max_length=MAX_TEAMS)
+    grace_min: int | None = Field(default=None, ge=0, le=MAX_IDLE_MIN)
+
+    @field_validator("idle_after_min_by_partition", "idle_after_min_by_project")
+    @classmethod
+    def _minutes(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        for name, minutes in (value or {}).items():
+            if not 1 <= minutes <= MAX_IDLE_MIN:
+                raise ValueError(f"{name}: idle minutes must be 1..{MAX_IDLE_MIN}, got {minutes}")
+        return value
+
+    def over(self, base: IdlePolicy) -> IdlePolicy:
+        """`base` (the processors' settings) with the fields this section states."""
+        stated = {k: v for k, v in self.model_dump().items() if v is not None}
+        return base.model_copy(update=stated)
+
+
 class Policy(_Strict):
     version: Literal[1]
     generations: dict[str, Generation] = Field(min_length=1, max_length=MAX_GENERATIONS)
@@ -235,6 +263,11 @@ class Policy(_Strict):
     governance: Governance = Field(default_factory=Governance)
     teams: tuple[Team, ...] = Field(min_length=1, max_length=MAX_TEAMS)
     robots: tuple[Robot, ...] = Field(default=(), max_length=MAX_MEMBERS)
+    idle: IdleRules | None = None
+
+    def idle_policy(self, base: IdlePolicy) -> IdlePolicy:
+        """The idle policy this policy puts in force over the processors' `base` (issue 43)."""
+        return base if self.idle is None else self.idle.over(base)
 
     def robot(self, account: str) -> Robot | None:
         """Who owns the robot account `account` (the name a job ran as), or None when the policy names no owner."""

@@ -1,0 +1,119 @@
+"""`gpuledger policy whatif --policy proposed.yaml --period YYYY-MM [--against current]` (issue 43).
+
+Wiring only: the month comes from the warehouse (`sinks.whatif.load_month`), is replayed through the live idle
+state machine under the proposal's idle rules (`processors.whatif.replay`), priced by the live views over the
+proposal's rate card (`sinks.whatif.proposed_prices`) and put beside the month as stored (`sinks.whatif.compare`).
+Nothing is enforced and nothing is written to the ledger (the pricing's scratch database is dropped).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from base.cli_common import STATE_DIR_OPTION, settings_for
+from base.errors import ConfigError
+from base.processor_settings import IdlePolicy
+from base.settings import Settings
+from schemas.policy import Policy, PolicyError, load_policy
+
+AGAINST = ("current",)
+
+
+def _policy_or_exit(path: Path) -> Policy:
+    """The policy, or one line per problem (`file:line: what`) and exit 2: nothing runs."""
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        for line in exc.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(2) from exc
+
+
+def whatif(
+    client: Any,
+    settings: Settings,
+    period: str,
+    proposal: Policy,
+    by: str = "team",
+    base_idle: IdlePolicy | None = None,
+) -> Any:
+    """The comparison of `period` as stored with the same month under `proposal` (a `sinks.whatif.Comparison`)."""
+    from processors.whatif import ReplayJob, appeal_grants, job_info, replay
+    from sinks.ratecard import rate_card_rows
+    from sinks.whatif import actual_prices, compare, load_month, proposed_card, proposed_prices, quota_limits
+
+    current = load_policy(settings.policy_path) if settings.policy_path is not None else None
+    base = base_idle if base_idle is not None else settings.processor.idle
+    month = load_month(client, period)
+    jobs = [ReplayJob(job_info(month.flags.get(key, {}), mins[0]), mins) for key, mins in sorted(month.minutes.items())]
+    replayed = replay(jobs, proposal.idle_policy(base), appeal_grants(month.appeals, current))
+    card = proposed_card(settings.sinks.ratecard_path, proposal)
+    database = settings.clickhouse.database
+    actual = actual_prices(client, database, period)
+    proposed = proposed_prices(client, database, period, rate_card_rows(card, int(time.time() * 1000)))
+    return compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal))
+
+
+def policy_whatif(
+    policy_path: Path = typer.Option(..., "--policy", help="The proposed policy.yaml (optional idle: section)."),
+    period: str = typer.Option(..., "--period", help="The month to replay, YYYY-MM."),
+    against: str = typer.Option(
+        "current", "--against", help="What the proposal is put beside: current (the month as the ledger holds it)."
+    ),
+    by: str = typer.Option("team", "--by", help="team, project or generation."),
+    show: str = typer.Option(
+        "lines", "--show", help="lines (per team/project/generation) or events (which jobs, when)."
+    ),
+    fmt: str = typer.Option("table", "--format", help="table, csv or json."),
+    state_dir: Path | None = STATE_DIR_OPTION,
+) -> None:
+    """What last month would have looked like under a proposed policy: warnings, reclaims, released GPU-hours,
+    charges and quota queueing, beside the month as it was. Enforces nothing, writes nothing."""
+    from sinks.chargeback import render_table, to_csv, to_json
+    from sinks.cli import _client, _warehouse_errors
+    from sinks.periods import check_period
+    from sinks.whatif import BY_CHOICES, EVENT_COLUMNS, LINE_COLUMNS
+
+    if against not in AGAINST:
+        raise ConfigError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
+    if by not in BY_CHOICES:
+        raise ConfigError(f"--by must be one of {', '.join(BY_CHOICES)}, got {by!r}")
+    if show not in ("lines", "events"):
+        raise ConfigError(f"--show must be lines or events, got {show!r}")
+    if fmt not in ("table", "csv", "json"):
+        raise ConfigError(f"--format must be table, csv or json, got {fmt!r}")
+    check_period(period)
+    proposal = _policy_or_exit(policy_path)  # before any query: a bad proposal runs nothing
+    settings = settings_for(state_dir)
+    with _warehouse_errors():
+        result = whatif(_client(settings), settings, period, proposal, by)
+    rows, columns = (result.lines, LINE_COLUMNS) if show == "lines" else (result.events, EVENT_COLUMNS)
+    if fmt == "table":
+        from rich.console import Console
+
+        title = f"what if {policy_path.name}, {period}, by {by}" if show == "lines" else f"what if: events, {period}"
+        console = Console(width=220)
+        console.print(render_table(title, rows, columns))
+        for text in result.assumptions:
+            console.print(f"assumes: {text}", highlight=False, markup=False)
+        return
+    if fmt == "json":
+        rows = [{"period": period, "by": by, **r, "assumptions": list(result.assumptions)} for r in rows]
+        sys.stdout.write(to_json(rows) + "\n")
+        return
+    # csv: the assumptions ride on every row, so a sheet opened alone still says what the figures assume
+    stated = " | ".join(result.assumptions)
+    sys.stdout.write(to_csv([{"period": period, **r, "assumptions": stated} for r in rows],
+                            ("period", *columns, "assumptions")))  # fmt: skip
+
+
+def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
+    """Add `policy whatif` to the `policy` group (registered before this module by producers.scheduler_cli)."""
+    from producers.scheduler_cli import policy_app
+
+    policy_app.command("whatif")(policy_whatif)

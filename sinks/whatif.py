@@ -1,0 +1,473 @@
+"""What if (issue 43): a stored month beside the same month under a proposed policy and rate card.
+
+This module reads the month from the warehouse (`load_month`), prices it under a rate card (`prices`) and puts
+the actual month beside a replayed one (`compare`). The replay itself (the idle state machine over the month's
+job-minutes) is `processors.whatif`, handed in by the command: the components do not import each other.
+
+Charges are the warehouse's own SQL, never restated here. `prices` under a proposed card builds a scratch
+database holding a `rate_card` table with the proposed rows and, for every other table of the ledger, a
+`Merge` table reading the ledger's own (no copy, `FINAL` still works), then creates the views from
+`sinks/views` there and reads `v_usage_priced`: the live views' arithmetic (rate in force per day, MIG share,
+preemptible rate, corrected project) over the proposed rates. The scratch database is dropped afterwards;
+nothing is written to the ledger. Lines are cent-allocated as `v_chargeback` does (`ratecard.allocate_cents`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import tomllib
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from base.errors import ConfigError
+from schemas.policy import Policy
+from sinks.db import check_identifier
+from sinks.governance import appeal_events
+from sinks.periods import check_period
+from sinks.ratecard import (
+    DEFAULT_CARD,
+    RATE_CARD_COLUMNS,
+    RateCard,
+    allocate_cents,
+    charge_for_seconds,
+    gpu_hours,
+    load_card,
+    parse_card,
+)
+from sinks.view_files import load_views
+
+BY_CHOICES = ("team", "project", "generation")
+IDLE_KINDS = ("IDLE_WARNING", "RECLAIM_NOTICE")  # the alerts compared (a resolution is not an event people act on)
+LOOKBACK_MS = 31 * 24 * 3600 * 1000  # a job running into the month is replayed from at most this far back
+SCRATCH_PREFIX = "gpuledger_whatif_"
+MINUTE_COLUMNS = ("cluster", "job_id", "minute_start_ms", "device_count", "generation", "user", "project", "team",
+                  "cost_centre", "preemptible", "pricing_tier", "allocated_s", "active_s", "starved_s", "idle_s",
+                  "dark_s")  # fmt: skip
+FLAG_COLUMNS = ("scheduler", "partition", "interactive", "checkpointable", "gang_size")
+PRICED_COLUMNS = ("cluster", "job_id", "day", "team", "project", "generation", "allocated_s", "idle_s",
+                  "charge_num", "idle_charge_num", "rate_micro", "start_ms")  # fmt: skip
+ASSUMPTIONS = (
+    "identity, devices and time of every job are the month's own: a job reclaimed by the proposal keeps its stored "
+    "minutes (its later work does not move, nobody else takes its GPUs)",
+    "released GPU-hours are a reclaimed job's allocated time from its first reclaim to its end, priced at the "
+    "proposed rates; charges are on allocation as it happened (releases are shown beside, not deducted)",
+    "a job running into the month is replayed from at most 31 days before it; appeals keep the decisions made",
+    "queued jobs: each team's jobs admitted in the month's own start order against its quota plus borrowing "
+    "limit per generation; a job that would not fit waits for the earliest ends (no preemption, no backfill)",
+)
+Key = tuple[str, str]  # (cluster, job_id)
+
+
+def month_bounds(period: str) -> tuple[int, int]:
+    """[start, end) of the month in epoch ms (UTC)."""
+    year, month = map(int, check_period(period).split("-"))
+    start = dt.datetime(year, month, 1, tzinfo=dt.UTC)
+    end = dt.datetime(year + month // 12, month % 12 + 1, 1, tzinfo=dt.UTC)
+    return int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Month:
+    """A month as the warehouse holds it: each job's job-minutes and flags, its idle alerts and appeal steps."""
+
+    period: str
+    start_ms: int
+    end_ms: int
+    minutes: dict[Key, list[dict[str, Any]]]
+    flags: dict[Key, dict[str, Any]]
+    alerts: list[dict[str, Any]]
+    appeals: list[dict[str, Any]]
+
+
+def load_month(client: Any, period: str) -> Month:
+    """The month's jobs (any job-minute in it), their job-minutes from `LOOKBACK_MS` before it, their flags from
+    the start event (`JobInfo` is snapshotted there), the month's idle alerts and every appeal step."""
+    start, end = month_bounds(period)
+    params = {"start": start, "end": end, "from": start - LOOKBACK_MS}
+    in_month = "SELECT DISTINCT cluster, job_id FROM job_minutes WHERE minute_start_ms >= {start:Int64} " \
+               "AND minute_start_ms < {end:Int64}"  # fmt: skip
+    minutes: dict[Key, list[dict[str, Any]]] = defaultdict(list)
+    rows = client.query(
+        f"SELECT {', '.join(MINUTE_COLUMNS)} FROM job_minutes FINAL WHERE minute_start_ms >= {{from:Int64}} "
+        f"AND minute_start_ms < {{end:Int64}} AND (cluster, job_id) IN ({in_month})",
+        parameters=params,
+    ).result_rows
+    for row in rows:
+        rec = dict(zip(MINUTE_COLUMNS, row, strict=True))
+        minutes[(rec["cluster"], rec["job_id"])].append(rec)
+    flags: dict[Key, dict[str, Any]] = {}
+    # The first STARTED event (else the first event): the job stage's `JobInfo.from_event`.
+    picks = ", ".join(f"argMin({c}, (event_type != 'STARTED', ts_ms)) AS {c}" for c in FLAG_COLUMNS)
+    for row in client.query(
+        f"SELECT cluster, job_id, {picks} FROM job_events FINAL WHERE (cluster, job_id) IN ({in_month}) "
+        "GROUP BY cluster, job_id",
+        parameters=params,
+    ).result_rows:
+        flags[(row[0], row[1])] = dict(zip(FLAG_COLUMNS, row[2:], strict=True))
+    alerts = [
+        dict(
+            zip(
+                (
+                    "alert_id",
+                    "kind",
+                    "ts_ms",
+                    "cluster",
+                    "job_id",
+                    "action",
+                    "action_at_ms",
+                    "idle_minutes",
+                    "cost_so_far",
+                ),
+                row,
+                strict=True,
+            )
+        )
+        for row in client.query(
+            "SELECT alert_id, kind, ts_ms, cluster, job_id, action, action_at_ms, idle_minutes, cost_so_far "
+            "FROM alerts FINAL WHERE ts_ms >= {start:Int64} AND ts_ms < {end:Int64} AND kind IN {kinds:Array(String)}",
+            parameters={**params, "kinds": list(IDLE_KINDS)},
+        ).result_rows
+    ]
+    return Month(period, start, end, dict(minutes), flags, alerts, appeal_events(client))
+
+
+# -- prices -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PricedDay:
+    """One job's day as `v_usage_priced` prices it (numerators: seconds x micro-dollars per GPU-hour)."""
+
+    team: str
+    project: str
+    generation: str
+    allocated_s: int
+    idle_s: int
+    charge_num: int
+    idle_charge_num: int
+    rate_micro: int
+    start_ms: int
+
+
+Priced = dict[Key, dict[dt.date, PricedDay]]
+
+
+def _priced(client: Any, database: str, period: str) -> Priced:
+    out: Priced = defaultdict(dict)
+    rows = client.query(
+        f"SELECT cluster, job_id, day, any(team), any(project), any(generation), sum(allocated_s), sum(idle_s), "
+        f"sum(charge_num), sum(idle_charge_num), max(rate_micro), min(job_start_ms) "
+        f"FROM {check_identifier(database)}.v_usage_priced WHERE period = {{period:String}} "
+        f"GROUP BY cluster, job_id, day",
+        parameters={"period": period},
+    ).result_rows
+    for row in rows:
+        rec = dict(zip(PRICED_COLUMNS, row, strict=True))
+        out[(rec["cluster"], rec["job_id"])][rec["day"]] = PricedDay(
+            str(rec["team"]), str(rec["project"]), str(rec["generation"]), int(rec["allocated_s"]),
+            int(rec["idle_s"]), int(rec["charge_num"]), int(rec["idle_charge_num"]), int(rec["rate_micro"]),
+            int(rec["start_ms"] or 0))  # fmt: skip
+    return dict(out)
+
+
+def actual_prices(client: Any, database: str, period: str) -> Priced:
+    """The month as the ledger prices it now (the card loaded in the warehouse)."""
+    return _priced(client, database, period)
+
+
+def _read_final(statements: Iterable[str]) -> set[str]:
+    """Tables some view reads with FINAL (`FROM t FINAL`, `FROM t AS x FINAL`): a view cannot stand in for them."""
+    found: set[str] = set()
+    for text in statements:
+        found |= {m.group(1) for m in _FINAL.finditer(text)}
+    return found
+
+
+_FINAL = re.compile(r"\b(?:FROM|JOIN)\s+([A-Za-z_][A-Za-z0-9_]*)\s+(?:AS\s+[A-Za-z_][A-Za-z0-9_]*\s+)?FINAL\b", re.I)
+
+
+@contextmanager
+def scratch_database(client: Any, database: str, card_rows: Sequence[Sequence[Any]]) -> Iterator[str]:
+    """A scratch database: `rate_card` holding `card_rows` (`ratecard.rate_card_rows`), the ledger's other tables
+    as plain views over its own (a table some view reads with FINAL is copied instead: a view has no FINAL; those
+    are the small ones, events and corrections), and every view of `sinks/views`; dropped on leaving."""
+    source = check_identifier(database)
+    scratch = check_identifier(SCRATCH_PREFIX + uuid.uuid4().hex[:16])
+    views = load_views()
+    final = _read_final(v.statement for v in views)
+    columns: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for table, name, kind in client.query(
+        "SELECT c.table, c.name, c.default_kind FROM system.columns AS c INNER JOIN system.tables AS t "
+        "ON c.database = t.database AND c.table = t.name WHERE c.database = {db:String} AND NOT t.is_temporary "
+        "AND t.engine NOT IN ('View', 'MaterializedView', 'LiveView', 'Dictionary') AND t.name NOT LIKE '.inner%' "
+        "ORDER BY c.table, c.position",
+        parameters={"db": source},
+    ).result_rows:
+        columns[str(table)].append((check_identifier(str(name)), str(kind)))
+    before = client.database
+    client.command(f"CREATE DATABASE {scratch}")
+    try:
+        # identifiers: the checked names of the ledger's own tables and columns (DDL takes no bound parameters)
+        for table, cols in columns.items():
+            name = check_identifier(table)
+            if name == "rate_card" or name in final:
+                client.command(f"CREATE TABLE {scratch}.{name} AS {source}.{name}")
+                if name != "rate_card":
+                    stored = ", ".join(c for c, kind in cols if kind not in ("MATERIALIZED", "ALIAS", "EPHEMERAL"))
+                    client.command(f"INSERT INTO {scratch}.{name} ({stored}) SELECT {stored} FROM {source}.{name}")
+            else:
+                client.command(f"CREATE VIEW {scratch}.{name} AS SELECT {', '.join(c for c, _ in cols)} "
+                               f"FROM {source}.{name}")  # fmt: skip
+        if card_rows:
+            client.insert(f"{scratch}.rate_card", [list(r) for r in card_rows], column_names=RATE_CARD_COLUMNS)
+        client.database = scratch  # unqualified names in the views resolve to the scratch database
+        for view in views:
+            client.command(view.statement)
+        client.database = before
+        yield scratch
+    finally:
+        client.database = before
+        client.command(f"DROP DATABASE IF EXISTS {scratch} SYNC")
+
+
+def proposed_card(path: Path | None, proposal: Policy) -> RateCard:
+    """The rate card under a proposal: the card's rates with the proposal's preemptible discount when it states one
+    (in force, `load_card` refuses a card and a policy that disagree; a proposal is exactly such a change)."""
+    if proposal.preemptible is None:
+        return load_card(path)
+    target = path or DEFAULT_CARD
+    try:
+        with target.open("rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"rate card {target}: {exc}") from exc
+    data.pop("preemptible_discount", None)
+    return parse_card(data, proposal.preemptible_discount)
+
+
+def proposed_prices(client: Any, database: str, period: str, card_rows: Sequence[Sequence[Any]]) -> Priced:
+    """The month priced by the live views over the proposed card's rows."""
+    with scratch_database(client, database, card_rows) as scratch:
+        return _priced(client, scratch, period)
+
+
+# -- quota ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    cluster: str
+    job_id: str
+    team: str
+    generation: str
+    gpus: int
+    start_ms: int
+    wait_ms: int
+
+
+def quota_limits(policy: Policy) -> dict[tuple[str, str], int]:
+    """GPUs each team may hold of each generation: quota + borrowing limit, as `policy render` gives Slurm's
+    GrpTRES and Kueue's nominal quota + borrowingLimit. Pairs with none are left out (not estimated)."""
+    out = {}
+    for team in policy.teams:
+        for gen in policy.generations:
+            limit = team.quota.get(gen, 0) + team.borrowing_limit.get(gen, 0)
+            if limit > 0:
+                out[(team.name, gen)] = limit
+    return out
+
+
+def queued_behind_quota(
+    jobs: Iterable[tuple[Key, str, str, int, int, int]], limits: Mapping[tuple[str, str], int]
+) -> list[QueuedJob]:
+    """Jobs that would have waited for their team's quota: `jobs` are (key, team, generation, gpus, start_ms,
+    end_ms) in any order, `limits` the GPUs a team may hold of a generation (quota + borrowing limit; a pair not
+    named is unlimited). Admitted in the month's own start order (ties by key); a job that does not fit starts
+    when enough of its team's earlier jobs have ended, and keeps its duration."""
+    running: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)  # (end, gpus) admitted
+    out = []
+    for key, team, gen, gpus, start, end in sorted(jobs, key=lambda j: (j[4], j[0])):
+        limit = limits.get((team, gen))
+        if limit is None or gpus <= 0:
+            continue
+        held = running[(team, gen)]
+        at = start
+        while True:
+            held[:] = [(e, g) for e, g in held if e > at]
+            if sum(g for _, g in held) + gpus <= limit or not held:
+                break
+            at = min(e for e, _ in held)  # the next end frees GPUs
+        held.append((at + (end - start), gpus))
+        if at > start:
+            out.append(QueuedJob(key[0], key[1], team, gen, gpus, start, at - start))
+    return out
+
+
+# -- the comparison ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Line:
+    jobs: set[Key] = field(default_factory=set)
+    actual_num: int = 0
+    whatif_num: int = 0
+    warnings_actual: int = 0
+    warnings_whatif: int = 0
+    reclaims_actual: int = 0
+    reclaims_whatif: int = 0
+    released_s: int = 0
+    released_idle_s: int = 0
+    released: list[tuple[int, int]] = field(default_factory=list)  # (seconds, micro-dollars/h)
+    released_idle: list[tuple[int, int]] = field(default_factory=list)
+    queued_jobs: int = 0
+    queued_wait_ms: int = 0
+
+
+LINE_COLUMNS = ("line", "jobs", "charge_actual", "charge_whatif", "charge_change", "warnings_actual",
+                "warnings_whatif", "reclaims_actual", "reclaims_whatif", "released_gpu_h", "released_idle_gpu_h",
+                "released_cost", "released_idle_cost", "queued_jobs", "queued_wait_h")  # fmt: skip
+EVENT_COLUMNS = ("scenario", "kind", "time_utc", "cluster", "job_id", "team", "project", "generation", "action",
+                 "idle_minutes")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    period: str
+    by: str
+    lines: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    queued: list[QueuedJob]
+    assumptions: tuple[str, ...] = ASSUMPTIONS
+
+
+def _utc(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _day(ms: int) -> dt.date:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).date()
+
+
+def _who(key: Key, month: Month, *priced: Priced) -> tuple[str, str, str]:
+    """(team, project, generation) of a job: its priced rows (the corrected project), else its job-minutes."""
+    for p in priced:
+        days = p.get(key)
+        if days:
+            first = days[min(days)]
+            return first.team, first.project, first.generation
+    mins = month.minutes.get(key) or [{}]
+    return str(mins[0].get("team", "")), str(mins[0].get("project", "")), str(mins[0].get("generation", ""))
+
+
+def compare(
+    month: Month,
+    by: str,
+    actual: Priced,
+    whatif: Priced,
+    whatif_alerts: Sequence[Mapping[str, Any]],
+    whatif_actions: Sequence[Mapping[str, Any]],
+    limits: Mapping[tuple[str, str], int] | None = None,
+) -> Comparison:
+    """Lines by `by` (team, project or generation): the actual month beside the replayed one."""
+    if by not in BY_CHOICES:
+        raise ConfigError(f"--by must be one of {', '.join(BY_CHOICES)}, got {by!r}")
+    pick = BY_CHOICES.index(by)
+    lines: dict[str, _Line] = defaultdict(_Line)
+
+    def line_of(key: Key) -> _Line:
+        return lines[_who(key, month, whatif, actual)[pick]]
+
+    for source, attr in ((actual, "actual_num"), (whatif, "whatif_num")):
+        for key, days in source.items():
+            ln = line_of(key)
+            ln.jobs.add(key)
+            setattr(ln, attr, getattr(ln, attr) + sum(d.charge_num for d in days.values()))
+    events: list[dict[str, Any]] = []
+    in_month = [a for a in whatif_alerts if month.start_ms <= int(a["ts_ms"]) < month.end_ms]
+    for scenario, alerts in (("actual", month.alerts), ("whatif", in_month)):
+        for a in sorted(alerts, key=lambda a: (int(a["ts_ms"]), a["cluster"], a["job_id"], a["kind"])):
+            if a["kind"] not in IDLE_KINDS:
+                continue
+            key = (str(a["cluster"]), str(a["job_id"]))
+            ln = line_of(key)
+            warned = a["kind"] == "IDLE_WARNING"
+            name = f"{'warnings' if warned else 'reclaims'}_{scenario}"
+            setattr(ln, name, getattr(ln, name) + 1)
+            team, project, gen = _who(key, month, whatif, actual)
+            events.append({"scenario": scenario, "kind": a["kind"], "time_utc": _utc(int(a["ts_ms"])),
+                           "cluster": key[0], "job_id": key[1], "team": team, "project": project,
+                           "generation": gen, "action": a.get("action") or "",
+                           "idle_minutes": a.get("idle_minutes")})  # fmt: skip
+    first_reclaim: dict[Key, int] = {}
+    for act in whatif_actions:
+        key = (str(act["cluster"]), str(act["job_id"]))
+        ts = int(act["ts_ms"])
+        if month.start_ms <= ts < month.end_ms:
+            first_reclaim[key] = min(ts, first_reclaim.get(key, ts))
+    for key, at in first_reclaim.items():
+        ln = line_of(key)
+        days = whatif.get(key, {})
+        for m in month.minutes.get(key, ()):
+            start = int(m["minute_start_ms"])
+            if start < at or start >= month.end_ms:
+                continue
+            rate = days[_day(start)].rate_micro if _day(start) in days else 0
+            ln.released_s += int(m["allocated_s"])
+            ln.released_idle_s += int(m["idle_s"])
+            ln.released.append((int(m["allocated_s"]), rate))
+            ln.released_idle.append((int(m["idle_s"]), rate))
+    queued = queued_behind_quota(_quota_jobs(month, whatif), limits) if limits else []
+    for q in queued:
+        ln = line_of((q.cluster, q.job_id))
+        ln.queued_jobs += 1
+        ln.queued_wait_ms += q.wait_ms
+    names = sorted(lines)
+    actual_cents = allocate_cents({n: lines[n].actual_num for n in names})
+    whatif_cents = allocate_cents({n: lines[n].whatif_num for n in names})
+    rows = [_row(n, lines[n], actual_cents[n], whatif_cents[n]) for n in names]
+    total = _Line()
+    for ln in lines.values():
+        total.jobs |= ln.jobs
+        for f in ("warnings_actual", "warnings_whatif", "reclaims_actual", "reclaims_whatif", "released_s",
+                  "released_idle_s", "queued_jobs", "queued_wait_ms"):  # fmt: skip
+            setattr(total, f, getattr(total, f) + getattr(ln, f))
+        total.released += ln.released
+        total.released_idle += ln.released_idle
+    rows.append(_row("TOTAL", total, sum(actual_cents.values(), Decimal(0)), sum(whatif_cents.values(), Decimal(0))))
+    return Comparison(month.period, by, rows, events, queued)
+
+
+def _quota_jobs(month: Month, priced: Priced) -> Iterator[tuple[Key, str, str, int, int, int]]:
+    """(key, team, generation, GPUs, start, end) of each job with minutes in the month, from its job-minutes."""
+    for key, mins in month.minutes.items():
+        team, _, gen = _who(key, month, priced)
+        starts = [int(m["minute_start_ms"]) for m in mins]
+        gpus = max(int(m["device_count"]) for m in mins)
+        yield key, team, gen, gpus, min(starts), max(starts) + 60_000
+
+
+def _row(name: str, ln: _Line, actual: Decimal, whatif: Decimal) -> dict[str, Any]:
+    return {
+        "line": name,
+        "jobs": len(ln.jobs),
+        "charge_actual": actual,
+        "charge_whatif": whatif,
+        "charge_change": whatif - actual,
+        "warnings_actual": ln.warnings_actual,
+        "warnings_whatif": ln.warnings_whatif,
+        "reclaims_actual": ln.reclaims_actual,
+        "reclaims_whatif": ln.reclaims_whatif,
+        "released_gpu_h": gpu_hours(ln.released_s),
+        "released_idle_gpu_h": gpu_hours(ln.released_idle_s),
+        "released_cost": charge_for_seconds(ln.released),
+        "released_idle_cost": charge_for_seconds(ln.released_idle),
+        "queued_jobs": ln.queued_jobs,
+        "queued_wait_h": (Decimal(ln.queued_wait_ms) / 3_600_000).quantize(Decimal("0.01")),
+    }

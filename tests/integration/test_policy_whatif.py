@@ -1,0 +1,139 @@
+"""`policy whatif` (issue 43) on a simulated month in the embedded ClickHouse.
+
+- Under the policy in force (the idle policy the month was processed with, the card loaded) the replay gives
+  back every stored warning and reclaim notice and every charge, to the cent.
+- Under a proposal (shorter idle thresholds and grace, a 50% preemptible discount) the warnings, reclaims and
+  charges match a worked ledger computed here from the simulator's ground truth (`expected_device_minutes`,
+  the card's rates), which shares no code with the processors or the views.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import defaultdict
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures_web import PERIOD, POLICY, SIM, run_cli, simulated_database
+
+from base.settings import ClickHouseSettings, Settings
+from producers.simulator import expected_device_minutes, plan
+from producers.simulator.model import clusters
+from producers.simulator.org import sim_policy_text
+from schemas.policy import parse_policy
+from sinks.db import connect
+from sinks.whatif import proposed_card
+
+PROPOSAL_IDLE = {"idle_after_min_interactive": 5, "idle_after_min_batch": 8, "grace_min": 2}
+
+
+@pytest.fixture(scope="module")
+def ledger(clickhouse_server: Any) -> Any:
+    with simulated_database(clickhouse_server, "whatif_") as (ch, _):
+        yield ch
+
+
+def _proposal(tmp_path: Path, idle: dict[str, int] | None, discount: str | None) -> Path:
+    text = sim_policy_text()
+    if idle is not None:
+        text += "idle: " + json.dumps(idle) + "\n"
+    if discount is not None:
+        text = text.replace("tiers:\n", f"preemptible: {{tier: standard, discount: '{discount}'}}\ntiers:\n", 1)
+    path = tmp_path / "proposed.yaml"
+    path.write_text(text, encoding="utf-8")
+    parse_policy(text)  # a valid proposal
+    return path
+
+
+def _run(ch: ClickHouseSettings, path: Path, by: str = "team") -> Any:
+    from processors.whatif_cli import whatif
+
+    settings = Settings(clickhouse=ch).model_copy(
+        update={"processor": Settings().processor.model_copy(update={"idle": POLICY})}
+    )
+    return whatif(connect(ch), settings, PERIOD, parse_policy(path.read_text()), by)
+
+
+def _key(a: dict[str, Any]) -> tuple[Any, ...]:
+    return (a["scenario"], a["kind"], a["time_utc"], a["cluster"], a["job_id"], a["action"], a["idle_minutes"])
+
+
+def test_the_policy_in_force_gives_the_month_back(ledger: ClickHouseSettings, tmp_path: Path) -> None:
+    result = _run(ledger, _proposal(tmp_path, None, None))
+    actual = sorted(_key({**e, "scenario": ""}) for e in result.events if e["scenario"] == "actual")
+    whatif = sorted(_key({**e, "scenario": ""}) for e in result.events if e["scenario"] == "whatif")
+    assert actual, "the simulated month has warnings and reclaims"
+    assert {k[1] for k in actual} == {"IDLE_WARNING", "RECLAIM_NOTICE"}
+    assert whatif == actual  # every warning and reclaim notice: same job, minute, action, idle minutes
+    for line in result.lines:
+        assert line["charge_whatif"] == line["charge_actual"], line
+        assert line["warnings_whatif"] == line["warnings_actual"] and line["reclaims_whatif"] == line["reclaims_actual"]
+    # the lines are the chargeback report's own
+    report = json.loads(run_cli(ledger, "report", "chargeback", "--period", PERIOD, "--by", "team", "--format", "json"))
+    charged = {r["line"]: Decimal(r["charge"]) for r in report}
+    assert {r["line"]: r["charge_actual"] for r in result.lines} == charged
+
+
+def _worked_ledger(after: dict[str, int], grace: int) -> tuple[dict[tuple[str, str], list[tuple[str, int]]], Any]:
+    """Per job, the warnings and reclaims the rule in docs/policy.md gives (from the simulator's truth): a job-minute
+    is idle when some device reported and none was active or starved, dark when none reported; a run of idle
+    minutes (no gap, no busy or dark minute) warns at its `after`-th minute and reclaims `grace` minutes later."""
+    jobs = {j.job_id: (cfg.cluster, j) for cfg in clusters(SIM) for j in plan(cfg).jobs}
+    per_minute: dict[str, dict[int, list[bool]]] = defaultdict(dict)
+    for dm in expected_device_minutes(SIM):
+        flags = per_minute[dm.job_id].setdefault(dm.minute_start_ms, [False, False])
+        flags[0] = flags[0] or dm.sample_count > 0
+        flags[1] = flags[1] or dm.active_s + dm.starved_s > 0
+    out: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for job_id, minutes in per_minute.items():
+        cluster, job = jobs[job_id]
+        limit = after["interactive" if job.interactive else "batch"]
+        run, last, events = 0, None, []
+        for m in sorted(minutes):
+            reported, busy = minutes[m]
+            if last is not None and m != last + 60_000:
+                run = 0
+            last = m
+            run = run + 1 if reported and not busy else 0
+            if run == limit:
+                events.append(("IDLE_WARNING", m + 60_000))
+            if run == limit + grace:
+                events.append(("RECLAIM_NOTICE", m + 60_000))
+        out[(cluster, job_id)] = events
+    return out, jobs
+
+
+def test_a_proposal_matches_the_simulators_worked_ledger(ledger: ClickHouseSettings, tmp_path: Path) -> None:
+    path = _proposal(tmp_path, PROPOSAL_IDLE, "0.50")
+    result = _run(ledger, path, by="team")
+    expected, jobs = _worked_ledger({"interactive": 5, "batch": 8}, 2)
+    got: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+    for e in result.events:
+        if e["scenario"] == "whatif":
+            ms = int(dt.datetime.strptime(e["time_utc"], "%Y-%m-%d %H:%M").replace(tzinfo=dt.UTC).timestamp() * 1000)
+            got[(e["cluster"], e["job_id"])].append((e["kind"], ms))
+    want = {k: sorted(v) for k, v in expected.items() if v}
+    assert {k: sorted(v) for k, v in got.items()} == want
+    assert sum(len(v) for v in want.values()) > sum(r["warnings_actual"] + r["reclaims_actual"]
+                                                   for r in result.lines if r["line"] == "TOTAL")  # fmt: skip
+    # charges: allocated seconds x the proposed card's rate (50% off preemptible on-prem work), per team
+    card = proposed_card(None, parse_policy(path.read_text()))
+    nums: dict[str, int] = defaultdict(int)
+    p_devices = {cfg.cluster: plan(cfg).devices for cfg in clusters(SIM)}
+    for dm in expected_device_minutes(SIM):
+        cluster, job = jobs[dm.job_id]
+        gen = next(d.generation for d in p_devices[cluster].values() if d.node == dm.node and d.uuid == dm.uuid)
+        day = dt.datetime.fromtimestamp(dm.minute_start_ms / 1000, dt.UTC).date()
+        rate = card.rate_for(gen, job.pricing_tier, job.preemptible, day)
+        assert dm.mig_instance_id is None, "the worked ledger prices whole GPUs"
+        nums[job.person.team] += dm.allocated_s * (rate.micro_per_gpu_hour if rate else 0)
+    total = (Decimal(sum(nums.values())) / Decimal(3_600_000_000)).quantize(Decimal("0.01"), ROUND_HALF_UP)
+    lines = {r["line"]: r for r in result.lines}
+    assert lines["TOTAL"]["charge_whatif"] == total
+    for team, num in nums.items():
+        assert abs(lines[team]["charge_whatif"] - Decimal(num) / Decimal(3_600_000_000)) < Decimal("0.01"), team
+    assert any(j.preemptible for _, j in jobs.values()), "the month has preemptible work to discount"
+    assert lines["TOTAL"]["charge_whatif"] < lines["TOTAL"]["charge_actual"]
