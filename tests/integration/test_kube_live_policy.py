@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from fixtures_cli import run_gpuledger
 from fixtures_kube import condition, eventually, get, make_namespace, workload_of
+from fixtures_policy_watch import INTERVAL_S, Watch, kinds
 from test_kube_live_identity import remove_stamp
 
 from stack.kube.cluster import LocalKube
@@ -80,22 +81,41 @@ def applied(local_kube: LocalKube, tmp_path: Path) -> Iterator[tuple[str, str, s
 
 
 def test_diff_is_empty_after_apply_and_shows_a_hand_edit(local_kube: LocalKube,
-                                                         applied: tuple[str, str, str, list[str]]) -> None:  # fmt: skip
+                                                         applied: tuple[str, str, str, list[str]],
+                                                         kafka_bootstrap: str, tmp_path: Path) -> None:  # fmt: skip
+    """Also the policy watch (issue 41 item 1), as the same gpuledger-policy user: clean, then one drift alert with
+    the diff's exact line within one interval of the quota edit, cleared once `policy apply` has run."""
     s, _, _, args = applied
     clean = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
     assert (clean.returncode, clean.stdout.strip()) == (0, "no drift"), clean.stderr
-    patch = [{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota", "value": 5}]
-    local_kube.kubectl("patch", "clusterqueues.kueue.x-k8s.io", f"serve-{s}", "--type=json", "-p", json.dumps(patch))
-    drifted = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
-    assert drifted.returncode == 1, drifted.stderr
-    assert drifted.stdout.strip().splitlines() == [
-        f"ClusterQueue serve-{s}: resourceGroups[0].flavors[h100-{s}].resources[nvidia.com/gpu].nominalQuota is 5, "
-        "policy says 2"
-    ]
-    again = run_gpuledger(["policy", "apply", *args], env=dict(os.environ), timeout=120)
-    assert again.returncode == 0, again.stderr
-    final = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
-    assert (final.returncode, final.stdout.strip()) == (0, "no drift")
+    policy, kubeconfig = args[args.index("--policy") + 1], args[args.index("--kubeconfig") + 1]
+    watch = Watch(kafka_bootstrap, tmp_path, ["--engine", "kueue", "--policy", policy],
+                  env={**os.environ, "GPULEDGER_POLICY_WATCH__KUBECONFIG": kubeconfig})  # fmt: skip
+    try:
+        watch.wait("the first pass: clean", lambda a: kinds(a) == ["POLICY_DRIFT_CLEARED"])
+        patch = [{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota", "value": 5}]
+        local_kube.kubectl("patch", "clusterqueues.kueue.x-k8s.io", f"serve-{s}", "--type=json", "-p",
+                           json.dumps(patch))  # fmt: skip
+        took = watch.wait("the quota drift alerted", lambda a: kinds(a)[1:] == ["POLICY_DRIFT"])
+        assert took < INTERVAL_S + 5  # within one interval (plus the pass itself)
+        drifted = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
+        assert drifted.returncode == 1, drifted.stderr
+        assert drifted.stdout.strip().splitlines() == watch.alerts()[1]["drift_lines"] == [
+            f"ClusterQueue serve-{s}: resourceGroups[0].flavors[h100-{s}].resources[nvidia.com/gpu].nominalQuota is "
+            "5, policy says 2"
+        ]
+        again = run_gpuledger(["policy", "apply", *args], env=dict(os.environ), timeout=120)
+        assert again.returncode == 0, again.stderr
+        final = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
+        assert (final.returncode, final.stdout.strip()) == (0, "no drift")
+        then = ["POLICY_DRIFT", "POLICY_DRIFT_CLEARED"]
+        cleared = watch.wait("the drift cleared", lambda a: kinds(a)[1:] == then)
+        alerts = watch.alerts()
+        assert alerts[2]["alert_id"] == alerts[1]["alert_id"].replace("policy-drift/", "policy-drift-cleared/")
+        print(f"policy watch (kueue, interval {INTERVAL_S} s): quota drift alerted {took:.1f} s after the edit, "
+              f"cleared {cleared:.1f} s after apply")
+    finally:
+        watch.stop()
 
 
 def test_production_reclaims_from_a_preemptible_borrower_and_over_quota_waits(

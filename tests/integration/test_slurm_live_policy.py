@@ -2,8 +2,9 @@
 `gpuledger policy apply --engine slurm` puts the QOS, accounts and associations there through sacctmgr;
 then Slurm itself enforces them: a team over its GPU quota stays PENDING with Slurm's reason
 `AssocGrpGRES`, and a production-tier job preempts a preemptible sweep (requeued). `policy diff` is empty
-after apply and shows a hand-made `sacctmgr -i modify` as drift (exit 1). Names carry a suffix: the
-cluster is shared by the session's tests."""
+after apply and shows a hand-made `sacctmgr -i modify` as drift (exit 1); the policy watch, running beside it,
+alerts each change within one interval and clears after apply. Names carry a suffix: the cluster is shared by the
+session's tests."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_cli import run_gpuledger
+from fixtures_policy_watch import INTERVAL_S, Watch, kinds
 
 from stack.slurm.cluster import SlurmClient
 
@@ -59,21 +61,43 @@ def applied(live_slurm: SlurmClient, tmp_path_factory: pytest.TempPathFactory) -
     yield it
 
 
-def test_diff_is_empty_after_apply_and_shows_a_hand_edit(slurm: SlurmClient, applied: Applied) -> None:
+def test_diff_is_empty_after_apply_and_shows_a_hand_edit(slurm: SlurmClient, applied: Applied, kafka_bootstrap: str,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    """Also the policy watch (issue 41 item 1): running beside the edit, it says clean, raises one drift alert with
+    the diff's exact lines within one interval of the edit, and clears it once `policy apply` has run."""
     s = applied.s
     assert applied.cli("diff")[:2] == (0, "no drift\n")
-    slurm.run("sacctmgr", "-i", "modify", "account", "where", f"name=serve-{s}", "set", "GrpTRES=gres/gpu:h100=2")
-    slurm.run("sacctmgr", "-i", "modify", "qos", "where", f"name=prod-{s}", "set", "Priority=5")
-    rc, out, _ = applied.cli("diff")
-    assert rc == 1
-    assert out.splitlines() == [
-        f"qos prod-{s}: Priority is 5, policy says 1000",
-        f"association serve-{s}: GrpTRES is gres/gpu:a100=0,gres/gpu:h100=2, policy says "
-        "gres/gpu:a100=0,gres/gpu:h100=1",
-    ]
-    rc, out, err = applied.cli("apply")
-    assert rc == 0 and "applied: 2 sacctmgr commands" in out, err
-    assert applied.cli("diff")[:2] == (0, "no drift\n")
+    watch = Watch(kafka_bootstrap, tmp_path, ["--engine", "slurm", "--policy", str(applied.policy)])
+    try:
+        watch.wait("the first pass: clean", lambda a: kinds(a) == ["POLICY_DRIFT_CLEARED"])
+        qos = f"qos prod-{s}: Priority is 5, policy says 1000"
+        slurm.run("sacctmgr", "-i", "modify", "qos", "where", f"name=prod-{s}", "set", "Priority=5")
+        took = watch.wait("the QOS drift alerted", lambda a: kinds(a)[1:] == ["POLICY_DRIFT"])
+        assert took < INTERVAL_S + 5  # within one interval (plus the pass itself)
+        assert watch.alerts()[1]["drift_lines"] == [qos]
+        slurm.run("sacctmgr", "-i", "modify", "account", "where", f"name=serve-{s}", "set", "GrpTRES=gres/gpu:h100=2")
+        rc, out, _ = applied.cli("diff")
+        assert rc == 1
+        assert out.splitlines() == [
+            qos,
+            f"association serve-{s}: GrpTRES is gres/gpu:a100=0,gres/gpu:h100=2, policy says "
+            "gres/gpu:a100=0,gres/gpu:h100=1",
+        ]
+        # One alert per change: the second edit makes a new drift, alerted with the diff's exact lines.
+        watch.wait("the second drift alerted", lambda a: kinds(a)[1:] == ["POLICY_DRIFT"] * 2)
+        assert watch.alerts()[2]["drift_lines"] == out.splitlines()
+        rc, out, err = applied.cli("apply")
+        assert rc == 0 and "applied: 2 sacctmgr commands" in out, err
+        assert applied.cli("diff")[:2] == (0, "no drift\n")
+        then = ["POLICY_DRIFT", "POLICY_DRIFT", "POLICY_DRIFT_CLEARED"]
+        cleared = watch.wait("the drift cleared", lambda a: kinds(a)[1:] == then)
+        alerts = watch.alerts()
+        assert alerts[3]["alert_id"] == alerts[2]["alert_id"].replace("policy-drift/", "policy-drift-cleared/")
+        assert {a["engine"] for a in alerts} == {"slurm"}
+        print(f"policy watch (slurm, interval {INTERVAL_S} s): QOS drift alerted {took:.1f} s after the edit, "
+              f"cleared {cleared:.1f} s after apply")
+    finally:
+        watch.stop()
 
 
 def test_a_team_over_its_gpu_quota_stays_pending_with_slurms_reason(slurm: SlurmClient, applied: Applied) -> None:
