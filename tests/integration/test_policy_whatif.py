@@ -137,3 +137,31 @@ def test_a_proposal_matches_the_simulators_worked_ledger(ledger: ClickHouseSetti
         assert abs(lines[team]["charge_whatif"] - Decimal(num) / Decimal(3_600_000_000)) < Decimal("0.01"), team
     assert any(j.preemptible for _, j in jobs.values()), "the month has preemptible work to discount"
     assert lines["TOTAL"]["charge_whatif"] < lines["TOTAL"]["charge_actual"]
+
+
+def test_the_command_prints_csv_with_its_assumptions(ledger: ClickHouseSettings, tmp_path: Path) -> None:
+    path = _proposal(tmp_path, PROPOSAL_IDLE, "0.50")
+    out = run_cli(ledger, "policy", "whatif", "--policy", str(path), "--period", PERIOD, "--by", "project",
+                  "--format", "csv")  # fmt: skip
+    header, *rows = out.strip().splitlines()
+    assert header.startswith("period,line,jobs,charge_actual,charge_whatif,")
+    assert rows[-1].startswith(f"{PERIOD},TOTAL,") and "later work does not move" in rows[-1]
+    events = json.loads(run_cli(ledger, "policy", "whatif", "--policy", str(path), "--period", PERIOD,
+                                "--show", "events", "--format", "json"))  # fmt: skip
+    assert {e["scenario"] for e in events} == {"actual", "whatif"}
+
+
+def test_a_bad_proposal_gets_one_line_and_nothing_runs(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpuledger.cli import _register_all, app
+
+    if not any(g.name == "report" for g in app.registered_groups):
+        _register_all()
+    bad = tmp_path / "proposed.yaml"
+    bad.write_text(sim_policy_text() + "idle: {grace_min: -5}\n", encoding="utf-8")
+    env = {"GPULEDGER_CLICKHOUSE__URL": "http://127.0.0.1:9"}  # nothing listens: a query would fail differently
+    result = CliRunner().invoke(app, ["policy", "whatif", "--policy", str(bad), "--period", PERIOD], env=env)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{bad}:") and "idle.grace_min" in lines[0], result.output
