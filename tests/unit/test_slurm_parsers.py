@@ -200,7 +200,9 @@ def test_every_fixture_yields_contract_valid_events():
     n = 0
     for path in sorted(FIX.glob("*/*")):
         # Not job listings: sacctmgr's accounts and QOS (policy diff), scontrol's configuration.
-        if path.suffix == ".md" or path.parent.name == "sacctmgr" or path.name.startswith("scontrol-show-config"):
+        if path.suffix == ".md" or path.parent.name in ("sacctmgr", "scontrol-config") or path.name.startswith(
+            "scontrol-show-config"
+        ):
             continue
         for job in parse_capture(path.read_text()).jobs:
             for ev in lifecycle_events(job, EventContext("test")):
