@@ -271,6 +271,20 @@ def kueue_eviction(workload: dict[str, Any]) -> str | None:
     return None
 
 
+def abort_volcano_job(owner: Owner, create: Callable[[dict[str, Any]], bool]) -> tuple[str, str]:
+    """Create the Job's AbortJob Command; its name is fixed per Job, so an existing one (a repeated reclaim
+    before Volcano's controller consumed it) means the gang is already being stopped."""
+    try:
+        command = abort_command(owner)
+        created = create(command)
+    except Exception as exc:  # the kubernetes client raises ApiException and transport errors
+        return "failed", f"{owner.describe()}: {type(exc).__name__}: {exc}"[:2000]
+    name = f"{command['metadata']['namespace']}/{command['metadata']['name']}"
+    if not created:
+        return "skipped", f"{owner.describe()}: AbortJob Command {name} exists: the gang is reclaimed as one"
+    return "ok", f"{owner.describe()} suspended: AbortJob Command {name} created"
+
+
 class ReclaimExecutor:
     def __init__(
         self,
@@ -479,7 +493,7 @@ class ReclaimExecutor:
             if not owner.active:
                 return "skipped", f"{owner.describe()} already stopped: the gang is reclaimed as one"
             if owner.kind == "VolcanoJob":  # a Volcano Job no Kueue Workload owns: an AbortJob Command
-                return self._abort_volcano_job(owner)
+                return abort_volcano_job(owner, self._owner_create)
             if owner.kind != "Workload":  # a JobSet no Kueue Workload owns: suspend it
                 try:
                     self._owner_patch(owner, owner.stop_body)
@@ -492,19 +506,6 @@ class ReclaimExecutor:
         except Exception as exc:  # the kubernetes client raises ApiException and transport errors
             return "failed", f"{type(exc).__name__}: {exc}"[:2000]
         return "ok", f"{what} deactivated; {self._kueue_outcome(namespace, name)}"
-
-    def _abort_volcano_job(self, owner: Owner) -> tuple[str, str]:
-        """Create the Job's AbortJob Command; its name is fixed per Job, so an existing one (a repeated reclaim
-        before Volcano's controller consumed it) means the gang is already being stopped."""
-        try:
-            command = abort_command(owner)
-            created = self._owner_create(command)
-        except Exception as exc:  # the kubernetes client raises ApiException and transport errors
-            return "failed", f"{owner.describe()}: {type(exc).__name__}: {exc}"[:2000]
-        name = f"{command['metadata']['namespace']}/{command['metadata']['name']}"
-        if not created:
-            return "skipped", f"{owner.describe()}: AbortJob Command {name} exists: the gang is reclaimed as one"
-        return "ok", f"{owner.describe()} suspended: AbortJob Command {name} created"
 
     def _run(self, step: Step) -> tuple[str, str]:
         if step.kind == "wait":
