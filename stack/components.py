@@ -422,6 +422,16 @@ COMPONENTS: list[Component] = [
         kafka_principal="producers",  # the governance steps' login (security.component_acls)
     ),
     Component(
+        name="policy-watch",
+        description="policy watch: the engines diffed against the policy, drift alerted until it is gone",
+        argv=lambda s, _: gpuledger_argv("policy", "watch"),
+        enabled=lambda s: s.policy_path is not None and bool(s.policy_watch.engines),
+        why_disabled=lambda s: "no policy_path" if s.policy_path is None else (
+            "no engine configured (policy_watch.engines): nothing to diff the policy against"),
+        command=("policy", "watch"),
+        kafka_principal="policy-watch",  # alerts.v1 written, reservations.v1 read (security.component_acls)
+    ),
+    Component(
         name="simulator",
         description="simulated clusters sim (Slurm-like) and sim-k8s (Kubernetes) (no real source configured)",
         # Three hours of history first (reports and idle alerts to look at at once), then real time.

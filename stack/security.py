@@ -403,6 +403,7 @@ PRINCIPALS = {
     "chat": "gpuledger-chat",
     "reclaim": "gpuledger-reclaim",
     "web": "gpuledger-web",
+    "policy-watch": "gpuledger-policy-watch",
     "admin": ADMIN_USER,
 }
 
@@ -482,6 +483,12 @@ def component_acls(
     governance = (t.APPEALS, t.RESERVATIONS, t.ATTRIBUTION_BASELINE)
     topics(producers, "WRITE", *governance)
     topics(producers, "READ", *governance)
+    # The policy watch (issue 41) publishes drift alerts and reads reservations.v1 whole (a Kueue quota a reservation
+    # raised is explained, not drift): its own login, so no producer on a GPU node may write an alert.
+    watch = PRINCIPALS["policy-watch"]
+    topics(watch, "WRITE", t.ALERTS)
+    topics(watch, "READ", t.RESERVATIONS)
+    grants.append(Grant(watch, "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
 
     stored = (*produced, *outputs, *governance)
     topics(sinks, "READ", *stored)

@@ -35,7 +35,8 @@ from stack.kube import deploy_dir
 from stack.kube.build import KubeBinaries, ensure_binaries
 from stack.kube.cluster import ClusterConfig, LocalKube
 
-COMPONENT_ROLES = {"gpuledger-watcher": "watcher", "gpuledger-reclaim": "reclaim", "gpuledger-policy": "policy"}
+COMPONENT_ROLES = {"gpuledger-watcher": "watcher", "gpuledger-reclaim": "reclaim", "gpuledger-policy": "policy",
+                   "gpuledger-policy-watch": "policy-watch"}  # fmt: skip
 NODE = "gpu-node-1"
 
 

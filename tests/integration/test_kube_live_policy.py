@@ -83,14 +83,15 @@ def applied(local_kube: LocalKube, tmp_path: Path) -> Iterator[tuple[str, str, s
 def test_diff_is_empty_after_apply_and_shows_a_hand_edit(local_kube: LocalKube,
                                                          applied: tuple[str, str, str, list[str]],
                                                          kafka_bootstrap: str, tmp_path: Path) -> None:  # fmt: skip
-    """Also the policy watch (issue 41 item 1), as the same gpuledger-policy user: clean, then one drift alert with
-    the diff's exact line within one interval of the quota edit, cleared once `policy apply` has run."""
+    """Also the policy watch (issue 41 item 1), as the gpuledger-policy-watch user (deploy/kubernetes/rbac/
+    policy-watch.yaml: get only): clean, then one drift alert with the diff's exact line within one interval of the
+    quota edit, cleared once `policy apply` has run."""
     s, _, _, args = applied
     clean = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
     assert (clean.returncode, clean.stdout.strip()) == (0, "no drift"), clean.stderr
-    policy, kubeconfig = args[args.index("--policy") + 1], args[args.index("--kubeconfig") + 1]
+    policy, kubeconfig = args[args.index("--policy") + 1], local_kube.cfg.kubeconfig("gpuledger-policy-watch")
     watch = Watch(kafka_bootstrap, tmp_path, ["--engine", "kueue", "--policy", policy],
-                  env={**os.environ, "GPULEDGER_POLICY_WATCH__KUBECONFIG": kubeconfig})  # fmt: skip
+                  env={**os.environ, "GPULEDGER_POLICY_WATCH__KUBECONFIG": str(kubeconfig)})  # fmt: skip
     try:
         watch.wait("the first pass: clean", lambda a: kinds(a) == ["POLICY_DRIFT_CLEARED"])
         patch = [{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota", "value": 5}]

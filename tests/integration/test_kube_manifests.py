@@ -201,3 +201,28 @@ def test_the_api_server_accepts_every_manifest(local_kube: LocalKube) -> None:
     assert refused.returncode != 0 and 'unknown field "spec.replica"' in refused.stderr, refused.stderr
     wrong = {**deployment, "spec": {**deployment["spec"], "replicas": "two"}}
     assert _dry_run(local_kube, [wrong]).returncode != 0
+
+
+def test_the_policy_watch_runs_as_its_workload_configures_it_with_read_only_rights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`up` runs `policy watch` only with an engine and the policy configured: the Deployment sets both and runs as
+    its own ServiceAccount, bound to a role that only gets the kinds the policy renders (the live test diffs as a
+    user bound to it, tests/integration/test_kube_live_policy.py)."""
+    named = "gpuledger-policy-watch"
+    (deployment,) = [d for d in _docs() if d["kind"] == "Deployment" and d["metadata"]["name"] == named]
+    pod = _pod_spec(deployment)
+    (container,) = pod["containers"]
+    monkeypatch.chdir(tmp_path)
+    settings = _container_settings(container, tmp_path)
+    assert settings.policy_watch.engines == ["kueue"] and settings.policy_watch.kubeconfig is None
+    comp = next(c for c in COMPONENTS if c.name == "policy-watch")
+    assert comp.enabled(settings) and not comp.enabled(settings.model_copy(update={"policy_path": None}))
+    assert container["args"] == comp.argv(settings, lambda _: None)[3:]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert str(settings.policy_path) == f"{mounts['policy']}/policy.yaml"
+    account = pod["serviceAccountName"]
+    assert account == "gpuledger-policy-watch"
+    assert any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account for d in _docs())
+    role, binding = [d for d in yaml.safe_load_all((MANIFESTS.parent / "rbac" / "policy-watch.yaml").read_text()) if d]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "gpuledger"}]
+    assert {verb for rule in role["rules"] for verb in rule["verbs"]} == {"get"}

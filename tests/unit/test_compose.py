@@ -108,9 +108,11 @@ def _profile_services(profile: str) -> set[str]:
 def test_each_profile_adds_exactly_the_components_its_configuration_enables(clean_env: pytest.MonkeyPatch) -> None:
     """A profile is named as its service, and starts exactly what `up` adds with that service's configuration:
     the reservations profile configures a policy, so the appeals service (which needs only the policy) too."""
-    assert PROFILED == {"reservations": ["reservations"], "appeals": ["appeals", "reservations"]}
+    assert PROFILED == {"reservations": ["reservations"], "appeals": ["appeals", "reservations", "policy-watch"],
+                        "policy-watch": ["policy-watch"]}  # fmt: skip
     local = Settings(state_dir=STATE_DIR, cluster="sim", broker=BrokerSettings(nodes=3))
-    expected = {"reservations": {"reservations", "appeals"}, "appeals": {"appeals"}}
+    expected = {"reservations": {"reservations", "appeals"}, "appeals": {"appeals"},
+                "policy-watch": {"policy-watch", "appeals"}}  # fmt: skip
     for profile, added in expected.items():
         with pytest.MonkeyPatch.context() as env:
             for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
@@ -121,6 +123,7 @@ def test_each_profile_adds_exactly_the_components_its_configuration_enables(clea
         assert set(_up(local)) <= set(_up(settings))
     reserving = _configured(clean_env, "reservations")
     assert reserving.sinks.reservations.engines == ["kueue"]
+    assert _configured(clean_env, "policy-watch").policy_watch.engines == ["kueue"]
 
 
 def test_project_services_run_the_components_with_their_arguments(

@@ -20,7 +20,11 @@ def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write
                "attribution.corrections.v1"}  # fmt: skip
     writers = {topic: {c for c in PRINCIPALS if topic in _may(grants, c, "WRITE")} for topic in ledger | sources}
     corrections = {"attribution.corrections.v1": {"producers", "web"}}  # the team page publishes corrections
-    assert writers == {**{t: {"processors"} for t in ledger}, **{t: {"producers"} for t in sources}, **corrections}
+    drift = {"alerts.v1": {"processors", "policy-watch"}}  # issue 41: the policy watch's drift alerts
+    assert writers == {**{t: {"processors"} for t in ledger}, **{t: {"producers"} for t in sources}, **corrections,
+                       **drift}  # fmt: skip
+    assert _may(grants, "policy-watch", "WRITE") == {"alerts.v1"}
+    assert _may(grants, "policy-watch", "READ") == {"reservations.v1"}
     # the team page publishes corrections, appeals, and reservation requests and decisions
     assert _may(grants, "web", "WRITE") == {"attribution.corrections.v1", "appeals.v1", "reservations.v1"}
     # read whole to check a new step, as the commands do
