@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from web.model import Column, Day, gpu_h, money, pct
+from web.model import Column, Day, gpu_h, money, pct, utc_minute
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +219,15 @@ def headline(days: Iterable[FleetDay]) -> Headline:
         idle_gpu_h=gpu_h(sum(d.idle_s for d in listed)), reporting_pct=pct(reporting, inventory),
         missing_gpu_h=gpu_h(inventory - reporting),
     )  # fmt: skip
+
+
+DRIFT_COLUMNS = (
+    Column("cluster", "cluster"), Column("engine", "engine"), Column("since", "since (UTC)"),
+    Column("differences", "differences (as policy diff prints them)"),
+)  # fmt: skip
+
+
+def policy_drift(latest: Iterable[tuple[str, str, str, int, list[str]]]) -> list[dict[str, Any]]:
+    """The engines whose latest policy-watch alert is a drift, with each differing line; a cleared one is gone."""
+    return [{"cluster": c, "engine": e, "since": utc_minute(t), "differences": "; ".join(lines)}
+            for c, e, kind, t, lines in latest if kind == "POLICY_DRIFT"]  # fmt: skip

@@ -451,6 +451,10 @@ def fleet_page(wh: Warehouse, period: Period) -> Page:
                    note="Per node: device-seconds the inventory expected and telemetry did not cover "
                         "(a held device with no telemetry is dark, never idle)."))  # fmt: skip
     page.add(Table("unpriced", "Unpriced hours: no rate on the card", fleet.UNPRICED_COLUMNS, fleet.unpriced(usage)))
+    page.add(Table("policy_drift", "Policy drift: where a scheduler differs from the policy now", fleet.DRIFT_COLUMNS,
+                   fleet.policy_drift(wh.policy_drift()),
+                   note="The policy watch's latest word per engine (gpuledger policy watch): shown until it finds the "
+                        "engine matches the policy again, whatever the month."))  # fmt: skip
     jobs = m.merge_segments(wh.idle_leaders(period, FLEET_IDLE_LEADERS * 2, views))
     team_of = {j.key: j.team for j in jobs}
     leaders = m.most_idle_cost(jobs, FLEET_IDLE_LEADERS)

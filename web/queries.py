@@ -165,6 +165,17 @@ class _FleetReads(_Reads):
         return [FleetDay(d, *usage.get(d, (0, 0, 0, 0, 0)), *inventory.get(d, (0, 0)))
                 for d in sorted(set(usage) | set(inventory))]  # fmt: skip
 
+    def policy_drift(self) -> list[tuple[str, str, str, int, list[str]]]:
+        """Per cluster and engine, the policy watch's latest word (alerts POLICY_DRIFT / POLICY_DRIFT_CLEARED,
+        producers/policy_watch.py): (cluster, engine, alert kind, ts_ms, drift lines). Not bound to a period: a
+        drift shows until the watch says it is gone; a drift and its clear in one millisecond read as cleared."""
+        return [(str(c), str(e), str(k), int(t), [str(x) for x in lines]) for c, e, k, t, lines in self._rows(
+            "SELECT cluster, engine, argMax(kind, (ts_ms, kind = 'POLICY_DRIFT_CLEARED')) AS k, max(ts_ms), "
+            "argMax(drift_lines, (ts_ms, kind = 'POLICY_DRIFT_CLEARED')) FROM alerts FINAL "
+            "WHERE kind IN ('POLICY_DRIFT', 'POLICY_DRIFT_CLEARED') AND engine IS NOT NULL "
+            "GROUP BY cluster, engine ORDER BY cluster, engine",
+        )]  # fmt: skip
+
     def coverage_gaps(self, period: Period, limit: int = 100) -> list[tuple[str, str, int, int]]:
         """Nodes whose inventory's devices did not all report in the period: (cluster, node, expected
         device-seconds, reporting device-seconds), the largest gap first."""
@@ -599,3 +610,22 @@ def job_subject(client: Any, cluster: str, job_id: str, period: str) -> Any:
     from sinks.governance import job_subject as subject
 
     return subject(client, cluster, job_id, period)
+
+
+# -- what if (issue 43) ---------------------------------------------------------------------------
+
+
+def whatif_comparison(settings: Any, proposal: Any, period: str, by: str, now_ms: int) -> Any:
+    """`policy whatif`'s comparison (`sinks.whatif.whatif` with `processors.whatif.replay_month`, the command's own
+    call) for the fleet page. It runs on its own client of the configured ClickHouse login, not the analyst's: the
+    proposal is priced by the live views in a scratch database it creates and drops, which a read-only login
+    cannot; nothing is written to the ledger's database. Closed when done."""
+    from processors.whatif import replay_month
+    from sinks import whatif
+    from sinks.db import connect
+
+    client = connect(settings.clickhouse, send_receive_timeout=int(settings.web.query_timeout_s))
+    try:
+        return whatif.whatif(client, settings, period, proposal, by, replay_month, now_ms)
+    finally:
+        client.close()

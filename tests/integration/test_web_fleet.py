@@ -179,3 +179,38 @@ def test_idle_leaders_are_the_teams_costliest_idle_jobs(fleet_app: Any) -> None:
     team_top = fleet_app.get(f"/teams/{top['team']}?period={PERIOD}&csv=idle_jobs", headers=OPS).text
     first = next(csv.DictReader(io.StringIO(team_top)))
     assert (first["job_id"], first["idle_cost"]) == (top["job_id"], top["idle_cost"])
+
+
+def test_policy_drift_shows_until_the_watch_says_it_is_gone(fleet_app: Any, fleet_ledger: Any) -> None:
+    """The policy watch's alerts stored by the sinks' own writer (issue 41 item 1): the fleet page lists an engine
+    whose latest word is a drift, with each differing line, whatever the month, and drops it once cleared."""
+    from producers.policy_engine import EngineDiff
+    from producers.policy_watch import step
+    from schemas import topics
+    from schemas.records import Alert
+    from sinks.db import connect
+    from sinks.rows import SINKS
+    from sinks.writer import LedgerWriter, Origin, Pending
+    from web.model import utc_minute
+
+    def store(alerts: list[dict[str, Any]]) -> None:
+        client = connect(fleet_ledger)
+        try:
+            pending = [Pending(spec, row, Origin(topics.ALERTS.name, 0, i)) for spec in SINKS[topics.ALERTS.name]
+                       for i, a in enumerate(alerts) for row in spec.rows(Alert.from_avro(a))]  # fmt: skip
+            assert not LedgerWriter(client).write(pending).rejected
+        finally:
+            client.close()
+
+    lines = ("qos prod: Priority is 5, policy says 1000", "association serve: GrpTRES is gres/gpu:h100=2, policy says "
+             "gres/gpu:h100=1")  # fmt: skip
+    state, drift = step({}, "sim", EngineDiff("slurm", lines), END_MS - 60_000)
+    clean = step({}, "sim", EngineDiff("kueue", ()), END_MS - 60_000)[1]
+    store([*drift, *clean])
+    shown = csv_of(fleet_app, "policy_drift")
+    assert shown == [{"cluster": "sim", "engine": "slurm", "since": utc_minute(END_MS - 60_000),
+                      "differences": "; ".join(lines)}]  # kueue's clean: not listed
+    assert "Policy drift" in fleet_app.get(f"/fleet?period={PERIOD}", headers=OPS).text
+    store(step(state, "sim", EngineDiff("slurm", ()), END_MS)[1])
+    assert csv_of(fleet_app, "policy_drift") == []
+    assert "Policy drift" not in fleet_app.get(f"/fleet?period={PERIOD}", headers=OPS).text
