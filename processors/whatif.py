@@ -90,3 +90,17 @@ def replay(jobs: Iterable[ReplayJob], policy: IdlePolicy, granted: Mapping[str, 
         for out in outs:
             (alerts if out.kind == "alert" else actions).append(out.record)
     return Replayed(alerts, actions)
+
+
+def replay_month(
+    minutes: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]],
+    flags: Mapping[tuple[str, str], Mapping[str, Any]],
+    appeal_events: Iterable[Mapping[str, Any]],
+    policy: IdlePolicy,
+    in_force: Policy | None,
+) -> Replayed:
+    """A month as `sinks.whatif.load_month` reads it (job-minutes and flags by (cluster, job_id), appeal steps)
+    replayed under `policy`, with the appeals decided under the policy in force: what the command and the
+    fleet page hand to `sinks.whatif.whatif` (one replay for both)."""
+    jobs = [ReplayJob(job_info(flags.get(key, {}), mins[0]), mins) for key, mins in sorted(minutes.items())]
+    return replay(jobs, policy, appeal_grants(appeal_events, in_force))

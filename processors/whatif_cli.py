@@ -42,21 +42,12 @@ def whatif(
     by: str = "team",
     base_idle: IdlePolicy | None = None,
 ) -> Any:
-    """The comparison of `period` as stored with the same month under `proposal` (a `sinks.whatif.Comparison`)."""
-    from processors.whatif import ReplayJob, appeal_grants, job_info, replay
-    from sinks.ratecard import rate_card_rows
-    from sinks.whatif import actual_prices, compare, load_month, proposed_card, proposed_prices, quota_limits
+    """The comparison of `period` as stored with the same month under `proposal` (a `sinks.whatif.Comparison`):
+    `sinks.whatif.whatif` with the live idle state machine's replay (`processors.whatif.replay_month`)."""
+    from processors.whatif import replay_month
+    from sinks import whatif as compare
 
-    current = load_policy(settings.policy_path) if settings.policy_path is not None else None
-    base = base_idle if base_idle is not None else settings.processor.idle
-    month = load_month(client, period)
-    jobs = [ReplayJob(job_info(month.flags.get(key, {}), mins[0]), mins) for key, mins in sorted(month.minutes.items())]
-    replayed = replay(jobs, proposal.idle_policy(base), appeal_grants(month.appeals, current))
-    card = proposed_card(settings.sinks.ratecard_path, proposal)
-    database = settings.clickhouse.database
-    actual = actual_prices(client, database, period)
-    proposed = proposed_prices(client, database, period, rate_card_rows(card, int(time.time() * 1000)))
-    return compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal))
+    return compare.whatif(client, settings, period, proposal, by, replay_month, int(time.time() * 1000), base_idle)
 
 
 def policy_whatif(

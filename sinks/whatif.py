@@ -19,15 +19,17 @@ import re
 import tomllib
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from base.errors import ConfigError
-from schemas.policy import Policy
+from base.processor_settings import IdlePolicy
+from base.settings import Settings
+from schemas.policy import Policy, load_policy
 from sinks.db import check_identifier
 from sinks.governance import appeal_events
 from sinks.periods import check_period
@@ -40,6 +42,7 @@ from sinks.ratecard import (
     gpu_hours,
     load_card,
     parse_card,
+    rate_card_rows,
 )
 from sinks.view_files import load_views
 
@@ -471,3 +474,45 @@ def _row(name: str, ln: _Line, actual: Decimal, whatif: Decimal) -> dict[str, An
         "queued_jobs": ln.queued_jobs,
         "queued_wait_h": (Decimal(ln.queued_wait_ms) / 3_600_000).quantize(Decimal("0.01")),
     }
+
+
+# -- the whole comparison ---------------------------------------------------------------------------------------
+
+
+class Replay(Protocol):
+    """What `processors.whatif.replay_month` returns: the replayed alerts and reclaim actions."""
+
+    @property
+    def alerts(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def actions(self) -> list[dict[str, Any]]: ...
+
+
+# (minutes, flags, appeal steps, idle policy, policy in force) -> the replay: processors.whatif.replay_month, handed in
+# by the command and the fleet page (a component does not import another).
+ReplayMonth = Callable[[Any, Any, Any, IdlePolicy, "Policy | None"], Replay]
+
+
+def whatif(
+    client: Any,
+    settings: Settings,
+    period: str,
+    proposal: Policy,
+    by: str,
+    replay_month: ReplayMonth,
+    now_ms: int,
+    base_idle: IdlePolicy | None = None,
+) -> Comparison:
+    """`period` as stored beside the same month under `proposal`: the one comparison `policy whatif` prints and the
+    fleet page shows. `client` may create and drop a scratch database (`scratch_database`); nothing else is written.
+    `now_ms` stamps the proposed card's rows (`rate_card_rows`' load time; the caller's clock)."""
+    current = load_policy(settings.policy_path) if settings.policy_path is not None else None
+    base = base_idle if base_idle is not None else settings.processor.idle
+    month = load_month(client, period)
+    replayed = replay_month(month.minutes, month.flags, month.appeals, proposal.idle_policy(base), current)
+    card = proposed_card(settings.sinks.ratecard_path, proposal)
+    database = settings.clickhouse.database
+    actual = actual_prices(client, database, period)
+    proposed = proposed_prices(client, database, period, rate_card_rows(card, now_ms))
+    return compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal))

@@ -77,6 +77,10 @@ class WebContext:
     operator_groups: tuple[str, ...] = ("gpuledger-operators",)
     finance_groups: tuple[str, ...] = ("gpuledger-finance",)
     clock: Callable[[], float] = time.time
+    # The fleet page's what-if (issue 43): (proposal, period, by, now_ms) -> `sinks.whatif.Comparison`, and the
+    # proposals offered to pick by name; None: the form is off (settings: web.whatif).
+    whatif: Callable[[Any, str, str, int], Any] | None = None
+    whatif_choices: Callable[[], dict[str, Path]] = dict
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     def now_ms(self) -> int:
@@ -221,6 +225,91 @@ def fleet(request: Request) -> Response:
         raise Forbidden(f"{viewer.user} may not see the fleet page (operators and finance): {viewer.scope}")
     page = pages.fleet_page(ctx.warehouse(), period)
     return page_response(request, page, "fleet.html", "fleet", period.text)
+
+
+# -- what if (issue 43): the fleet page's comparison of a proposed policy with the month as stored ------------------
+
+
+def _whatif_viewer(request: Request) -> tuple[WebContext, Viewer]:
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    if not viewer.sees_everything:
+        raise Forbidden(f"{viewer.user} may not run a what-if (operators and finance): {viewer.scope}")
+    if ctx.whatif is None:
+        raise BadRequest("the what-if form is off (settings: web.whatif)")
+    return ctx, viewer
+
+
+def _whatif_answer(request: Request, ctx: WebContext, viewer: Viewer, period: params.Period, by: str,
+                   label: str | None, proposal: Any, csv: str | None) -> Response:  # fmt: skip
+    """The form, and the comparison of `proposal` (a Policy, or the lines saying why it does not parse: nothing
+    runs then) when one was given; `csv` names a table to download instead."""
+    from web import whatif
+
+    assert ctx.whatif is not None
+    page = pages.Page("What if")
+    problems: list[str] = proposal if isinstance(proposal, list) else []
+    assumptions: tuple[str, ...] = ()
+    if proposal is not None and not problems:
+        comparison = ctx.whatif(proposal, period.text, by, ctx.now_ms())
+        assumptions = tuple(comparison.assumptions)
+        for table in whatif.tables(comparison, label or "the proposal"):
+            page.add(table)
+        if csv is not None:
+            wanted = page.tables.get(params.table_name(csv))
+            if wanted is None:
+                raise BadRequest("no such table on this page")
+            return csv_download(whatif.csv_table(wanted, period.text, assumptions), "whatif", label or "", period.text)
+    elif csv is not None:
+        raise BadRequest("no comparison to download: pick or upload a proposal that parses")
+    page.context.update(period=period, by=by, by_choices=whatif.BY, label=label, problems=problems,
+                        assumptions=assumptions, choices=sorted(ctx.whatif_choices()),
+                        token=access.csrf_token(ctx.secret, viewer.user), max_kib=whatif.MAX_UPLOAD_BYTES // 1024,
+                        prev_url=f"/fleet/whatif?period={period.previous().text}",
+                        next_url=f"/fleet/whatif?period={period.next().text}")  # fmt: skip
+    status = 400 if problems else 200
+    return render(request, "whatif.html", status, page=page, tables=page.tables, **page.context)
+
+
+def fleet_whatif(request: Request) -> Response:
+    """The what-if form; with `?proposal=<name>` (the policy in force or a file of the configured folder) the
+    comparison, `&csv=lines|events` its download."""
+    from web import whatif
+
+    ctx, viewer = _whatif_viewer(request)
+    q = request.query_params
+    period = params.period(q.get("period"), ctx.now_ms())
+    by = whatif.by(q.get("by"))
+    name = q.get("proposal")
+    label, proposal = whatif.picked(name, ctx.whatif_choices()) if name else (None, None)
+    return _whatif_answer(request, ctx, viewer, period, by, label, proposal, q.get("csv"))
+
+
+async def fleet_whatif_post(request: Request) -> Response:
+    """An uploaded proposal (at most the command's 1 MiB) or a picked one, compared; `csv` downloads instead."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.datastructures import UploadFile
+
+    from web import whatif
+
+    ctx, viewer = _whatif_viewer(request)
+    length = request.headers.get("content-length", "")
+    if not length.isdigit() or int(length) > whatif.MAX_UPLOAD_BYTES + 64 * 1024:
+        raise BadRequest(f"a proposal is at most {whatif.MAX_UPLOAD_BYTES} bytes (and the request says its length)")
+    form = await request.form(max_files=1, max_fields=8, max_part_size=4096)
+    values = {k: str(v) for k in ("token", "period", "by", "proposal", "csv") if isinstance(v := form.get(k), str)}
+    if not access.csrf_ok(ctx.secret, viewer.user, values.get("token")):
+        raise Forbidden("the form has expired or did not come from this page; reload it and try again")
+    period = params.period(values.get("period"), ctx.now_ms())
+    by = whatif.by(values.get("by"))
+    upload = form.get("file")
+    if isinstance(upload, UploadFile) and upload.filename:
+        data = await upload.read(whatif.MAX_UPLOAD_BYTES + 1)
+        label, proposal = whatif.uploaded(upload.filename, data)
+    else:
+        label, proposal = whatif.picked(values.get("proposal"), ctx.whatif_choices())
+    csv = values.get("csv") or None
+    return await run_in_threadpool(_whatif_answer, request, ctx, viewer, period, by, label, proposal, csv)
 
 
 def project(request: Request) -> Response:
@@ -491,6 +580,8 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/healthz", healthz),
         Route("/demo", demo_pick),
         Route("/fleet", fleet),
+        Route("/fleet/whatif", fleet_whatif),
+        Route("/fleet/whatif", fleet_whatif_post, methods=["POST"]),
         Route("/teams/{team}", team),
         Route("/teams/{team}/projects/{project}", project),
         Route("/jobs/{cluster}/{job_id:path}", job),

@@ -43,7 +43,24 @@ def build_context(settings: Settings, publisher: Any = None) -> Any:
         groups_header=web.groups_header,
         operator_groups=tuple(web.operator_groups),
         finance_groups=tuple(web.finance_groups),
+        whatif=_whatif(settings),
+        whatif_choices=lambda: _whatif_choices(settings),
     )  # fmt: skip
+
+
+def _whatif(settings: Settings) -> Any:
+    """The fleet page's what-if (issue 43), `policy whatif`'s own comparison; None unless `web.whatif` is set."""
+    if not settings.web.whatif:
+        return None
+    from web.queries import whatif_comparison
+
+    return lambda proposal, period, by, now_ms: whatif_comparison(settings, proposal, period, by, now_ms)
+
+
+def _whatif_choices(settings: Settings) -> Any:
+    from web.whatif import proposals
+
+    return proposals(settings.web.whatif_proposals, settings.policy_path)
 
 
 def _organisation(settings: Settings) -> tuple[Any, Any, list[str]]:
