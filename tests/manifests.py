@@ -7,6 +7,8 @@ the table of rights in docs/deployment.md ("What each service account may do").
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,3 +93,88 @@ def rbac_table(doc: Path = ROOT / "docs" / "deployment.md") -> tuple[dict[str, s
             for resource in _cell_list(resources):
                 rights += [Right(component, account, verb, resource, n) for n in (_cell_list(names) or [""])]
     return accounts, rights
+
+
+class ManifestGap(Exception):
+    """A workload refers to something its install does not give it (a Secret key, a ConfigMap, a field)."""
+
+
+@dataclass(frozen=True)
+class Process:
+    """A container of a workload as a plain process: `gpuledger <args>` with this environment."""
+
+    workload: str
+    kind: str
+    args: list[str]
+    env: dict[str, str]
+    state_dir: Path
+
+
+def _expand_vars(value: str, env: dict[str, str]) -> str:
+    """`$(VAR)` as the kubelet expands it from the variables defined before; `$$` is a literal `$`."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)  # fmt: skip
+
+
+def kube_process(workload: dict[str, Any], root: Path, *, config_maps: dict[str, dict[str, str]],
+                 secrets: dict[str, dict[str, str]], fields: dict[str, str],
+                 edit_file: Callable[[str, str, str], str] | None = None) -> Process:  # fmt: skip
+    """The workload's (single) container as a plain process under `root`: each ConfigMap or Secret volume written
+    to a folder of its own (`edit_file(configmap, key, text)` may change a file, as a site edits its addresses),
+    every mount path in the environment pointing there, env values from `value`, `secretKeyRef`,
+    `configMapKeyRef` and `fieldRef` (`fields`: fieldPath -> value). Whatever is missing raises ManifestGap
+    naming the workload and the setting."""
+    name = workload["metadata"]["name"]
+    pod = pod_spec(workload)
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts: dict[str, Path] = {}
+    state_dir = root / name / "state"
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"])
+        if volume is None:
+            raise ManifestGap(f"{name}: mount {mount['name']!r} has no volume")
+        folder = root / name / mount["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        if "configMap" in volume or "secret" in volume:
+            source, data = ("configMap", config_maps) if "configMap" in volume else ("secret", secrets)
+            ref = volume[source].get("name") or volume[source]["secretName"]
+            if ref not in data:
+                raise ManifestGap(f"{name}: volume {mount['name']!r} needs the {source} {ref!r}")
+            for key, text in data[ref].items():
+                (folder / key).write_text(edit_file(ref, key, text) if edit_file else text, encoding="utf-8")
+        mounts[mount["mountPath"]] = folder
+    if "/var/lib/gpuledger" in mounts:
+        state_dir = mounts["/var/lib/gpuledger"]
+
+    def local(value: str) -> str:
+        for path, folder in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            if value == path or value.startswith(path + "/"):
+                return str(folder) + value[len(path) :]
+        return value
+
+    # A path in a mounted file (gpuledger.toml's state_dir) names a mount too: point it at the local folder.
+    for folder in {mounts[m["mountPath"]] for m in container.get("volumeMounts", [])}:
+        for file in (f for f in folder.iterdir() if f.is_file()):
+            text = file.read_text(encoding="utf-8")
+            file.write_text(re.sub(r'"(/[^"]*)"', lambda m: f'"{local(m.group(1))}"', text), encoding="utf-8")
+
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        var = item["name"]
+        if "value" in item:
+            env[var] = local(_expand_vars(str(item["value"]), env))
+            continue
+        ref = item.get("valueFrom", {})
+        if "secretKeyRef" in ref or "configMapKeyRef" in ref:
+            kind, data = ("secretKeyRef", secrets) if "secretKeyRef" in ref else ("configMapKeyRef", config_maps)
+            obj, key = ref[kind]["name"], ref[kind]["key"]
+            if key not in data.get(obj, {}):
+                raise ManifestGap(f"{name}: {var} needs key {key!r} of {obj!r}, which the install does not have")
+            env[var] = data[obj][key]
+        elif "fieldRef" in ref:
+            env[var] = fields[ref["fieldRef"]["fieldPath"]]
+        else:
+            raise ManifestGap(f"{name}: {var} comes from {sorted(ref)}, which this harness does not read")
+    args = [_expand_vars(a, env) for a in [*container.get("command", [])[1:], *container.get("args", [])]]
+    return Process(name, workload["kind"], args, env, state_dir)

@@ -1,0 +1,131 @@
+"""Every component started as the Kubernetes manifests say (issue 42 item 4, in part): each workload's container
+as a plain process (tests/manifests.kube_process: its args, its environment, the ConfigMap's gpuledger.toml
+written to a folder and GPULEDGER_CONFIG pointing there, the Secret's keys with test values) against the real
+broker and ClickHouse. Only what a site edits is changed: the addresses in gpuledger.toml (Kafka, ClickHouse,
+no schema registry here) and the metrics port (any free one: other suites share this machine).
+
+The setup Jobs run to completion and set the stack up (topics, tables, the rate card); the Deployments of the
+ledger path and of the alerts stay up and answer /metrics. Not started here: the schemas Job (no registry in
+this test), the producers (dcgm needs an exporter, kube watch and podresources a control plane), the
+reservation service and policy watch (Kueue), web. A Secret key a manifest forgets fails with the workload and
+the setting named.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fixtures_clickhouse import ClickHouseServer
+from manifests import INSTALL, ManifestGap, Process, kube_docs, kube_process, workloads
+
+from stack.components import SIM_POLICY
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = "from gpuledger.cli import main; main()"
+JOBS = ("gpuledger-topics", "gpuledger-db-migrate", "gpuledger-ratecard")
+SERVING = ("gpuledger-processors", "gpuledger-sinks", "gpuledger-chat", "gpuledger-reclaim")
+STAYING = ("gpuledger-agents", "gpuledger-appeals")  # no /metrics: up and still running
+
+
+def _toml_value(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _edit_settings(text: str, bootstrap: str, ch_url: str) -> str:
+    """gpuledger.toml with this machine's addresses, as a site edits the ConfigMap (nothing else changes)."""
+    doc = tomllib.loads(text)
+    doc["kafka"]["bootstrap_servers"] = bootstrap
+    del doc["kafka"]["schema_registry_url"]  # no registry in this test: Avro single-object encoding
+    doc["kafka"]["replication_factor"] = 1  # one test broker
+    doc["clickhouse"]["url"] = ch_url
+    doc["metrics"]["base_port"] = 0
+    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    for section, values in ((k, v) for k, v in doc.items() if isinstance(v, dict)):
+        lines += [f"[{section}]", *(f"{k} = {_toml_value(v)}" for k, v in values.items())]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def install(kafka_bootstrap: str, clickhouse_server: ClickHouseServer, tmp_path: Path) -> dict[str, Process]:
+    docs = kube_docs(INSTALL)
+    config_maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    config_maps["gpuledger-policy"] = {"policy.yaml": SIM_POLICY.read_text(encoding="utf-8")}  # the operator's
+    secrets = {"gpuledger-clickhouse": {"password": clickhouse_server.password,
+                                        "analyst-password": clickhouse_server.analyst_password}}  # fmt: skip
+    database = f"install_{tmp_path.name[-8:]}".replace("-", "_")
+    ch_url = f"{clickhouse_server.url}"
+
+    def edit(config_map: str, key: str, text: str) -> str:
+        if (config_map, key) != ("gpuledger-settings", "gpuledger.toml"):
+            return text
+        edited = _edit_settings(text, kafka_bootstrap, ch_url)
+        return edited.replace('database = "gpuledger"', f'database = "{database}"')
+
+    fields = {"spec.nodeName": "gpu-node-1", "status.hostIP": "127.0.0.1"}
+    return {w["metadata"]["name"]: kube_process(w, tmp_path, config_maps=config_maps, secrets=secrets, fields=fields,
+                                                edit_file=edit) for w in workloads(docs)}  # fmt: skip
+
+
+def _popen(proc: Process, log: Path) -> subprocess.Popen[bytes]:
+    assert "/var/lib/" not in (Path(proc.env["GPULEDGER_CONFIG"])).read_text(), proc.workload  # nothing outside tmp
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(proc.state_dir), **proc.env}
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-c", CLI, *proc.args], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def _run_job(proc: Process, log: Path, timeout_s: float = 120) -> None:
+    popen = _popen(proc, log)
+    rc = popen.wait(timeout_s)
+    assert rc == 0, f"{proc.workload}: `gpuledger {' '.join(proc.args)}` exited {rc}: {log.read_text()[-3000:]}"
+
+
+def _metrics_port(proc: Process) -> int | None:
+    files = list((proc.state_dir / "metrics").glob("*.port"))
+    return int(files[0].read_text().strip()) if files else None
+
+
+def test_each_component_runs_as_its_manifest_says(install: dict[str, Process], tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in JOBS:
+        _run_job(install[name], logs / f"{name}.log")
+    started = {name: _popen(install[name], logs / f"{name}.log") for name in (*SERVING, *STAYING)}
+    try:
+        deadline = time.monotonic() + 90
+        waiting = set(SERVING)
+        while waiting and time.monotonic() < deadline:
+            for name in sorted(waiting):
+                rc = started[name].poll()
+                assert rc is None, f"{name} exited {rc}: {(logs / f'{name}.log').read_text()[-3000:]}"
+                port = _metrics_port(install[name])
+                if port and httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 200:
+                    waiting.discard(name)
+            time.sleep(0.5)
+        assert not waiting, {n: (logs / f"{n}.log").read_text()[-1500:] for n in waiting}
+        for name in STAYING:
+            rc = started[name].poll()
+            assert rc is None, f"{name} exited {rc}: {(logs / f'{name}.log').read_text()[-3000:]}"
+    finally:
+        for popen in started.values():
+            popen.terminate()
+        for popen in started.values():
+            try:
+                popen.wait(30)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+
+
+def test_a_secret_key_the_install_lacks_names_the_workload_and_the_setting(tmp_path: Path) -> None:
+    (migrate,) = [w for w in workloads(kube_docs(INSTALL)) if w["metadata"]["name"] == "gpuledger-db-migrate"]
+    settings = {d["metadata"]["name"]: d["data"] for d in kube_docs(INSTALL) if d["kind"] == "ConfigMap"}
+    with pytest.raises(ManifestGap, match=r"gpuledger-db-migrate: GPULEDGER_CLICKHOUSE__PASSWORD needs key 'password'"):
+        kube_process(migrate, tmp_path, config_maps=settings, secrets={"gpuledger-clickhouse": {}}, fields={})
