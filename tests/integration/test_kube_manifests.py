@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import typer
 import yaml
+from manifests import kube_docs, pod_spec
 
 from base.settings import Settings
 from stack.components import COMPONENTS
@@ -34,15 +35,10 @@ LOCAL_ONLY = {"broker", "broker-2", "broker-3", "registry", "clickhouse", "simul
 
 
 def _docs() -> list[dict[str, Any]]:
-    docs = []
-    for path in sorted(MANIFESTS.glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
-    return docs
+    return kube_docs((MANIFESTS,))
 
 
-def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
-    return spec
+_pod_spec = pod_spec
 
 
 def _containers() -> list[tuple[str, dict[str, Any]]]:
