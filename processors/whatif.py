@@ -19,6 +19,7 @@ from typing import Any
 
 from base.processor_settings import Exemption, IdlePolicy
 from processors.attribution import JobInfo
+from processors.classify import JobMinuteClass, classify_job_minute
 from processors.idle import Output, granted_exemptions, new_state, step
 from schemas.governance_appeals import fold
 from schemas.policy import Policy
@@ -104,3 +105,18 @@ def replay_month(
     fleet page hand to `sinks.whatif.whatif` (one replay for both)."""
     jobs = [ReplayJob(job_info(flags.get(key, {}), mins[0]), mins) for key, mins in sorted(minutes.items())]
     return replay(jobs, policy, appeal_grants(appeal_events, in_force))
+
+
+RUN_CODES = {JobMinuteClass.BUSY: 1, JobMinuteClass.DARK: 2}  # classes whose runs collapse; idle minutes never do
+
+
+def run_classes() -> tuple[int, ...]:
+    """For `sinks.whatif.load_month`: per sign pattern of a job-minute's (active_s, starved_s, idle_s) (bits 4, 2,
+    1), the code of its class as `classify_job_minute` answers on those signs, -1 for idle (each idle minute
+    moves the state machine). The classifier reads only whether each is above zero (tests/unit/test_whatif.py
+    holds it to that), so the table is its answer for every minute."""
+    codes = []
+    for bits in range(8):
+        cls = classify_job_minute((bits >> 2) & 1, (bits >> 1) & 1, bits & 1)
+        codes.append(RUN_CODES.get(cls, -1))
+    return tuple(codes)

@@ -44,10 +44,11 @@ def whatif(
 ) -> Any:
     """The comparison of `period` as stored with the same month under `proposal` (a `sinks.whatif.Comparison`):
     `sinks.whatif.whatif` with the live idle state machine's replay (`processors.whatif.replay_month`)."""
-    from processors.whatif import replay_month
+    from processors.whatif import replay_month, run_classes
     from sinks import whatif as compare
 
-    return compare.whatif(client, settings, period, proposal, by, replay_month, int(time.time() * 1000), base_idle)
+    return compare.whatif(client, settings, period, proposal, by, replay_month, int(time.time() * 1000), base_idle,
+                          run_classes())  # fmt: skip
 
 
 def policy_whatif(

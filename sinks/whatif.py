@@ -87,24 +87,48 @@ class Month:
     flags: dict[Key, dict[str, Any]]
     alerts: list[dict[str, Any]]
     appeals: list[dict[str, Any]]
+    # per job: (first minute, last minute, most devices) over every stored minute, collapsed or not
+    spans: dict[Key, tuple[int, int, int]] = field(default_factory=dict)
 
 
-def load_month(client: Any, period: str) -> Month:
+def load_month(client: Any, period: str, run_classes: Sequence[int] | None = None) -> Month:
     """The month's jobs (any job-minute in it), their job-minutes from `LOOKBACK_MS` before it, their flags from
-    the start event (`JobInfo` is snapshotted there), the month's idle alerts and every appeal step."""
+    the start event (`JobInfo` is snapshotted there), the month's idle alerts and every appeal step.
+
+    `run_classes` (the replay's `processors.whatif.run_classes()`: a class code per sign pattern of active, starved
+    and idle seconds, the classifier's own answers; negative: never collapsed) leaves out the inside of every run
+    of contiguous minutes of one collapsible class: its first and last minutes stay. The idle state machine does
+    nothing on such a minute but move its clock (a busy or dark minute after a busy or dark one resolves nothing),
+    so the replay's alerts and actions are the same, from a fraction of the rows (bench/whatif_replay.py)."""
     start, end = month_bounds(period)
-    params = {"start": start, "end": end, "from": start - LOOKBACK_MS}
+    params: dict[str, Any] = {"start": start, "end": end, "from": start - LOOKBACK_MS}
     in_month = "SELECT DISTINCT cluster, job_id FROM job_minutes WHERE minute_start_ms >= {start:Int64} " \
                "AND minute_start_ms < {end:Int64}"  # fmt: skip
+    where = f"minute_start_ms >= {{from:Int64}} AND minute_start_ms < {{end:Int64}} AND (cluster, job_id) " \
+            f"IN ({in_month})"  # fmt: skip
+    cols = ", ".join(MINUTE_COLUMNS)
+    if run_classes is None:
+        sql = f"SELECT {cols} FROM job_minutes FINAL WHERE {where}"
+    else:
+        if len(run_classes) != 8:
+            raise ConfigError("run_classes names a class for each of the 8 sign patterns")
+        params["classes"] = [int(c) for c in run_classes]
+        sql = (
+            f"SELECT {cols} FROM (SELECT {cols}, arrayElement({{classes:Array(Int8)}}, 1 + (active_s > 0) * 4 "
+            "+ (starved_s > 0) * 2 + (idle_s > 0)) AS cls, lagInFrame(cls, 1, -100) OVER w AS prev_cls, "
+            "lagInFrame(minute_start_ms, 1, 0) OVER w AS prev_ms, leadInFrame(cls, 1, -100) OVER w AS next_cls, "
+            f"leadInFrame(minute_start_ms, 1, 0) OVER w AS next_ms FROM job_minutes FINAL WHERE {where} "
+            "WINDOW w AS (PARTITION BY cluster, job_id ORDER BY minute_start_ms ROWS BETWEEN 1 PRECEDING AND "
+            "1 FOLLOWING)) WHERE cls < 0 OR NOT (prev_cls = cls AND prev_ms = minute_start_ms - 60000 "
+            "AND next_cls = cls AND next_ms = minute_start_ms + 60000)"
+        )
     minutes: dict[Key, list[dict[str, Any]]] = defaultdict(list)
-    rows = client.query(
-        f"SELECT {', '.join(MINUTE_COLUMNS)} FROM job_minutes FINAL WHERE minute_start_ms >= {{from:Int64}} "
-        f"AND minute_start_ms < {{end:Int64}} AND (cluster, job_id) IN ({in_month})",
-        parameters=params,
-    ).result_rows
-    for row in rows:
+    for row in client.query(sql, parameters=params).result_rows:
         rec = dict(zip(MINUTE_COLUMNS, row, strict=True))
         minutes[(rec["cluster"], rec["job_id"])].append(rec)
+    spans = {(str(r[0]), str(r[1])): (int(r[2]), int(r[3]), int(r[4])) for r in client.query(
+        f"SELECT cluster, job_id, min(minute_start_ms), max(minute_start_ms), max(device_count) FROM job_minutes "
+        f"FINAL WHERE {where} GROUP BY cluster, job_id", parameters=params).result_rows}  # fmt: skip
     flags: dict[Key, dict[str, Any]] = {}
     # The first STARTED event (else the first event): the job stage's `JobInfo.from_event`.
     picks = ", ".join(f"argMin({c}, (event_type != 'STARTED', ts_ms)) AS {c}" for c in FLAG_COLUMNS)
@@ -138,7 +162,7 @@ def load_month(client: Any, period: str) -> Month:
             parameters={**params, "kinds": list(IDLE_KINDS)},
         ).result_rows
     ]
-    return Month(period, start, end, dict(minutes), flags, alerts, appeal_events(client))
+    return Month(period, start, end, dict(minutes), flags, alerts, appeal_events(client), spans)
 
 
 # -- prices -----------------------------------------------------------------------------------------------------
@@ -354,10 +378,6 @@ def _utc(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M")
 
 
-def _day(ms: int) -> dt.date:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).date()
-
-
 def _who(key: Key, month: Month, *priced: Priced) -> tuple[str, str, str]:
     """(team, project, generation) of a job: its priced rows (the corrected project), else its job-minutes."""
     for p in priced:
@@ -377,8 +397,10 @@ def compare(
     whatif_alerts: Sequence[Mapping[str, Any]],
     whatif_actions: Sequence[Mapping[str, Any]],
     limits: Mapping[tuple[str, str], int] | None = None,
+    released: Mapping[Key, Mapping[dt.date, tuple[int, int]]] | None = None,
 ) -> Comparison:
-    """Lines by `by` (team, project or generation): the actual month beside the replayed one."""
+    """Lines by `by` (team, project or generation): the actual month beside the replayed one. `released`: per
+    reclaimed job and day, the allocated and idle seconds from its first reclaim (`released_after`)."""
     if by not in BY_CHOICES:
         raise ConfigError(f"--by must be one of {', '.join(BY_CHOICES)}, got {by!r}")
     pick = BY_CHOICES.index(by)
@@ -408,24 +430,15 @@ def compare(
                            "cluster": key[0], "job_id": key[1], "team": team, "project": project,
                            "generation": gen, "action": a.get("action") or "",
                            "idle_minutes": a.get("idle_minutes")})  # fmt: skip
-    first_reclaim: dict[Key, int] = {}
-    for act in whatif_actions:
-        key = (str(act["cluster"]), str(act["job_id"]))
-        ts = int(act["ts_ms"])
-        if month.start_ms <= ts < month.end_ms:
-            first_reclaim[key] = min(ts, first_reclaim.get(key, ts))
-    for key, at in first_reclaim.items():
+    for key, by_day in (released or {}).items():
         ln = line_of(key)
         days = whatif.get(key, {})
-        for m in month.minutes.get(key, ()):
-            start = int(m["minute_start_ms"])
-            if start < at or start >= month.end_ms:
-                continue
-            rate = days[_day(start)].rate_micro if _day(start) in days else 0
-            ln.released_s += int(m["allocated_s"])
-            ln.released_idle_s += int(m["idle_s"])
-            ln.released.append((int(m["allocated_s"]), rate))
-            ln.released_idle.append((int(m["idle_s"]), rate))
+        for day, (alloc_s, idle_s) in sorted(by_day.items()):
+            rate = days[day].rate_micro if day in days else 0
+            ln.released_s += alloc_s
+            ln.released_idle_s += idle_s
+            ln.released.append((alloc_s, rate))
+            ln.released_idle.append((idle_s, rate))
     queued = queued_behind_quota(_quota_jobs(month, whatif), limits) if limits else []
     for q in queued:
         ln = line_of((q.cluster, q.job_id))
@@ -449,11 +462,40 @@ def compare(
 
 def _quota_jobs(month: Month, priced: Priced) -> Iterator[tuple[Key, str, str, int, int, int]]:
     """(key, team, generation, GPUs, start, end) of each job with minutes in the month, from its job-minutes."""
-    for key, mins in month.minutes.items():
+    for key, (first, last, gpus) in month.spans.items():
         team, _, gen = _who(key, month, priced)
-        starts = [int(m["minute_start_ms"]) for m in mins]
-        gpus = max(int(m["device_count"]) for m in mins)
-        yield key, team, gen, gpus, min(starts), max(starts) + 60_000
+        yield key, team, gen, gpus, first, last + 60_000
+
+
+def first_reclaims(month: Month, actions: Iterable[Mapping[str, Any]]) -> dict[Key, int]:
+    """Per job, the time of its first replayed reclaim inside the month."""
+    out: dict[Key, int] = {}
+    for act in actions:
+        key = (str(act["cluster"]), str(act["job_id"]))
+        ts = int(act["ts_ms"])
+        if month.start_ms <= ts < month.end_ms:
+            out[key] = min(ts, out.get(key, ts))
+    return out
+
+
+def released_after(client: Any, month: Month, at: Mapping[Key, int]) -> dict[Key, dict[dt.date, tuple[int, int]]]:
+    """Per job of `at` and day, its stored allocated and idle seconds from `at[job]` to the month's end (every
+    minute, whatever the replay was fed)."""
+    if not at:
+        return {}
+    out: dict[Key, dict[dt.date, tuple[int, int]]] = defaultdict(dict)
+    rows = client.query(
+        "SELECT m.cluster, m.job_id, m.day, sum(m.allocated_s), sum(m.idle_s) FROM job_minutes AS m FINAL "
+        "INNER JOIN (SELECT r.1 AS cluster, r.2 AS job_id, r.3 AS at FROM (SELECT arrayJoin(arrayZip("
+        "{clusters:Array(String)}, {jobs:Array(String)}, {at:Array(Int64)})) AS r)) AS r "
+        "ON m.cluster = r.cluster AND m.job_id = r.job_id "
+        "WHERE m.minute_start_ms >= r.at AND m.minute_start_ms < {end:Int64} GROUP BY m.cluster, m.job_id, m.day",
+        parameters={"end": month.end_ms, "clusters": [k[0] for k in at], "jobs": [k[1] for k in at],
+                    "at": list(at.values())},
+    ).result_rows  # fmt: skip
+    for cluster, job_id, day, alloc_s, idle_s in rows:
+        out[(str(cluster), str(job_id))][day] = (int(alloc_s), int(idle_s))
+    return dict(out)
 
 
 def _row(name: str, ln: _Line, actual: Decimal, whatif: Decimal) -> dict[str, Any]:
@@ -503,16 +545,18 @@ def whatif(
     replay_month: ReplayMonth,
     now_ms: int,
     base_idle: IdlePolicy | None = None,
+    run_classes: Sequence[int] | None = None,
 ) -> Comparison:
     """`period` as stored beside the same month under `proposal`: the one comparison `policy whatif` prints and the
     fleet page shows. `client` may create and drop a scratch database (`scratch_database`); nothing else is written.
     `now_ms` stamps the proposed card's rows (`rate_card_rows`' load time; the caller's clock)."""
     current = load_policy(settings.policy_path) if settings.policy_path is not None else None
     base = base_idle if base_idle is not None else settings.processor.idle
-    month = load_month(client, period)
+    month = load_month(client, period, run_classes)
     replayed = replay_month(month.minutes, month.flags, month.appeals, proposal.idle_policy(base), current)
+    released = released_after(client, month, first_reclaims(month, replayed.actions))
     card = proposed_card(settings.sinks.ratecard_path, proposal)
     database = settings.clickhouse.database
     actual = actual_prices(client, database, period)
     proposed = proposed_prices(client, database, period, rate_card_rows(card, now_ms))
-    return compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal))
+    return compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal), released)

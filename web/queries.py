@@ -620,12 +620,12 @@ def whatif_comparison(settings: Any, proposal: Any, period: str, by: str, now_ms
     call) for the fleet page. It runs on its own client of the configured ClickHouse login, not the analyst's: the
     proposal is priced by the live views in a scratch database it creates and drops, which a read-only login
     cannot; nothing is written to the ledger's database. Closed when done."""
-    from processors.whatif import replay_month
+    from processors.whatif import replay_month, run_classes
     from sinks import whatif
     from sinks.db import connect
 
     client = connect(settings.clickhouse, send_receive_timeout=int(settings.web.query_timeout_s))
     try:
-        return whatif.whatif(client, settings, period, proposal, by, replay_month, now_ms)
+        return whatif.whatif(client, settings, period, proposal, by, replay_month, now_ms, None, run_classes())
     finally:
         client.close()

@@ -165,3 +165,32 @@ def test_a_bad_proposal_gets_one_line_and_nothing_runs(tmp_path: Path) -> None:
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{bad}:") and "idle.grace_min" in lines[0], result.output
+
+
+def test_collapsed_runs_replay_as_every_minute(ledger: ClickHouseSettings) -> None:
+    """The replay fed only the ends of busy and dark runs (`run_classes`) emits what it emits fed every minute,
+    and the released seconds read back from the warehouse equal the stored minutes' own sums."""
+    from processors.whatif import replay_month, run_classes
+    from sinks.whatif import first_reclaims, load_month, month_bounds, released_after
+
+    client = connect(ledger)
+    idle = parse_policy(_proposal_text_for_idle()).idle_policy(POLICY)
+    every, fewer = load_month(client, PERIOD), load_month(client, PERIOD, run_classes())
+    assert sum(map(len, fewer.minutes.values())) < sum(map(len, every.minutes.values())) / 2
+    assert fewer.spans == every.spans
+    a = replay_month(every.minutes, every.flags, every.appeals, idle, None)
+    b = replay_month(fewer.minutes, fewer.flags, fewer.appeals, idle, None)
+    assert a.alerts == b.alerts and a.actions == b.actions and a.actions
+    at = first_reclaims(every, a.actions)
+    start, end = month_bounds(PERIOD)
+    sums: dict[tuple[str, str], int] = defaultdict(int)
+    for key, mins in every.minutes.items():
+        for m in mins:
+            if key in at and at[key] <= int(m["minute_start_ms"]) < end:
+                sums[key] += int(m["allocated_s"])
+    got = {k: sum(v[0] for v in days.values()) for k, days in released_after(client, every, at).items()}
+    assert got == dict(sums) and start < min(at.values())
+
+
+def _proposal_text_for_idle() -> str:
+    return sim_policy_text() + "idle: " + json.dumps(PROPOSAL_IDLE) + "\n"

@@ -1,0 +1,127 @@
+"""Bench: `policy whatif`'s replay of a large month (issue 43 item 5): the month's job-minutes read from the
+warehouse (`sinks.whatif.load_month`) and stepped through the live idle state machine (`processors.whatif.
+replay_month`), the part that grows with GPUs x minutes. The pricing (the live views over a scratch card) is the
+warehouse's own SQL and is measured by bench/chargeback_overlap.py; it is not in these figures.
+
+The month is generated in the warehouse (INSERT ... SELECT into job_minutes, job_events STARTED per job): GPUS
+devices in 4-GPU jobs of 12 hours back to back for DAYS days from 1 November 2026. Per job, by a hash of its id:
+7 in 10 are busy with a 5-minute idle dip every hour (below any warning threshold), 2 in 10 also go idle for 3
+hours in the middle (warned, then reclaimed), 1 in 10 goes dark for 30 minutes. About 12% of job-minutes are idle.
+
+Usage: python bench/whatif_replay.py [--gpus 1000] [--days 30] [--profile] [--every-minute]
+Prints phases (generate, load, replay), job-minutes, events, and the rate in job-minutes per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _common import machine  # noqa: E402
+from sink_chargeback import ANALYST, PASSWORD, start_server  # noqa: E402
+
+from base.processor_settings import IdlePolicy  # noqa: E402
+from base.settings import ClickHouseSettings  # noqa: E402
+from sinks.db import connect, migrate  # noqa: E402
+
+NOV_1 = 1_793_491_200_000  # 2026-11-01T00:00Z
+PERIOD = "2026-11"
+JOB_GPUS = 4
+JOB_MIN = 720
+POLICY = IdlePolicy(idle_after_min_interactive=30, idle_after_min_batch=60, grace_min=30)
+
+
+def generate(client: object, gpus: int, days: int) -> int:
+    """job_minutes and job_events for the month; returns the job-minutes written."""
+    slots, minutes = gpus // JOB_GPUS, days * 1440
+    # k: the job's kind (hash of its id), m: minute in the job
+    shape = (
+        f"SELECT s, t, concat('j', toString(s), '-', toString(intDiv(t, {JOB_MIN}))) AS job, "
+        f"{NOV_1} + t * 60000 AS ts, t % {JOB_MIN} AS m, cityHash64(job) % 10 AS k, "
+        f"multiIf(k = 9 AND m >= 300 AND m < 330, 2, k IN (7, 8) AND m >= 240 AND m < 420, 1, m % 60 >= 55, 1, 0) AS c "
+        f"FROM (SELECT number % {slots} AS s, intDiv(number, {slots}) AS t FROM numbers({slots * minutes}))"
+    )
+    client.command(  # type: ignore[attr-defined]
+        "INSERT INTO job_minutes (cluster, job_id, minute_start_ms, device_count, generation, user, project, team, "
+        "cost_centre, preemptible, pricing_tier, allocated_s, active_s, starved_s, idle_s, dark_s, sm_weighted_s, "
+        "sample_count, mapping_version, classifier_version) "
+        f"SELECT 'c1', job, ts, {JOB_GPUS}, 'hopper', concat('u', toString(s % 200)), concat('p', toString(s % 40)), "
+        f"concat('t', toString(s % 12)), 'cc', false, 'on-prem', {60 * JOB_GPUS}, if(c = 0, {50 * JOB_GPUS}, 0), "
+        f"if(c = 0, {10 * JOB_GPUS}, 0), if(c = 1, {60 * JOB_GPUS}, 0), if(c = 2, {60 * JOB_GPUS}, 0), 0, "
+        f"if(c = 2, 0, {60 * JOB_GPUS}), 'm1', 'c1' FROM ({shape})",
+        settings={"max_insert_threads": 2},
+    )
+    client.command(  # type: ignore[attr-defined]
+        "INSERT INTO job_events (event_id, cluster, job_id, event_type, ts_ms, scheduler, user, project, team, "
+        "partition, preemptible, interactive, checkpointable, gang_size, allocations, requested_devices, pricing_tier) "
+        f"SELECT concat('e', job), 'c1', job, 'STARTED', min(ts), 'SLURM', 'u', 'p', 't', 'gpu', false, false, true, "
+        f"0, '[]', {JOB_GPUS}, 'on-prem' FROM ({shape}) GROUP BY job"
+    )
+    return int(client.query("SELECT count() FROM job_minutes").result_rows[0][0])  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=int, default=1000)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--every-minute", action="store_true", help="feed every job-minute (no run collapsing)")
+    args = ap.parse_args()
+    from processors.whatif import replay_month, run_classes
+    from sinks.whatif import first_reclaims, load_month, released_after
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(Path(tmp))
+        try:
+            ch = ClickHouseSettings(url=url, database="whatif_bench", password=PASSWORD, analyst_password=ANALYST)
+            admin = connect(ch.model_copy(update={"database": "default"}))
+            admin.command("CREATE DATABASE whatif_bench")
+            client = connect(ch, send_receive_timeout=3600)
+            migrate(client, ch)
+            t0 = time.perf_counter()
+            rows = generate(client, args.gpus, args.days)
+            t1 = time.perf_counter()
+            month = load_month(client, PERIOD, None if args.every_minute else run_classes())
+            t2 = time.perf_counter()
+            prof = cProfile.Profile() if args.profile else None
+            if prof:
+                prof.enable()
+            out = replay_month(month.minutes, month.flags, month.appeals, POLICY, None)
+            if prof:
+                prof.disable()
+            released = released_after(client, month, first_reclaims(month, out.actions))
+            t3 = time.perf_counter()
+            warned = sum(a["kind"] == "IDLE_WARNING" for a in out.alerts)
+            print(f"machine: {machine()}")
+            fed = sum(len(m) for m in month.minutes.values())
+            print(f"gpus {args.gpus} days {args.days}: job-minutes {rows:,}, fed to the replay {fed:,}, "
+                  f"jobs {len(month.minutes):,}, released jobs {len(released):,}")  # fmt: skip
+            print(f"generate {t1 - t0:.1f} s, load {t2 - t1:.1f} s, replay {t3 - t2:.1f} s, "
+                  f"(with the released query), load+replay {t3 - t1:.1f} s = "
+                  f"{rows / (t3 - t1):,.0f} job-minutes/s")  # fmt: skip
+            print(f"warnings {warned}, reclaims {len(out.actions)}, alerts {len(out.alerts)}")
+            if prof:
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(14)
+                print(text.getvalue())
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    main()
