@@ -21,6 +21,7 @@ A policy file with problems prints one `file:line: what` per problem and exits 2
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -29,10 +30,13 @@ import yaml
 
 from base.cli_common import STATE_DIR_OPTION, settings_for
 from base.errors import ConfigError, ServiceError
+from base.settings import Settings
 from producers import policy_kueue, policy_slurm, policy_stamp
 from producers.baseline_cli import policy_baseline, record_applied
+from producers.policy_audit import applied_event, kubernetes_user, os_user
 from producers.policy_engine import (
     ENGINES,
+    EngineDiff,
     engine_diff,
     kube_api,
     kueue_apply,
@@ -43,6 +47,9 @@ from producers.policy_engine import (
     slurm_conf_apply,
 )
 from schemas.policy import Policy, PolicyError, load_policy
+
+RECORD_TIMEOUT_S = 30.0  # publishing the apply's record
+RECORD_PROBE_S = 2.0  # does the broker answer at all
 
 
 def policy_from(path: Path | None, state_dir: Path | None) -> Policy:
@@ -127,9 +134,12 @@ def policy_apply(
     kueue_restart: str | None = KUEUE_RESTART_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
-    """Apply the policy to the running scheduler (Slurm accounting, or Kueue objects)."""
+    """Apply the policy to the running scheduler (Slurm accounting, or Kueue objects); every apply is recorded on
+    policy.applied.v1: who, when, each setting before and after (kept and sent later when the broker is away)."""
     policy = policy_from(policy_path, state_dir)
+    settings = settings_for(state_dir)
     if check_engine(engine) == "slurm":
+        changes = engine_diff(policy, engine, preemptible_qos=(), sacctmgr=sacctmgr)
         before, after = slurm_conf_apply(policy, run_command, slurm_conf, time.time())
         for d in before:
             typer.echo(f"slurm.conf {d.setting}={d.want} (slurmctld ran {d.have or '(none)'})")
@@ -138,6 +148,8 @@ def policy_apply(
         for argv in commands:
             typer.echo(" ".join(["sacctmgr", "-i", *argv]))
         typer.echo(f"applied: {len(commands)} sacctmgr commands")
+        left = engine_diff(policy, engine, preemptible_qos=(), sacctmgr=sacctmgr)
+        _record_apply(settings, policy, engine, os_user(), "os-user", changes, left)
         record_applied(policy, engine, state_dir)  # issue 38: the attribution baseline, once the engine has it
         for d in after:
             typer.echo(str(d), err=True)
@@ -146,6 +158,8 @@ def policy_apply(
         return
     stamp, objs = policy_stamp.render_objects(), policy_kueue.render_objects(policy)
     api = kube_api(kubeconfig)
+    actor = kubernetes_user(api)  # asked first: an apply whose author cannot be told is not made
+    changes = engine_diff(policy, engine, preemptible_qos=(), kube=api, kueue_config=kueue_config)
     kueue_apply(api, stamp)
     typer.echo(f"applied: {len(stamp)} admission objects (the submitter stamp and its lock)")
     kueue_apply(api, objs)
@@ -161,7 +175,54 @@ def policy_apply(
     if policy.fair_share.half_life is None:
         typer.echo("fair_share accumulate: Kueue's usage always fades, so admission fair sharing is left off "
                    "(Kueue admits by priority, then arrival)", err=True)  # fmt: skip
+    left = engine_diff(policy, engine, preemptible_qos=(), kube=api, kueue_config=kueue_config)
+    _record_apply(settings, policy, engine, actor, "kubernetes", changes, left)
     record_applied(policy, engine, state_dir)
+
+
+def _record_apply(settings: Settings, policy: Policy, engine: str, actor: str, source: str, before: EngineDiff,
+                  left: EngineDiff) -> None:  # fmt: skip
+    """Publish the apply's record (policy.applied.v1) with any earlier one that could not be; one line on stdout.
+    The engine has the policy by now, so a broker that does not answer loses nothing: the record waits in the state
+    directory (policy-applies-unsent/) and the next `policy apply` publishes it, which stderr says."""
+    from schemas.governance_baseline import policy_sha256
+
+    event = applied_event(cluster=settings.cluster, engine=engine, actor=actor, actor_source=source,
+                          policy_hash=policy_sha256(policy), before=before.found, still_differs=left.drift,
+                          now_ms=time.time_ns() // 1_000_000)  # fmt: skip
+    unsent = settings.state_dir / "policy-applies-unsent"
+    unsent.mkdir(parents=True, exist_ok=True)
+    (unsent / f"{event['apply_id']}.json").write_text(json.dumps(event), encoding="utf-8")
+    line = f"apply {event['apply_id'][:12]} by {actor} ({source}), {len(event['changes'])} change(s)"
+    try:
+        sent = _publish_unsent(settings, unsent)
+    except ServiceError as exc:
+        typer.echo(f"not recorded yet: {line}: {exc}; kept in {unsent}, published by the next `policy apply`",
+                   err=True)  # fmt: skip
+        return
+    typer.echo(f"recorded: {line}" + (f" (and {sent - 1} kept from before)" if sent > 1 else ""))
+
+
+def _publish_unsent(settings: Settings, unsent: Path) -> int:
+    """Publish every kept record (oldest first), removing each once the broker has it; ServiceError when the broker
+    does not answer within RECORD_TIMEOUT_S."""
+    from base.kafka import new_admin
+    from schemas.topics import POLICY_APPLIED
+    from streams.publish import RecordPublisher
+
+    try:  # a quick look first: without a broker, a publish would wait out its whole delivery timeout
+        new_admin(settings.kafka).list_topics(timeout=RECORD_PROBE_S)
+    except Exception as exc:  # KafkaException: the cluster did not answer
+        raise ServiceError(f"Kafka at {settings.kafka.bootstrap_servers} does not answer ({exc})"[:300]) from exc
+    files = sorted(unsent.glob("*.json"), key=lambda f: f.stat().st_mtime)
+    publisher = RecordPublisher(settings.kafka)
+    for f in files:
+        event = json.loads(f.read_text(encoding="utf-8"))
+        publisher.publish(POLICY_APPLIED, f"{event['cluster']}/{event['engine']}".encode(), event)
+    publisher.flush(timeout_s=RECORD_TIMEOUT_S)
+    for f in files:
+        f.unlink()
+    return len(files)
 
 
 def policy_diff(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +252,7 @@ class EngineDiff:
     engine: str
     drift: tuple[str, ...]
     explained: tuple[str, ...] = ()
+    found: tuple[object, ...] = field(default=(), compare=False)  # the differences (producers/policy_audit.py)
 
 
 def engine_diff(policy: Policy, engine: str, *, preemptible_qos: Sequence[str], run: Runner = run_command,
@@ -273,7 +274,7 @@ def engine_diff(policy: Policy, engine: str, *, preemptible_qos: Sequence[str], 
     else:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     found += pricing_drift(policy, preemptible_qos, engine)
-    return EngineDiff(engine, tuple(str(d) for d in found), tuple(str(e) for e in explained))
+    return EngineDiff(engine, tuple(str(d) for d in found), tuple(str(e) for e in explained), tuple(found))
 
 
 def differ_for(policy: Policy, settings: Settings) -> Callable[[str], EngineDiff]:

@@ -496,6 +496,80 @@ class NodeInventory:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyChange:
+    """One setting the apply changed."""
+
+    object: str
+    setting: str
+    before: str | None = None
+    after: str | None = None
+
+    def to_avro(self) -> dict[str, Any]:
+        return {
+            "object": self.object,
+            "setting": self.setting,
+            "before": self.before,
+            "after": self.after,
+        }
+
+    @classmethod
+    def from_avro(cls, d: Mapping[str, Any]) -> PolicyChange:
+        return cls(
+            object=d["object"],
+            setting=d["setting"],
+            before=d.get("before"),
+            after=d.get("after"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyApplied:
+    """One `gpuledger policy apply` (issue 41 item 1): who applied the policy to which engine, when, and each setting
+    it changed with its value before and after. Written after the engine took the changes; an apply that changed
+    nothing is recorded too (it checked). Key: cluster/engine.
+    """
+
+    SUBJECT: ClassVar[str] = "policy.applied"
+
+    apply_id: str
+    ts_ms: int
+    cluster: str
+    engine: str
+    actor: str
+    actor_source: str
+    policy_sha256: str
+    changes: tuple[PolicyChange, ...]
+    still_differs: tuple[str, ...] = ()
+
+    def to_avro(self) -> dict[str, Any]:
+        return {
+            "apply_id": self.apply_id,
+            "ts_ms": self.ts_ms,
+            "cluster": self.cluster,
+            "engine": self.engine,
+            "actor": self.actor,
+            "actor_source": self.actor_source,
+            "policy_sha256": self.policy_sha256,
+            "changes": [x.to_avro() for x in self.changes],
+            "still_differs": list(self.still_differs),
+        }
+
+    @classmethod
+    def from_avro(cls, d: Mapping[str, Any]) -> PolicyApplied:
+        return cls(
+            apply_id=d["apply_id"],
+            ts_ms=d["ts_ms"],
+            cluster=d["cluster"],
+            engine=d["engine"],
+            actor=d["actor"],
+            actor_source=d["actor_source"],
+            policy_sha256=d["policy_sha256"],
+            changes=tuple(PolicyChange.from_avro(x) for x in d["changes"]),
+            still_differs=tuple(d.get("still_differs", [])),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobDeviceMinutes:
     """Internal, between the processors' stages: the device-minutes of one job and one minute that the node stage
     sent together, for the job stage to read as one record (it takes a job's devices together anyway). Key:
@@ -1175,6 +1249,7 @@ ContractRecord = (
     | AttributionCorrection
     | DeadLetter
     | NodeInventory
+    | PolicyApplied
     | JobDeviceMinutes
     | ReservationEvent
     | JobEvent
@@ -1193,6 +1268,7 @@ RECORDS: dict[str, type[ContractRecord]] = {
     "attribution.corrections": AttributionCorrection,
     "deadletter": DeadLetter,
     "inventory.devices": NodeInventory,
+    "policy.applied": PolicyApplied,
     "processors.job-device-minutes": JobDeviceMinutes,
     "reservations": ReservationEvent,
     "sched.job-events": JobEvent,

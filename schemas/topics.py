@@ -57,6 +57,8 @@ RESERVATIONS = Topic("reservations.v1", "reservations", "cluster/reservation_id"
 ATTRIBUTION_BASELINE = Topic(
     "attribution.baseline.v1", "attribution.baseline", "baseline", partitions=1, retention_ms=-1
 )
+# Every `policy apply` (issue 41): who, when, which settings before and after; an audit trail, kept for good.
+POLICY_APPLIED = Topic("policy.applied.v1", "policy.applied", "cluster/engine", partitions=1, retention_ms=-1)
 
 # The job stage's idle states (the faust Table's changelog): internal to the processors, not in the catalogue and not
 # managed by `topics apply` (the job stage declares it at start); named here because the local stack's ACLs grant on it.
@@ -78,6 +80,7 @@ CATALOGUE: tuple[Topic, ...] = (
     APPEALS,
     RESERVATIONS,
     ATTRIBUTION_BASELINE,
+    POLICY_APPLIED,
 )
 
 

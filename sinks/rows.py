@@ -25,6 +25,7 @@ from schemas.records import (
     JobEvent,
     JobMinute,
     NodeScrape,
+    PolicyApplied,
     ReclaimAction,
     ReservationEvent,
 )
@@ -240,6 +241,20 @@ def baseline_rows(r: AttributionBaseline) -> list[Row]:
     ]]  # fmt: skip
 
 
+POLICY_APPLIED_COLUMNS = (
+    "apply_id", "ts_ms", "cluster", "engine", "actor", "actor_source", "policy_sha256", "change_objects",
+    "change_settings", "change_before", "change_after", "still_differs",
+)  # fmt: skip
+
+
+def policy_applied_rows(r: PolicyApplied) -> list[Row]:
+    return [[
+        r.apply_id, r.ts_ms, r.cluster, r.engine, r.actor, r.actor_source, r.policy_sha256,
+        [c.object for c in r.changes], [c.setting for c in r.changes], [c.before for c in r.changes],
+        [c.after for c in r.changes], list(r.still_differs),
+    ]]  # fmt: skip
+
+
 DEVICE_MINUTES = TableSpec(
     "device_minutes",
     DEVICE_MINUTE_COLUMNS,
@@ -279,6 +294,9 @@ SINKS: dict[str, tuple[TableSpec, ...]] = {
     ),
     topics.ATTRIBUTION_BASELINE.name: (
         TableSpec("attribution_baseline_events", BASELINE_COLUMNS, AttributionBaseline, baseline_rows),
+    ),
+    topics.POLICY_APPLIED.name: (
+        TableSpec("policy_applies", POLICY_APPLIED_COLUMNS, PolicyApplied, policy_applied_rows),
     ),
 }
 

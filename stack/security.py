@@ -480,7 +480,8 @@ def component_acls(
     # Appeals and reservations (issue 19): people's commands and the governance services publish their steps
     # with the producers' login and read the topics whole (assigned partitions, no group).
     # The attribution baseline (issue 38): `policy apply` reads it whole and writes a new one, as the producers.
-    governance = (t.APPEALS, t.RESERVATIONS, t.ATTRIBUTION_BASELINE)
+    # Every policy apply (issue 41) is recorded on policy.applied.v1, by the same command, with the same login.
+    governance = (t.APPEALS, t.RESERVATIONS, t.ATTRIBUTION_BASELINE, t.POLICY_APPLIED)
     topics(producers, "WRITE", *governance)
     topics(producers, "READ", *governance)
     # The policy watch (issue 41) publishes drift alerts and reads reservations.v1 whole (a Kueue quota a reservation

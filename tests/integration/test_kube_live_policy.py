@@ -105,10 +105,16 @@ def test_diff_is_empty_after_apply_and_shows_a_hand_edit(local_kube: LocalKube,
             f"ClusterQueue serve-{s}: resourceGroups[0].flavors[h100-{s}].resources[nvidia.com/gpu].nominalQuota is "
             "5, policy says 2"
         ]
-        again = run_gpuledger(["policy", "apply", *args], env=dict(os.environ), timeout=120)
+        again = run_gpuledger(["policy", "apply", *args], env=watch.env, timeout=120)
         assert again.returncode == 0, again.stderr
         final = run_gpuledger(["policy", "diff", *DIFF, *args], env=dict(os.environ), timeout=120)
         assert (final.returncode, final.stdout.strip()) == (0, "no drift")
+        # The apply is recorded: who (the user the API server authenticated), the quota before and after.
+        (record,) = watch.applies()
+        who = ("kueue", "gpuledger-policy", "kubernetes")
+        assert (record["engine"], record["actor"], record["actor_source"]) == who
+        assert [(c["object"], c["before"], c["after"]) for c in record["changes"]] == [
+            (f"ClusterQueue serve-{s}", "5", "2")] and record["still_differs"] == []  # fmt: skip
         then = ["POLICY_DRIFT", "POLICY_DRIFT_CLEARED"]
         cleared = watch.wait("the drift cleared", lambda a: kinds(a)[1:] == then)
         alerts = watch.alerts()

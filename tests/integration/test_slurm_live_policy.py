@@ -43,9 +43,9 @@ class Applied:
     def __init__(self, slurm: SlurmClient, policy: Path, suffix: str) -> None:
         self.slurm, self.policy, self.s = slurm, policy, suffix
 
-    def cli(self, verb: str) -> tuple[int, str, str]:
-        done = run_gpuledger(["policy", verb, "--engine", "slurm", "--policy", str(self.policy)], env=self.slurm.env,
-                             timeout=120)  # fmt: skip
+    def cli(self, verb: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        done = run_gpuledger(["policy", verb, "--engine", "slurm", "--policy", str(self.policy)],
+                             env={**self.slurm.env, **(env or {})}, timeout=120)  # fmt: skip
         return done.returncode, done.stdout, done.stderr
 
 
@@ -86,9 +86,17 @@ def test_diff_is_empty_after_apply_and_shows_a_hand_edit(slurm: SlurmClient, app
         # One alert per change: the second edit makes a new drift, alerted with the diff's exact lines.
         watch.wait("the second drift alerted", lambda a: kinds(a)[1:] == ["POLICY_DRIFT"] * 2)
         assert watch.alerts()[2]["drift_lines"] == out.splitlines()
-        rc, out, err = applied.cli("apply")
+        rc, out, err = applied.cli("apply", watch.env)
         assert rc == 0 and "applied: 2 sacctmgr commands" in out, err
         assert applied.cli("diff")[:2] == (0, "no drift\n")
+        # The apply is recorded: who (the OS user sacctmgr ran as), each setting before and after, nothing left.
+        (record,) = watch.applies()
+        assert (record["engine"], record["actor"], record["actor_source"]) == ("slurm", "root", "os-user")
+        assert [(c["object"], c["setting"], c["before"], c["after"]) for c in record["changes"]] == [
+            (f"qos prod-{s}", "Priority", "5", "1000"),
+            (f"association serve-{s}", "GrpTRES", "gres/gpu:a100=0,gres/gpu:h100=2", "gres/gpu:a100=0,gres/gpu:h100=1"),
+        ] and record["still_differs"] == []
+        assert f"recorded: apply {record['apply_id'][:12]} by root (os-user), 2 change(s)" in out
         then = ["POLICY_DRIFT", "POLICY_DRIFT", "POLICY_DRIFT_CLEARED"]
         cleared = watch.wait("the drift cleared", lambda a: kinds(a)[1:] == then)
         alerts = watch.alerts()

@@ -68,3 +68,32 @@ def test_chat_posts_the_drift_with_its_exact_lines_by_default() -> None:
     title, body = render(alert, Destination("default", "default", "#gpu-alerts", None), "appeal")  # type: ignore[arg-type]
     assert title == "[gpuledger] Scheduler differs from the policy: slurm on c1"
     assert QOS in body.splitlines() and "next: gpuledger policy apply --engine slurm" in body
+
+
+def test_an_apply_is_recorded_with_each_setting_before_and_after() -> None:
+    """producers/policy_audit.py: the differences `policy diff` saw before the apply become the record's changes;
+    the record is a valid policy.applied.v1 and the sink stores one row with the changes side by side."""
+    from producers.policy_audit import applied_event
+    from producers.policy_kueue import KueueDrift
+    from producers.policy_slurm import ConfDrift, Drift
+    from schemas.records import PolicyApplied
+    from schemas.topics import POLICY_APPLIED
+    from sinks.rows import SINKS
+
+    before = [Drift("qos", "prod", "Priority", "1000", "5"), Drift("association", "serve", "GrpTRES", "x=1", None),
+              ConfDrift("PriorityDecayHalfLife", "7-00:00:00", "0"),
+              KueueDrift(("ClusterQueue", "", "a"), "spec.nominalQuota", 2, 5)]  # fmt: skip
+    event = applied_event(cluster="c1", engine="slurm", actor="root", actor_source="os-user", policy_hash="ab",
+                          before=before, still_differs=[], now_ms=1_000)  # fmt: skip
+    assert [(c["object"], c["setting"], c["before"], c["after"]) for c in event["changes"]] == [
+        ("qos prod", "Priority", "5", "1000"), ("association serve", "", None, "x=1"),
+        ("slurm.conf", "PriorityDecayHalfLife", "0", "7-00:00:00"),
+        ("ClusterQueue a", "spec.nominalQuota", "5", "2")]  # fmt: skip
+    again = applied_event(cluster="c1", engine="slurm", actor="root", actor_source="os-user", policy_hash="ab",
+                          before=before, still_differs=[], now_ms=1_000)  # fmt: skip
+    assert again["apply_id"] == event["apply_id"]  # a retried publish is stored once
+    codec = AvroCodec()
+    decoded = codec.decode(codec.encode(POLICY_APPLIED.subject, event)).record
+    (spec,) = SINKS[POLICY_APPLIED.name]
+    (row,) = spec.rows(PolicyApplied.from_avro(decoded))
+    assert dict(zip(spec.columns, row, strict=True))["change_before"] == ["5", None, "0", "5"]

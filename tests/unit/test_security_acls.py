@@ -29,12 +29,13 @@ def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write
     assert _may(grants, "web", "WRITE") == {"attribution.corrections.v1", "appeals.v1", "reservations.v1"}
     # read whole to check a new step, as the commands do
     assert _may(grants, "web", "READ") == {"appeals.v1", "reservations.v1"}
-    # issue 19: people's steps, through the producers' login; issue 38: the baseline `policy apply` records
-    governance = {"appeals.v1", "reservations.v1", "attribution.baseline.v1"}
+    # issue 19: people's steps, through the producers' login; issue 38: the baseline `policy apply` records;
+    # issue 41: the record of every `policy apply`
+    governance = {"appeals.v1", "reservations.v1", "attribution.baseline.v1", "policy.applied.v1"}
     assert {t for t in governance if t in _may(grants, "producers", "WRITE") & _may(grants, "producers", "READ")} == (
         governance)
     assert not any(governance & _may(grants, c, "WRITE") for c in PRINCIPALS if c not in ("producers", "web"))
-    assert governance & _may(grants, "web", "WRITE") == governance - {"attribution.baseline.v1"}  # from the pages
+    assert governance & _may(grants, "web", "WRITE") == governance - {"attribution.baseline.v1", "policy.applied.v1"}
     assert _may(grants, "sinks", "WRITE") == {f"{t}.dlq" for t in ledger | sources | governance}
     assert _may(grants, "chat", "READ") == {"alerts.v1", "appeals.v1"}  # decisions into the warning's thread
     assert _may(grants, "reclaim", "READ") == {"actions.reclaim.v1"}
