@@ -59,7 +59,8 @@ def policy_whatif(
     ),
     by: str = typer.Option("team", "--by", help="team, project or generation."),
     show: str = typer.Option(
-        "lines", "--show", help="lines (per team/project/generation) or events (which jobs, when)."
+        "lines", "--show", help="lines (per team/project/generation), events (which jobs, when) or reservations "
+        "(the proposal's rules refuse or end them otherwise)."
     ),
     fmt: str = typer.Option("table", "--format", help="table, csv or json."),
     state_dir: Path | None = STATE_DIR_OPTION,
@@ -69,14 +70,14 @@ def policy_whatif(
     from sinks.chargeback import render_table, to_csv, to_json
     from sinks.cli import _client, _warehouse_errors
     from sinks.periods import check_period
-    from sinks.whatif import BY_CHOICES, EVENT_COLUMNS, LINE_COLUMNS
+    from sinks.whatif import BY_CHOICES, EVENT_COLUMNS, LINE_COLUMNS, RESERVATION_COLUMNS
 
     if against not in AGAINST:
         raise ConfigError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
     if by not in BY_CHOICES:
         raise ConfigError(f"--by must be one of {', '.join(BY_CHOICES)}, got {by!r}")
-    if show not in ("lines", "events"):
-        raise ConfigError(f"--show must be lines or events, got {show!r}")
+    if show not in ("lines", "events", "reservations"):
+        raise ConfigError(f"--show must be lines, events or reservations, got {show!r}")
     if fmt not in ("table", "csv", "json"):
         raise ConfigError(f"--format must be table, csv or json, got {fmt!r}")
     check_period(period)
@@ -84,11 +85,12 @@ def policy_whatif(
     settings = settings_for(state_dir)
     with _warehouse_errors():
         result = whatif(_client(settings), settings, period, proposal, by)
-    rows, columns = (result.lines, LINE_COLUMNS) if show == "lines" else (result.events, EVENT_COLUMNS)
+    rows, columns = {"lines": (result.lines, LINE_COLUMNS), "events": (result.events, EVENT_COLUMNS),
+                     "reservations": (result.reservations, RESERVATION_COLUMNS)}[show]  # fmt: skip
     if fmt == "table":
         from rich.console import Console
 
-        title = f"what if {policy_path.name}, {period}, by {by}" if show == "lines" else f"what if: events, {period}"
+        title = f"what if {policy_path.name}, {period}, by {by}" if show == "lines" else f"what if: {show}, {period}"
         console = Console(width=220)
         console.print(render_table(title, rows, columns))
         for text in result.assumptions:

@@ -21,7 +21,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,9 +29,10 @@ from typing import Any, Protocol
 from base.errors import ConfigError
 from base.processor_settings import IdlePolicy
 from base.settings import Settings
+from schemas.governance_reservations import fold as fold_reservations
 from schemas.policy import Policy, load_policy
 from sinks.db import check_identifier
-from sinks.governance import appeal_events
+from sinks.governance import appeal_events, reservation_events
 from sinks.periods import check_period
 from sinks.ratecard import (
     DEFAULT_CARD,
@@ -372,6 +373,7 @@ class Comparison:
     events: list[dict[str, Any]]
     queued: list[QueuedJob]
     assumptions: tuple[str, ...] = ASSUMPTIONS
+    reservations: list[dict[str, Any]] = field(default_factory=list)  # `reservations_changed`
 
 
 def _utc(ms: int) -> str:
@@ -518,6 +520,41 @@ def _row(name: str, ln: _Line, actual: Decimal, whatif: Decimal) -> dict[str, An
     }
 
 
+# -- reservations -----------------------------------------------------------------------------------------------
+
+RESERVATION_COLUMNS = ("reservation_id", "cluster", "team", "generation", "gpus", "start_utc", "end_utc", "actual",
+                       "whatif", "why")  # fmt: skip
+
+
+def reservations_changed(
+    events: Sequence[Mapping[str, Any]], in_force: Policy, proposal: Policy, start_ms: int, end_ms: int
+) -> list[dict[str, Any]]:
+    """Reservations holding capacity in [start, end) under the policy in force whose fate the proposal's rules
+    change: refused at request, or a later step (approval, extension, release) refused, so it ends otherwise. Both
+    sides are the reservation rules' own fold (`schemas.governance_reservations.fold`) over the same steps, each
+    checked at its own time; `why` is the rule's refusal. Idle early release is not replayed (its idle minutes
+    are the reservation service's, not stored per reservation)."""
+    held, _ = fold_reservations(events, in_force)
+    would, refused = fold_reservations(events, proposal)
+    why_by_id = {x.event_id: x.why for x in refused}
+    reasons: dict[str, list[str]] = defaultdict(list)
+    for e in events:
+        if e["event_id"] in why_by_id:
+            reasons[str(e["reservation_id"])].append(why_by_id[e["event_id"]])
+    out = []
+    for rid, r in sorted(held.items()):
+        if not (r.start_ms < end_ms and start_ms < r.until_ms()):
+            continue
+        w = would.get(rid)
+        if w is not None and (w.state, w.end_ms, w.until_ms()) == (r.state, r.end_ms, r.until_ms()):
+            continue
+        fate = "refused" if w is None else f"{w.state.lower()} until {_utc(w.until_ms())}"
+        out.append({"reservation_id": rid, "cluster": r.cluster, "team": r.team, "generation": r.generation,
+                    "gpus": r.gpus, "start_utc": _utc(r.start_ms), "end_utc": _utc(r.until_ms()),
+                    "actual": r.state.lower(), "whatif": fate, "why": "; ".join(reasons.get(rid, ()))})  # fmt: skip
+    return out
+
+
 # -- the whole comparison ---------------------------------------------------------------------------------------
 
 
@@ -559,4 +596,8 @@ def whatif(
     database = settings.clickhouse.database
     actual = actual_prices(client, database, period)
     proposed = proposed_prices(client, database, period, rate_card_rows(card, now_ms))
-    return compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal), released)
+    result = compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal), released)
+    if current is not None:
+        changed = reservations_changed(reservation_events(client), current, proposal, month.start_ms, month.end_ms)
+        result = replace(result, reservations=changed)
+    return result

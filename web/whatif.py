@@ -36,6 +36,12 @@ EVENT_COLUMNS = (
     Column("generation", "generation"), Column("action", "action"), Column("idle_minutes", "idle minutes", "int"),
 )  # fmt: skip
 
+RESERVATION_COLUMNS = (
+    Column("reservation_id", "reservation"), Column("cluster", "cluster"), Column("team", "team"),
+    Column("generation", "generation"), Column("gpus", "GPUs", "int"), Column("start_utc", "start (UTC)"),
+    Column("end_utc", "end (UTC)"), Column("actual", "actual"), Column("whatif", "what if"), Column("why", "why"),
+)  # fmt: skip
+
 
 def proposals(folder: Path | None, in_force: Path | None) -> dict[str, Path]:
     """What may be picked, by name: `current` (the policy in force) and the folder's *.yaml / *.yml files
@@ -97,6 +103,8 @@ def tables(comparison: Any, label: str) -> list[Table]:
     return [
         Table("lines", f"What if, by {comparison.by}", LINE_COLUMNS, list(comparison.lines), note=note),
         Table("events", "Warnings and reclaims, actual and what if", EVENT_COLUMNS, list(comparison.events)),
+        Table("reservations", "Reservations the proposal's rules would refuse or end otherwise", RESERVATION_COLUMNS,
+              list(comparison.reservations), note="Under the policy in force (none configured: not compared)."),
     ]
 
 
