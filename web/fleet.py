@@ -231,3 +231,20 @@ def policy_drift(latest: Iterable[tuple[str, str, str, int, list[str]]]) -> list
     """The engines whose latest policy-watch alert is a drift, with each differing line; a cleared one is gone."""
     return [{"cluster": c, "engine": e, "since": utc_minute(t), "differences": "; ".join(lines)}
             for c, e, kind, t, lines in latest if kind == "POLICY_DRIFT"]  # fmt: skip
+
+
+APPLY_COLUMNS = (
+    Column("when", "when (UTC)"), Column("cluster", "cluster"), Column("engine", "engine"), Column("who", "who"),
+    Column("changes", "changes: setting before -> after"), Column("still_differs", "still differs"),
+)  # fmt: skip
+
+
+def policy_applies(rows: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Each `policy apply`, newest first: who (as the engine knows them) changed which settings, before -> after."""
+    out = []
+    for ts, cluster, engine, actor, source, objects, settings, before, after, still in rows:
+        changes = [f"{o}{' ' + s if s else ''}: {'(none)' if b is None else b} -> {'(none)' if a is None else a}"
+                   for o, s, b, a in zip(objects, settings, before, after, strict=True)]  # fmt: skip
+        out.append({"when": utc_minute(int(ts)), "cluster": cluster, "engine": engine, "who": f"{actor} ({source})",
+                    "changes": "; ".join(changes) or "nothing differed", "still_differs": "; ".join(still)})
+    return out

@@ -455,6 +455,10 @@ def fleet_page(wh: Warehouse, period: Period) -> Page:
                    fleet.policy_drift(wh.policy_drift()),
                    note="The policy watch's latest word per engine (gpuledger policy watch): shown until it finds the "
                         "engine matches the policy again, whatever the month."))  # fmt: skip
+    page.add(Table("policy_applies", "Policy applies: who changed the schedulers, each setting before and after",
+                   fleet.APPLY_COLUMNS, fleet.policy_applies(wh.policy_applies()),
+                   note="The latest 20 `gpuledger policy apply` runs, whatever the month; who is the engine's own "
+                        "answer (Slurm: the OS user; Kubernetes: the authenticated user)."))  # fmt: skip
     jobs = m.merge_segments(wh.idle_leaders(period, FLEET_IDLE_LEADERS * 2, views))
     team_of = {j.key: j.team for j in jobs}
     leaders = m.most_idle_cost(jobs, FLEET_IDLE_LEADERS)

@@ -176,6 +176,15 @@ class _FleetReads(_Reads):
             "GROUP BY cluster, engine ORDER BY cluster, engine",
         )]  # fmt: skip
 
+    def policy_applies(self, limit: int = 20) -> list[tuple[Any, ...]]:
+        """The latest `policy apply` records (policy_applies, producers/policy_audit.py), newest first: (ts_ms,
+        cluster, engine, actor, actor_source, change objects, settings, before, after, still differs)."""
+        return self._rows(
+            "SELECT ts_ms, cluster, engine, actor, actor_source, change_objects, change_settings, change_before, "
+            "change_after, still_differs FROM policy_applies FINAL ORDER BY ts_ms DESC, apply_id LIMIT {n:UInt32}",
+            n=limit,
+        )
+
     def coverage_gaps(self, period: Period, limit: int = 100) -> list[tuple[str, str, int, int]]:
         """Nodes whose inventory's devices did not all report in the period: (cluster, node, expected
         device-seconds, reporting device-seconds), the largest gap first."""

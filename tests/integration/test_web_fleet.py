@@ -214,3 +214,36 @@ def test_policy_drift_shows_until_the_watch_says_it_is_gone(fleet_app: Any, flee
     store(step(state, "sim", EngineDiff("slurm", ()), END_MS)[1])
     assert csv_of(fleet_app, "policy_drift") == []
     assert "Policy drift" not in fleet_app.get(f"/fleet?period={PERIOD}", headers=OPS).text
+
+
+
+def test_each_policy_apply_is_listed_with_who_and_each_setting_before_and_after(fleet_app: Any,
+                                                                                fleet_ledger: Any) -> None:  # fmt: skip
+    """policy.applied.v1 records (producers/policy_audit.py) stored by the sinks' writer, listed newest first."""
+    from producers.policy_audit import applied_event
+    from producers.policy_slurm import Drift
+    from schemas import topics
+    from schemas.records import PolicyApplied
+    from sinks.db import connect
+    from sinks.rows import SINKS
+    from sinks.writer import LedgerWriter, Origin, Pending
+    from web.model import utc_minute
+
+    first = applied_event(cluster="sim", engine="slurm", actor="ops1", actor_source="os-user", policy_hash="a",
+                          before=[Drift("qos", "prod", "Priority", "1000", "5")], still_differs=[], now_ms=END_MS)
+    second = applied_event(cluster="sim", engine="kueue", actor="ops2", actor_source="kubernetes", policy_hash="a",
+                           before=[], still_differs=["x: y"], now_ms=END_MS + 60_000)  # fmt: skip
+    client = connect(fleet_ledger)
+    try:
+        name = topics.POLICY_APPLIED.name
+        pending = [Pending(spec, row, Origin(name, 0, i)) for spec in SINKS[name]
+                   for i, e in enumerate([first, second]) for row in spec.rows(PolicyApplied.from_avro(e))]  # fmt: skip
+        assert not LedgerWriter(client).write(pending).rejected
+    finally:
+        client.close()
+    assert csv_of(fleet_app, "policy_applies") == [
+        {"when": utc_minute(END_MS + 60_000), "cluster": "sim", "engine": "kueue", "who": "ops2 (kubernetes)",
+         "changes": "nothing differed", "still_differs": "x: y"},
+        {"when": utc_minute(END_MS), "cluster": "sim", "engine": "slurm", "who": "ops1 (os-user)",
+         "changes": "qos prod Priority: 5 -> 1000", "still_differs": ""},
+    ]
