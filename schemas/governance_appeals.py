@@ -34,6 +34,7 @@ MAX_TEXT = 2000
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 STEP_ORDER = {"FILED": 0, "DECIDED": 1, "ESCALATED": 2}
+RESUME_ASKED = "RESUME_ASKED"  # shares the topic (the job page's resume button, sinks/reclaim_resume.py): no appeal
 DECISIONS = ("EXEMPTION", "CREDIT", "DENIED")
 SERVICE_ACTOR = "gpuledger-appeals"
 
@@ -156,6 +157,8 @@ def fold(events: Iterable[Mapping[str, Any]], policy: Policy) -> tuple[dict[str,
     ignored: list[Ignored] = []
     for e in _ordered(events):
         aid, kind = e["appeal_id"], e["event_type"]
+        if kind == RESUME_ASKED:
+            continue  # not an appeal's step, nor a refused one
         current = appeals.get(aid)
         if kind == "FILED":
             if current is not None:

@@ -26,8 +26,10 @@ AlertKind = Literal[
 ]
 """What happened."""
 
-AppealEventType = Literal["FILED", "DECIDED", "ESCALATED"]
-"""The step."""
+AppealEventType = Literal["FILED", "DECIDED", "ESCALATED", "RESUME_ASKED"]
+"""The step; RESUME_ASKED (v2) is not an appeal's step: the job's user, a lead of its team or an operator asks, on
+the job's page, that gpuledger resume a job it reclaimed (the reclaim worker checks who and carries it out).
+"""
 
 AppealDecision = Literal["EXEMPTION", "CREDIT", "DENIED"]
 """The decision."""

@@ -29,6 +29,7 @@ from typing import Any
 
 from base.errors import ConfigError
 from base.settings import KafkaSettings
+from schemas.governance_appeals import RESUME_ASKED
 from schemas.policy import Policy
 from sinks.kube_owner import Owner, kubernetes_owner
 from sinks.reclaim import K8S_NAME, SLURM_JOB_ID, ClickHouseRecorder, Outcome, OutcomeRecorder, kubernetes_patch
@@ -271,20 +272,28 @@ def ledger_resumer(client: Any, clock_ms: Callable[[], int]) -> Resumer:
                    kueue_patch=kubernetes_patch)  # fmt: skip
 
 
-def appeal_handler(client: Any, kafka: KafkaSettings, policy: Policy, execute: bool,
-                   clock_ms: Callable[[], int]) -> Callable[[dict[str, Any]], None]:  # fmt: skip
-    """For `reclaim run`: each appeals.v1 step; a granted exemption of a reclaimed job resumes it (dry-run: logged)."""
+def appeal_handler(client: Any, kafka: KafkaSettings, policy: Policy, execute: bool, clock_ms: Callable[[], int],
+                   engine: Resumer | None = None) -> Callable[[dict[str, Any]], None]:  # fmt: skip
+    """For `reclaim run`: each appeals.v1 step. A granted exemption of a reclaimed job resumes it; so does a resume
+    asked on the job's page (RESUME_ASKED), once `may_resume` says the asker may: the page checked it too, but the
+    topic is the page's word, so the worker that holds the engine credentials judges it again (dry-run: logged)."""
     from schemas.governance_appeals import fold
     from schemas.topics import APPEALS
     from streams.eventlog import read_events
 
-    engine = ledger_resumer(client, clock_ms)
+    engine = engine or ledger_resumer(client, clock_ms)
 
     def handle(event: dict[str, Any]) -> None:
-        if event.get("event_type") != "DECIDED" or event.get("decision") != "EXEMPTION":
-            return
-        events, _ = read_events(kafka, APPEALS)  # the fold needs the filing too; appeals are few
-        request = exemption_request(event, fold(events, policy)[0])
+        request = asked_request(event)
+        if request is not None:
+            refusal = may_resume(policy, job_owner(client, request.cluster, request.job_id), request.asker,
+                                 request.job_id)  # fmt: skip
+            if refusal is not None:
+                log.warning("resume asked in %s refused: %s", event.get("event_id"), refusal)
+                return
+        elif event.get("event_type") == "DECIDED" and event.get("decision") == "EXEMPTION":
+            events, _ = read_events(kafka, APPEALS)  # the fold needs the filing too; appeals are few
+            request = exemption_request(event, fold(events, policy)[0])
         if request is None:
             return
         reclaimed = latest_reclaim(client, request.cluster, request.job_id)
@@ -295,3 +304,31 @@ def appeal_handler(client: Any, kafka: KafkaSettings, policy: Policy, execute: b
         log.info("%s: %s", status, line)
 
     return handle
+
+
+# -- the job page's button: a RESUME_ASKED step on appeals.v1 (the web app holds no engine credentials) ----------
+
+
+def resume_asked_event(cluster: str, job_id: str, asker: str, owner: JobOwner | None, now_ms: int,
+                       where: str = "the job's page") -> dict[str, Any]:  # fmt: skip
+    """The appeals.v1 step that asks `reclaim run` to resume the job (who may: `may_resume`, checked by both)."""
+    import hashlib
+
+    event_id = hashlib.sha256("\x1f".join((RESUME_ASKED, cluster, job_id, asker, str(now_ms))).encode()).hexdigest()
+    return {
+        "event_id": event_id[:32], "event_type": RESUME_ASKED, "appeal_id": f"resume-{event_id[:12]}",
+        "ts_ms": now_ms, "actor": asker,
+        "cluster": cluster, "job_id": job_id, "alert_id": None, "user": owner.user if owner else None,
+        "team": owner.team if owner else None, "project": None, "period": None, "text": f"asked on {where}",
+        "decision": None, "credit_cents": None, "exemption_until_ms": None, "deadline_ms": None,
+    }  # fmt: skip
+
+
+def asked_request(event: Mapping[str, Any]) -> Request | None:
+    """The resume a RESUME_ASKED step asks for (None for every other step); who asked is not yet judged."""
+    if event.get("event_type") != RESUME_ASKED:
+        return None
+    cluster, job_id, asker = (str(event.get(k) or "") for k in ("cluster", "job_id", "actor"))
+    if not (cluster and job_id and asker) or max(len(cluster), len(job_id), len(asker)) > 256:
+        return None
+    return Request(cluster, job_id, asker, f"asked by {asker} on the job's page")

@@ -500,8 +500,13 @@ def component_acls(
     topics(PRINCIPALS["web"], "WRITE", t.CORRECTIONS, t.APPEALS, t.RESERVATIONS)
     topics(PRINCIPALS["web"], "READ", t.APPEALS, t.RESERVATIONS)
     grants.append(Grant(PRINCIPALS["web"], "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
-    for user, read, group in ((chat, (t.ALERTS, t.APPEALS), "chat"), (reclaim, (t.RECLAIM_ACTIONS,), "reclaim")):
-        topics(user, "READ", *read)  # chat: appeals too (decisions into the warning's thread, escalations)
+    # chat: appeals too (decisions into the warning's thread, escalations); reclaim: appeals too (an exemption, or a
+    # resume asked on the job's page, resumes a reclaimed job: sinks/reclaim_resume.py)
+    for user, read, group in (
+        (chat, (t.ALERTS, t.APPEALS), "chat"),
+        (reclaim, (t.RECLAIM_ACTIONS, t.APPEALS), "reclaim"),
+    ):
+        topics(user, "READ", *read)
         topics(user, "WRITE", *(topic.dlq for topic in read))
         grants.append(Grant(user, "group", f"{sinks_group}-{group}", "READ"))
     return list(dict.fromkeys(grants))  # DESCRIBE follows each READ and WRITE: once per topic

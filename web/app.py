@@ -81,6 +81,9 @@ class WebContext:
     # proposals offered to pick by name; None: the form is off (settings: web.whatif).
     whatif: Callable[[Any, str, str, int], Any] | None = None
     whatif_choices: Callable[[], dict[str, Path]] = dict
+    # The job page's resume button (issue 41): publishes a RESUME_ASKED step on appeals.v1 for `reclaim run`, which
+    # holds the engine credentials this app never has; None without a policy (who may resume).
+    publish_resume: Callable[[dict[str, Any]], None] | None = None
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     def now_ms(self) -> int:
@@ -338,6 +341,7 @@ def job(request: Request) -> Response:
     _need_team(viewer, page.context["team"])
     choices = _project_choices(viewer, ctx.registry, page.context["team"])
     _job_appeals(ctx, page, cluster, job_id)
+    _job_resume(ctx, page, viewer, cluster, job_id, request.query_params.get("resume"))
     return page_response(
         request, _with_form(page, viewer, ctx, choices, request.query_params.get("corrected"),
                             request.query_params.get("appealed")),
@@ -357,6 +361,44 @@ def _job_appeals(ctx: WebContext, page: pages.Page, cluster: str, job_id: str) -
     mine = [a for a in appeals.stored(wh.client, ctx.policy) if (a.subject.cluster, a.subject.job_id) == here]
     page.add(appeals.table("appeals", "Appeals on this job", mine))
     page.context["appeal_alerts"] = wh.job_alerts(cluster, job_id)
+
+
+def _job_resume(ctx: WebContext, page: pages.Page, viewer: Viewer, cluster: str, job_id: str,
+                asked: str | None) -> None:  # fmt: skip
+    """The resume button: shown when gpuledger reclaimed the job and the viewer may resume it (its user, a lead of
+    its team, an operator of the policy), with the reclaims and resumes recorded so far."""
+    from web.queries import resume_outcomes, resume_standing
+
+    page.context.update(resume_on=False, resume_refusal=None, reclaimed=None, resume_steps=[],
+                        resume_asked=asked if asked and re.fullmatch(r"[0-9a-f]{32}", asked) else None)  # fmt: skip
+    if ctx.publish_resume is None or ctx.policy is None:
+        return
+    client = ctx.warehouse().client
+    _, reclaimed, refusal = resume_standing(client, ctx.policy, cluster, job_id, viewer.user)
+    page.context.update(resume_on=True, resume_refusal=refusal, reclaimed=reclaimed,
+                        resume_steps=resume_outcomes(client, cluster, job_id) if reclaimed else [])  # fmt: skip
+
+
+async def resume(request: Request) -> Response:
+    return await _form_action(request, ("cluster", "job_id", "token", "period"), _resume, need="publish_resume")
+
+
+def _resume(request: Request, ctx: WebContext, viewer: Viewer, values: dict[str, str]) -> Response:
+    """Ask `reclaim run` to resume a job gpuledger reclaimed: refused (403, one line) for anyone `may_resume` refuses;
+    a job gpuledger did not reclaim is a 400 saying so. The worker judges the request again and applies it once."""
+    from web.queries import resume_asked, resume_standing
+
+    assert ctx.publish_resume is not None
+    cluster, job_id = params.cluster(values["cluster"]), params.job_id(values["job_id"])
+    owner, reclaimed, refusal = resume_standing(ctx.warehouse().client, ctx.policy, cluster, job_id, viewer.user)
+    if refusal is not None:
+        raise Forbidden(refusal)
+    if reclaimed is None:
+        raise BadRequest(f"job {job_id} on {cluster} was not reclaimed by gpuledger: nothing to resume")
+    event = resume_asked(cluster, job_id, viewer.user, owner, ctx.now_ms())
+    ctx.publish_resume(event)
+    period = params.period(values["period"], ctx.now_ms())
+    return RedirectResponse(pages.job_url(cluster, job_id, period, resume=event["event_id"]), status_code=303)
 
 
 def _project_choices(viewer: Viewer, registry: Registry | None, job_team: str) -> list[str]:
@@ -586,6 +628,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/teams/{team}/projects/{project}", project),
         Route("/jobs/{cluster}/{job_id:path}", job),
         Route("/corrections", correct, methods=["POST"]),
+        Route("/resume", resume, methods=["POST"]),
         Route("/appeals", appeals_page),
         Route("/appeals/file", appeal_file, methods=["POST"]),
         Route("/appeals/decide", appeal_decide, methods=["POST"]),

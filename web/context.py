@@ -45,6 +45,7 @@ def build_context(settings: Settings, publisher: Any = None) -> Any:
         finance_groups=tuple(web.finance_groups),
         whatif=_whatif(settings),
         whatif_choices=lambda: _whatif_choices(settings),
+        publish_resume=_resume_publisher(policy, publish),
     )  # fmt: skip
 
 
@@ -179,3 +180,21 @@ def _reservation_service(settings: Settings, policy: Any, publish: Any) -> Any:
         log.info("web: reservation %s %s by %s", event["reservation_id"], event["event_type"].lower(), event["actor"])
 
     return ReservationService(policy, read, step)
+
+
+def _resume_publisher(policy: Any, publish: Any) -> Any:
+    """The job page's resume button: a RESUME_ASKED step on appeals.v1 (a topic the app already writes; `reclaim run`
+    reads it and holds the engine credentials); None without a policy, which says who may resume."""
+    if policy is None:
+        return None
+    from schemas.topics import APPEALS, job_key
+
+    def ask(event: dict[str, Any]) -> None:
+        from schemas.models import validate
+
+        validate(APPEALS.subject, event)  # the contract before the broker: nothing malformed reaches the worker
+        publish(APPEALS, job_key(event["cluster"], event["job_id"]), event)
+        log.info("web: resume of %s/%s asked by %s (%s)", event["cluster"], event["job_id"], event["actor"],
+                 event["event_id"])  # fmt: skip
+
+    return ask

@@ -638,3 +638,33 @@ def whatif_comparison(settings: Any, proposal: Any, period: str, by: str, now_ms
         return whatif.whatif(client, settings, period, proposal, by, replay_month, now_ms, None, run_classes())
     finally:
         client.close()
+
+
+# -- resume a reclaimed job (issue 41 item 3): the page asks, `reclaim run` carries it out ----------------------
+
+
+def resume_standing(client: Any, policy: Any, cluster: str, job_id: str, asker: str) -> tuple[Any, Any, str | None]:
+    """(the job's owner, gpuledger's latest reclaim of it or None, the one line refusing `asker` or None): the rule
+    `reclaim run` applies again when the request arrives (`sinks.reclaim_resume.may_resume`)."""
+    from sinks.reclaim_resume import job_owner, latest_reclaim, may_resume
+
+    owner = job_owner(client, cluster, job_id)
+    return owner, latest_reclaim(client, cluster, job_id), may_resume(policy, owner, asker, job_id)
+
+
+def resume_asked(cluster: str, job_id: str, asker: str, owner: Any, now_ms: int) -> dict[str, Any]:
+    """The appeals.v1 step that asks the reclaim worker to resume the job (`sinks.reclaim_resume`)."""
+    from sinks.reclaim_resume import resume_asked_event
+
+    return resume_asked_event(cluster, job_id, asker, owner, now_ms)
+
+
+def resume_outcomes(client: Any, cluster: str, job_id: str) -> list[dict[str, Any]]:
+    """The job's reclaims and resumes as `action_outcomes` recorded them, newest first (64 steps at most)."""
+    rows = client.query(
+        "SELECT ts_ms, action, action_id, step, command, status, detail FROM action_outcomes "
+        "WHERE cluster = {c:String} AND job_id = {j:String} AND NOT dry_run ORDER BY ts_ms DESC, step DESC LIMIT 64",
+        parameters={"c": cluster, "j": job_id},
+    ).result_rows
+    keys = ("ts_ms", "action", "action_id", "step", "command", "status", "detail")
+    return [dict(zip(keys, r, strict=True)) for r in rows]

@@ -150,3 +150,19 @@ def test_a_malformed_kubernetes_job_id_is_one_line(job: str) -> None:
     resumer = Resumer(Recorder(), clock_ms=lambda: 1, kueue_owner=lambda ns, n: None, kueue_patch=lambda *a: None)
     with pytest.raises(ConfigError, match="a Kubernetes job id is <namespace>/<pod or workload>"):
         resumer.resume(Request("c", job, "x", "x"), Reclaimed("a", "KUEUE", "SUSPEND", 1))
+
+
+def test_a_resume_asked_on_the_page_is_a_valid_appeals_record_the_appeal_fold_passes_over() -> None:
+    from schemas.models import validate
+    from schemas.topics import APPEALS
+    from sinks.reclaim_resume import asked_request, resume_asked_event
+
+    asked = resume_asked_event("c", "7", "dana", JobOwner("alice", "research"), 5_000)
+    validate(APPEALS.subject, asked)  # what the page publishes is the contract's
+    assert asked_request(asked) == Request("c", "7", "dana", "asked by dana on the job's page")
+    assert asked_request({**asked, "job_id": "7" * 300}) is None  # bounded
+    subject = AppealSubject("c", "7", None, "alice", "research", None, "2026-03", 1_000)
+    filed = file_event({}, POLICY, subject, "alice", "it was loading data", 2_000)
+    appeals, ignored = fold([filed, asked], POLICY)
+    assert list(appeals) == [filed["appeal_id"]] and not ignored  # neither an appeal nor a refused step
+    assert exemption_request(asked, appeals) is None and asked_request(filed) is None
