@@ -183,11 +183,13 @@ def _engines(settings: Settings, policy: Any, names: list[str] | None, kubeconfi
     return out
 
 
-def reconcile_once(settings: Settings, policy: Any, engines: list[Any]) -> list[dict[str, Any]]:
+def reconcile_once(settings: Settings, policy: Any, engines: list[Any],
+                   now_ms: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One pass at `now_ms` (default: the clock; injected by a test that seeds idle minutes instead of waiting)."""
     from sinks.reservations import idle_minutes, reconcile
 
     existing = _reservations(settings, policy)
-    now = _now_ms()
+    now = _now_ms() if now_ms is None else now_ms
     idle = None
     rules = policy.governance.reservations
     if rules.idle_warn_minutes is not None or rules.idle_release_minutes is not None:

@@ -181,3 +181,59 @@ def test_reserved_capacity_is_a_statement_line(governed: tuple[Settings, dict[st
     assert reserved["allocated_gpu_h"] == "7.0000" and reserved["rate_per_gpu_hour"] == "2.000000"
     assert ": 16.00 over 2 lines" in cli(environ, "period", "close", "2026-09", "--by", "fin")
     assert json.loads(cli(environ, "statement", "show", "--period", "2026-10", "--format", "json")) == []
+
+
+def test_a_reservation_left_idle_past_the_limit_is_released_early_on_the_live_slurm(
+    slurm: SlurmClient, governed: tuple[Settings, dict[str, str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41 item 4: the service's pass reads the team's device-minutes through `idle_minutes`'s query in the
+    embedded ClickHouse (seeded: a busy minute at the start, idle ones after) and, with the policy's limits (warn 3,
+    release 5 minutes), first does nothing, then warns, then releases early and deletes the reservation on Slurm.
+    The pass's clock is injected (minutes ahead) instead of waiting real minutes; Slurm's side is real."""
+    from sinks.reservations import SlurmReservations
+    from sinks.reserve_cli import reconcile_once
+
+    s, _, account = governed
+    for key, value in {**slurm.cfg.env, "PATH": slurm.env["PATH"]}.items():
+        monkeypatch.setenv(key, value)
+    slurm.run("sacctmgr", "-i", "add", "account", account)
+    policy = parse_policy(policy_text(account).replace(
+        "auto_approve_hours: 24}", "auto_approve_hours: 24, idle_warn_minutes: 3, idle_release_minutes: 5}"))
+    start = (int(time.time()) // 60 + 1) * 60_000  # the next whole minute: Slurm takes a start ahead
+    events = request_events({}, policy, cluster="c1", team="vision", generation="hopper", gpus=2, nodes=[],
+                            start_ms=start, end_ms=start + 3_600_000, reason="paper deadline",
+                            requester="alice", now_ms=start - 30_000)  # fmt: skip
+    pub = RecordPublisher(s.kafka)
+    for e in events:
+        pub.publish(topics.RESERVATIONS, f"c1/{e['reservation_id']}".encode(), e)
+    pub.flush()
+    rid = events[0]["reservation_id"]
+    engines = [SlurmReservations(policy)]
+    kinds = [(e["event_type"], e.get("engine")) for e in reconcile_once(s, policy, engines, start - 20_000)]
+    assert kinds == [("RENDERED", "SLURM")]
+    assert f"Accounts={account}" in (shown(slurm, f"gpuledger-{rid}") or "")
+
+    # vision computed in the reservation's first minute on its node, then its GPUs sat idle.
+    seeded = [{**m, "node": "gpu-node-1", "team": "vision"} for m in run("a1", "GPU-a", "2026-09-20T10:00",
+                                                                          [("active", 1), ("idle", 9)])]
+    for i, m in enumerate(seeded):
+        m["minute_start_ms"] = start + i * 60_000
+        pub.publish(topics.DEVICE_MINUTES, job_key("c1", "a1"), m)
+    pub.flush()
+    client = connect(s.clickhouse)
+    try:
+        LedgerSink(s.kafka, s.sinks, LedgerWriter(client), topics=[t.name for t in TOPICS]).run(
+            lambda: False, max_idle_s=3.0)
+    finally:
+        client.close()
+
+    def pass_at(minutes: int) -> list[tuple[str, str]]:
+        done = reconcile_once(s, policy, engines, start + minutes * 60_000 + 5_000)
+        return [(e["event_type"], e["text"]) for e in done if e["reservation_id"] == rid]
+
+    assert pass_at(2) == []  # 1 idle minute after the busy one: within the limits
+    assert pass_at(4) == [("IDLE_WARNED", "its GPUs idle for 3 min")]
+    released = pass_at(6)
+    assert released[0] == ("RELEASED", "idle 5 min: released early") and released[1][0] == "REMOVED", released
+    assert shown(slurm, f"gpuledger-{rid}") is None  # deleted on Slurm, 54 minutes before its end
+    assert pass_at(7) == []  # nothing twice
