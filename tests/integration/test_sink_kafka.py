@@ -212,7 +212,8 @@ def test_reclaim_run_consumes_actions_and_runs_each_once(
             env={**env, "GPULEDGER_SINKS__GROUP_ID": group}, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-    assert calls.read_text().splitlines() == ["scontrol requeuehold 501"]  # once; the dry-run action never ran
+    # once (the restart count read first: what a requeue in doubt is judged by); the dry-run action never ran
+    assert calls.read_text().splitlines() == ["scontrol show job -o 501", "scontrol requeuehold 501"]
     client = connect(ch)
     rows = client.query(
         "SELECT action_id, step, status FROM action_outcomes FINAL ORDER BY action_id, step"
