@@ -133,12 +133,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _own_default_ports(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Integration tests: the ports a command binds by default (the web page's 8080, the local chat receiver's
-    8765, the registry's 19081, the components' metrics from 9470) are drawn afresh, so two tests on two workers
-    never meet on one; a test that sets its own keeps it."""
+def _own_defaults(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integration tests: what a command takes by default and a machine has once is the test's own, so two tests
+    on two workers never share it and none writes into the user's data: the state dir (metrics port files, faust
+    data, unsent policy records; default ~/.local/share/gpuledger) and the ports it binds (the web page's 8080, the
+    local chat receiver's 8765, the registry's 19081, the components' metrics from 9470). A test that sets its
+    own keeps it."""
     if "integration" not in request.node.path.parts:
         return
+    state = request.getfixturevalue("tmp_path_factory").mktemp("default-state")
+    monkeypatch.setenv("GPULEDGER_STATE_DIR", str(state))
     web, chat, registry = free_ports(3)
     monkeypatch.setenv("GPULEDGER_WEB__PORT", str(web))
     monkeypatch.setenv("GPULEDGER_SINKS__CHAT__LOCAL_RECEIVER_PORT", str(chat))
