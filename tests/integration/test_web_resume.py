@@ -86,8 +86,9 @@ def test_the_resume_button_asks_the_reclaim_worker_which_resumes_the_job_once_fo
     line = html.unescape(refused.text)
     assert refused.status_code == 403 and f"'{mate}' may not resume job {job.job_id}" in line
     assert f"the team's leads ({lead}) and the operators may" in line
+    # an operator may ask for any job, not one gpuledger never stopped
     never = client.post("/resume", data={**form, "job_id": other.job_id, "token": token(client, OPS)},
-                        headers=who(OPS))  # an operator may ask for any job, not one gpuledger never stopped  # fmt: skip
+                        headers=who(OPS))  # fmt: skip
     assert never.status_code == 400 and "not reclaimed by gpuledger" in never.text
     asked = []
     for person in (job.user, lead, OPS):  # the owner, the lead, an operator: each may ask
