@@ -22,12 +22,14 @@ its address is 127.0.0.1. Runs as root (`SlurmUser=root`): slurmd starts jobs as
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +43,8 @@ from stack.broker import _die_with_parent, free_ports, stop_process
 Progress = Callable[[str], None]
 
 PROCESSES = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
+UNIX_PATH_MAX = 108  # sun_path, the terminating zero included
+SOCKET_PATH_ROOM = 48  # "/slurmd/" + slurmstepd's "<node>_<job id>.<step id>" (ids up to 10 digits each)
 PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "slurm-client")
 # The binaries each Debian package brings (what `ensure_installed` looks for).
 BINARIES = {
@@ -109,6 +113,22 @@ def ensure_installed(progress: Progress = _quiet, timeout_s: float = 900) -> Non
         raise DependencyMissing(f"apt-get installed {', '.join(PACKAGES)} but {', '.join(still)} is still missing")
 
 
+def sockets_dir(state_dir: Path) -> Path:
+    """Where the daemons' Unix sockets live (munge's, MariaDB's, slurmd's spool with slurmstepd's
+    `<node>_<job>.<step>` sockets): the state dir, unless its path leaves too little of the 108 bytes a socket path
+    may have (a long --state-dir, a test's temporary folder: slurmd then fails every job launch with "Unix socket
+    path ... is too long"), then a short folder of its own in the temporary directory."""
+    if len(str(state_dir)) + SOCKET_PATH_ROOM < UNIX_PATH_MAX:
+        return state_dir
+    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"gpuledger-slurm-{digest}"
+
+
+def _remove_sockets_dir(state_dir: Path) -> None:
+    if sockets_dir(state_dir) != state_dir:
+        shutil.rmtree(sockets_dir(state_dir), ignore_errors=True)
+
+
 @dataclass(frozen=True)
 class SlurmConfig:
     state_dir: Path
@@ -147,8 +167,20 @@ class SlurmConfig:
         return self.path("spool")
 
     @property
+    def sockets_dir(self) -> Path:
+        return sockets_dir(self.state_dir)
+
+    @property
+    def slurmd_spool(self) -> Path:
+        return self.sockets_dir / "slurmd"
+
+    @property
+    def mysql_socket(self) -> Path:
+        return self.sockets_dir / "mysql.sock"
+
+    @property
     def munge_socket(self) -> Path:
-        return self.path("munge", "munge.socket")
+        return self.sockets_dir / "munge" / "munge.socket"
 
     def log(self, process: str) -> Path:
         return self.path("logs", f"{process}.log")
@@ -182,7 +214,7 @@ def slurm_conf_text(cfg: SlurmConfig) -> str:
         f"SlurmctldPort={cfg.slurmctld_port}", f"SlurmdPort={cfg.slurmd_port}",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
         f"AuthInfo=socket={cfg.munge_socket}",
-        f"StateSaveLocation={cfg.path('ctld')}", f"SlurmdSpoolDir={cfg.path('slurmd')}",
+        f"StateSaveLocation={cfg.path('ctld')}", f"SlurmdSpoolDir={cfg.slurmd_spool}",
         f"SlurmctldPidFile={cfg.path('ctld', 'slurmctld.pid')}", f"SlurmdPidFile={cfg.path('slurmd', 'slurmd.pid')}",
         f"SlurmctldLogFile={cfg.log('slurmctld')}", f"SlurmdLogFile={cfg.log('slurmd')}",
         "SlurmctldDebug=info", "SlurmdDebug=info",
@@ -257,6 +289,8 @@ def write_files(cfg: SlurmConfig) -> None:
     """Every configuration file and directory the daemons need (the job_submit.lua only when absent)."""
     for folder in ("etc", "dev", "munge", "mysql", "ctld", "slurmd", "spool", "logs"):
         cfg.path(folder).mkdir(parents=True, exist_ok=True)
+    for socket_folder in (cfg.slurmd_spool, cfg.munge_socket.parent):
+        socket_folder.mkdir(parents=True, exist_ok=True)
     for i in range(sum(n for _, n in cfg.gpus)):
         fake_gpu(cfg.path("dev", f"nvidia{i}"), i)
     cfg.slurm_conf.write_text(slurm_conf_text(cfg), encoding="utf-8")
@@ -294,7 +328,7 @@ def munged_argv(cfg: SlurmConfig) -> list[str]:
 
 def mariadbd_argv(cfg: SlurmConfig) -> list[str]:
     return [find_binary("mariadbd") or "mariadbd", "--no-defaults", f"--datadir={cfg.path('mysql')}",
-            "--bind-address=127.0.0.1", f"--port={cfg.mariadb_port}", f"--socket={cfg.path('mysql.sock')}",
+            "--bind-address=127.0.0.1", f"--port={cfg.mariadb_port}", f"--socket={cfg.mysql_socket}",
             f"--pid-file={cfg.path('mariadbd.pid')}", "--user=root", "--skip-name-resolve",
             "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M", "--skip-log-bin",
             "--innodb-flush-log-at-trx-commit=0"]  # fmt: skip
@@ -406,7 +440,7 @@ class LocalSlurm:
 
     def _sql(self, statement: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         mariadb = find_binary("mariadb") or "mariadb"
-        return self.run(mariadb, "--no-defaults", f"--socket={self.cfg.path('mysql.sock')}", "-u", "root",
+        return self.run(mariadb, "--no-defaults", f"--socket={self.cfg.mysql_socket}", "-u", "root",
                         "-e", statement, check=check, timeout=30)  # fmt: skip
 
     def start_slurmdbd(self) -> None:
@@ -480,6 +514,7 @@ class LocalSlurm:
                 log.close()
         for pid in processes_of(self.cfg.slurm_conf):
             stop_process(pid, timeout=5, group=False)
+        _remove_sockets_dir(self.cfg.state_dir)
         recorded.forget(self.cfg.state_dir)
 
     def __enter__(self) -> Self:
@@ -495,6 +530,7 @@ def stop_recorded(state_dir: Path) -> list[str]:
     def jobs() -> None:
         for pid in processes_of(state_dir / "etc" / "slurm.conf"):
             stop_process(pid, timeout=5, group=False)
+        _remove_sockets_dir(state_dir)
 
     return recorded.stop_recorded(state_dir, PROCESSES, after=jobs)
 

@@ -16,15 +16,29 @@ def conf(tmp_path: Path, **kw: object) -> SlurmConfig:
 
 
 def test_slurm_conf_has_what_the_tests_rely_on(tmp_path: Path) -> None:
-    text = slurm_conf_text(conf(tmp_path, hooks_dir=tmp_path / "hooks")).splitlines()
+    cfg = conf(tmp_path, hooks_dir=tmp_path / "hooks")
+    text = slurm_conf_text(cfg).splitlines()
     for line in ("JobSubmitPlugins=lua", "PreemptType=preempt/qos", "PreemptMode=REQUEUE", "GresTypes=gpu",
                  "AccountingStorageType=accounting_storage/slurmdbd", "SlurmctldPort=6817", "SlurmdPort=6818",
                  "AccountingStorageEnforce=associations,limits,qos", "AccountingStoragePort=6819",
                  "AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:a100", f"Prolog={tmp_path}/etc/prolog",
-                 f"AuthInfo=socket={tmp_path}/munge/munge.socket",
-                 f"AccountingStoragePass={tmp_path}/munge/munge.socket"):  # fmt: skip
+                 f"AuthInfo=socket={cfg.munge_socket}", f"AccountingStoragePass={cfg.munge_socket}",
+                 f"SlurmdSpoolDir={cfg.slurmd_spool}"):  # fmt: skip
         assert line in text, line
     assert any(x.startswith("NodeName=gpu-node-1 ") and "Gres=gpu:h100:2,gpu:a100:2" in x for x in text)
+
+
+def test_sockets_stay_within_the_unix_path_limit_whatever_the_state_dir() -> None:
+    short = conf(Path("/srv/gl"))
+    assert short.sockets_dir == Path("/srv/gl") and short.munge_socket == Path("/srv/gl/munge/munge.socket")
+    long_dir = Path("/tmp/pytest-of-root/pytest-255/popen-gw3/test_dev_slurm_up_status_down0/slurm")
+    long = conf(long_dir)
+    assert long.sockets_dir != long_dir and long.sockets_dir == conf(long_dir).sockets_dir  # stable per state dir
+    assert conf(long_dir / "other").sockets_dir != long.sockets_dir
+    # slurmstepd's socket for the largest job and step ids, MariaDB's and munge's: each under sun_path's 108 bytes
+    step = long.slurmd_spool / "gpu-node-1_4294967295.4294967291"
+    assert all(len(str(p)) < cluster.UNIX_PATH_MAX for p in (step, long.mysql_socket, long.munge_socket))
+    assert len(str(long_dir / "slurmd" / step.name)) >= cluster.UNIX_PATH_MAX  # what the state dir would have given
 
 
 def test_without_accounting_or_gpu_tres(tmp_path: Path) -> None:
