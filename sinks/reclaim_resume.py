@@ -7,8 +7,10 @@ operator (`governance.operators`). An appeal's exemption is the decider's word, 
 What is resumed is the latest reclaim gpuledger itself carried out on the job (a live, not dry-run, row of
 `action_outcomes` whose step succeeded): nothing else is ever released or reactivated.
 - Slurm: a reclaim requeues the job held (`scontrol requeuehold`); resume is `scontrol release <job>`, then
-  `scontrol update jobid=<job> StartTime=now` (Slurm otherwise delays a requeued job by the credential lifetime,
-  120 s by default). A job held by someone else's hold is not gpuledger's to release: only the reasons a requeue-
+  `scontrol update jobid=<job> StartTime=now+2` (Slurm otherwise delays a requeued job by the credential lifetime,
+  120 s by default; not `now`: the requeue revoked the job's credential at that second, and a launch credential
+  made in the same second is refused, "Job credential revoked", and the job FAILS, as a resume right after a
+  reclaim showed). A job held by someone else's hold is not gpuledger's to release: only the reasons a requeue-
   hold or an admin/user hold gives are released, and only for a job gpuledger reclaimed.
 - Kueue: the Workload (found from the job's pod as the reclaim found it, sinks/kube_owner.py) gets
   `spec.active=true`; Kueue queues it again and admits it when its quota allows.
@@ -101,6 +103,9 @@ class Verdict:
     argv: tuple[tuple[str, ...], ...] = ()
 
 
+RESUME_START = "StartTime=now+2"  # past the second of the requeue's credential revocation (see the module doc)
+
+
 def slurm_verdict(job_id: str, job: Mapping[str, str]) -> Verdict:
     """From `scontrol show job -o` as key -> value ({} when Slurm does not know the job)."""
     state, reason = job.get("JobState", ""), job.get("Reason", "")
@@ -110,7 +115,7 @@ def slurm_verdict(job_id: str, job: Mapping[str, str]) -> Verdict:
         return Verdict("ended", f"job {job_id} has ended ({state}): nothing to resume")
     if state == "PENDING" and reason in HELD_REASONS:
         return Verdict("resume", f"job {job_id} held ({reason})", (
-            ("scontrol", "release", job_id), ("scontrol", "update", f"jobid={job_id}", "StartTime=now")))  # fmt: skip
+            ("scontrol", "release", job_id), ("scontrol", "update", f"jobid={job_id}", RESUME_START)))  # fmt: skip
     return Verdict("running", f"job {job_id} is {state} ({reason or 'no reason'}), not held: nothing to resume")
 
 

@@ -119,7 +119,7 @@ def test_a_reclaimed_job_runs_again_when_its_owner_asks_or_an_appeal_exempts_it(
     resumed = gpuledger(env, "reclaim", "resume", job, "--by", "root")
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.strip() == (f"job {job} resumed (asked by root): scontrol release {job}; scontrol update "
-                                      f"jobid={job} StartTime=now")  # fmt: skip
+                                      f"jobid={job} StartTime=now+2")  # fmt: skip
     slurm.wait_for_state(job, "RUNNING", timeout=60)
     runs_again_s = time.monotonic() - asked
     again = gpuledger(env, "reclaim", "resume", job, "--by", "dana")  # the lead, after the owner: nothing twice

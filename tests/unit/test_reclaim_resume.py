@@ -59,7 +59,7 @@ def test_the_owner_a_lead_and_an_operator_may_ask_nobody_else() -> None:
 def test_slurm_answers_held_ended_gone_and_running() -> None:
     held = slurm_verdict("7", {"JobState": "PENDING", "Reason": "job_requeued_in_held_state"})
     assert held.status == "resume"
-    assert held.argv == (("scontrol", "release", "7"), ("scontrol", "update", "jobid=7", "StartTime=now"))
+    assert held.argv == (("scontrol", "release", "7"), ("scontrol", "update", "jobid=7", "StartTime=now+2"))
     assert slurm_verdict("7", {"JobState": "PENDING", "Reason": "JobHeldAdmin"}).status == "resume"
     assert slurm_verdict("7", {"JobState": "COMPLETED", "Reason": "None"}).detail == (
         "job 7 has ended (COMPLETED): nothing to resume")
@@ -92,7 +92,7 @@ def test_a_resume_runs_once_per_reclaim_and_is_recorded_with_the_reclaims() -> N
     reclaimed = Reclaimed("act-1", "SLURM", "CHECKPOINT_THEN_REQUEUE", 500)
     status, line = resumer.resume(Request("c", "7", "alice", "asked by alice"), reclaimed)
     assert status == "resumed" and line.startswith("job 7 resumed (asked by alice)")
-    assert ran == ["scontrol release 7", "scontrol update jobid=7 StartTime=now"]
+    assert ran == ["scontrol release 7", "scontrol update jobid=7 StartTime=now+2"]
     assert [(o.action_id, o.action, o.step, o.status) for o in recorder.outcomes] == [
         ("resume-act-1", "RESUME", 0, "started"), ("resume-act-1", "RESUME", 1, "ok"),
         ("resume-act-1", "RESUME", 2, "ok")]  # fmt: skip
