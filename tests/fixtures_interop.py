@@ -12,6 +12,7 @@ prints where it is and how long the build took.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -76,6 +77,17 @@ def build_interop(cache_root: Path | None = None, *, rebuild: bool = False) -> I
         shutil.rmtree(dest)
     if (dest / ".complete").is_file():
         return InteropJava(dest / JAR_NAME, None)
+    root.mkdir(parents=True, exist_ok=True)
+    # Test workers starting at once build once: the first holds the lock (two Mavens filling ~/.m2 at once can
+    # leave it half-written), the others find its jar when they get it.
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / ".complete").is_file():
+            return InteropJava(dest / JAR_NAME, None)
+        return _build(root, dest)
+
+
+def _build(root: Path, dest: Path) -> InteropJava:
     build = root / f".build-{os.getpid()}"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
