@@ -56,15 +56,15 @@ if _WORKER is not None and PORT_RANGE_ENV not in os.environ:
     if _low + WORKER_PORTS <= 32768:
         os.environ[PORT_RANGE_ENV] = f"{_low}-{_low + WORKER_PORTS - 1}"
 
-ENGINE_GROUPS = (("slurm", ("live_slurm", "live_slurm_noacct")), ("kube", ("kube_binaries",)))
+ENGINE_GROUPS = {"slurm": {"live_slurm", "live_slurm_noacct"}, "kube": {"kube_binaries"}}  # group: its fixtures
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The worker group a test belongs to: its live engine's, else its module's when it shares a module-scoped
     fixture, else none (any worker)."""
     names = set(getattr(item, "fixturenames", ()))
-    for group, fixtures in ENGINE_GROUPS:
-        if names & set(fixtures):
+    for group, fixtures in ENGINE_GROUPS.items():
+        if names & fixtures:
             return group
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
@@ -98,7 +98,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     worker = hasattr(config, "workerinput")
     for item in items:
         group = xdist_group_of(item)
-        if group in {name for name, _ in ENGINE_GROUPS}:
+        if group in ENGINE_GROUPS:
             item.add_marker(pytest.mark.live_engine)  # `-m live_engine`: the repeat runner's live set
         if worker and group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
