@@ -43,6 +43,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from fixtures_clickhouse import ClickHouseServer, server_env, start_server, stop_server, wait_for
 
+from base.kafka import watermarks
 from base.settings import KafkaSettings, Settings
 from producers.simulator import DEFAULT_START_MS, SimConfig, expected_ledger
 from schemas.codec import AvroCodec
@@ -163,7 +164,7 @@ def topic_counts(bootstrap: str, topics: Iterable[str]) -> dict[str, int]:
             n = 0
             if meta is not None and meta.error is None:
                 for p in meta.partitions:
-                    lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)
+                    lo, hi = watermarks(c, TopicPartition(t, p))
                     n += max(0, hi - lo)
             out[t] = n
         return out
@@ -180,7 +181,7 @@ def group_lag(bootstrap: str, group: str, topics: Iterable[str]) -> int:
     try:
         lag = 0
         for tp in c.committed(tps, timeout=10):
-            lo, hi = c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            lo, hi = watermarks(c, TopicPartition(tp.topic, tp.partition))
             pos = tp.offset if tp.offset >= 0 else lo
             lag += max(0, hi - pos)
         return lag
@@ -626,7 +627,7 @@ class PipelineRun:
             md = c.list_topics(topic, timeout=10).topics[topic]
             out: list[bytes] = []
             for p in md.partitions:
-                lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                lo, hi = watermarks(c, TopicPartition(topic, p))
                 if hi <= lo:
                     continue
                 c.assign([TopicPartition(topic, p, lo)])

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, Message
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from fixtures_cli import run_gpuledger
 
-from base.kafka import new_consumer, new_producer
+from base.kafka import new_consumer, new_producer, watermarks
 from base.settings import KafkaSettings, Settings
 from schemas.topics import DEVICE_SAMPLES, all_topics
 from stack import broker
@@ -175,10 +175,7 @@ def test_one_node_killed_9_and_restarted_while_producing_and_consuming(cluster: 
         by_partition.setdefault(p, []).append(v)
     assert all(vs == sorted(vs) for vs in by_partition.values())
     # The broker's own log has each record once as well (high watermarks sum to the count).
-    assert sum(
-        new_consumer(kafka, "wm").get_watermark_offsets(tp, timeout=10)[1]
-        for tp in _partitions(admin, topic)
-    ) == total
+    assert sum(watermarks(new_consumer(kafka, "wm"), tp)[1] for tp in _partitions(admin, topic)) == total
     # The restarted node catches up and rejoins every ISR.
     deadline = time.monotonic() + 120
     while not _isr_full(admin, topic) and time.monotonic() < deadline:

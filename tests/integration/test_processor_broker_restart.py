@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from test_processor_harness import create_topics, own_broker, publish, start_worker, worker_env
 
+from base.kafka import watermarks
 from processors.testing import T0, device, inventory, job_event, scrape
 from schemas.topics import DEVICE_MINUTES, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic, job_key, node_key
 from stack.broker import LocalBroker
@@ -50,7 +51,7 @@ def _count(bootstrap: str, topic: str) -> int:
         md = c.list_topics(topic, timeout=10).topics[topic]
         total = 0
         for p in md.partitions:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            lo, hi = watermarks(c, TopicPartition(topic, p))
             total += hi - lo
         return total
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from base.kafka import watermarks
 from base.settings import KafkaSettings, Settings
 from schemas.codec import AvroCodec
 from schemas.topics import CATALOGUE, DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic
@@ -122,7 +123,7 @@ def read_all(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[tuple[
         md = c.list_topics(topic, timeout=10).topics[topic]
         out: list[tuple[bytes | None, bytes]] = []
         for p in sorted(md.partitions):
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            lo, hi = watermarks(c, TopicPartition(topic, p))
             if hi <= lo:
                 continue
             c.assign([TopicPartition(topic, p, lo)])

@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from test_processor_harness import create_topics, publish
 
+from base.kafka import watermarks
 from base.settings import KafkaSettings, Settings
 from processors.runtime import ProcessorRuntime
 from processors.testing import T0, device, job_event, scrape
@@ -34,7 +35,7 @@ def _step_for(rt: ProcessorRuntime, seconds: float) -> None:
 def _device_minutes(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}"})
     try:
-        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        lo, hi = watermarks(c, TopicPartition(topic, 0))
         c.assign([TopicPartition(topic, 0, lo)])
         out: list[dict[str, Any]] = []
         deadline = time.monotonic() + 30
