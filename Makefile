@@ -53,8 +53,10 @@ test: $(STAMP)
 # The fault injection suite (tests/fault, marker `fault`, excluded from `make test`): the real pipeline
 # as processes (own broker, embedded ClickHouse, simulator, processors, sinks) under kill -9, broker
 # restart, ClickHouse outage (GPULEDGER_FAULT_OUTAGE_S, default 60), duplicates and late events.
+# FAULT_WORKERS: each fault module runs whole on one worker, with its own stack (tests/conftest.py).
+FAULT_WORKERS ?= 2
 fault: $(STAMP)
-	$(VENV)/bin/pytest -m fault tests/fault --durations=0
+	$(VENV)/bin/pytest -n $(FAULT_WORKERS) --dist loadgroup -m fault tests/fault --durations=0
 
 # Runs a set of tests RUNS times, each on a clean state, and prints each test's pass rate and slowest run
 # (tests/repeat.py): SET=live (the live Slurm and Kubernetes), faust (the agents on a real broker), fault.

@@ -257,6 +257,9 @@ class BrokerSettings(BaseModel):
     controller_port: int = 19093
     heap: str = "512m"
     kafka_version: str = "4.1.1"
+    # "quick": the JVM compiles with C1 only (-XX:TieredStopAtLevel=1): a broker that lives seconds to
+    # minutes (tests, a short demo) starts on about half the CPU; one that runs for hours keeps "full".
+    jit: Literal["full", "quick"] = "full"
     # "sasl_ssl": the client port speaks SASL/SCRAM-SHA-512 over TLS (no plaintext port), with a CA,
     # certificate and passwords under <state_dir>/security; clients pick it up (stack/security.py).
     security: Literal["plaintext", "sasl_ssl"] = "plaintext"

@@ -5,6 +5,9 @@ Steps, each usable on its own (the supervisor runs them as one component, the te
 
 1. `ensure_jars`: `mvn dependency:copy-dependencies` on `deploy/kafka/pom.xml` into
    `<user cache dir>/gpuledger/kafka-<version>/libs`, once; later runs reuse the directory.
+   `ensure_class_archive`: Java's application class-data archive (AppCDS) of the broker's classes, made
+   once per JDK and jar set by a throwaway broker life; every later broker JVM maps it and starts with
+   about two thirds of the CPU and half the wall time (docs/benchmarks.md).
 2. `write_config` + `format_storage`: a `server.properties` for a combined broker+controller bound to
    loopback, and `kafka.tools.StorageTool format` on a data directory that is not formatted yet
    (an existing one is never reformatted, so data survives restarts).
@@ -31,19 +34,21 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Literal, Self
 
 from platformdirs import user_cache_dir
 
@@ -173,8 +178,7 @@ def _fetch_jars(kafka_version: str, target: Path, *, progress: Progress, maven_r
     if rc != 0 or not (staging / f"kafka_2.13-{kafka_version}.jar").is_file():
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
         raise ServiceError(
-            f"Maven could not fetch Apache Kafka {kafka_version} (exit {rc}): {tail[0][:200]} "
-            f"(full log: {log})"
+            f"Maven could not fetch Apache Kafka {kafka_version} (exit {rc}): {tail[0][:200]} (full log: {log})"
         )
     (staging / ".complete").write_text(kafka_version + "\n")
     shutil.rmtree(libs, ignore_errors=True)
@@ -238,6 +242,12 @@ class BrokerConfig:
     voters: tuple[tuple[int, int], ...] = ()
     # Where the KRaft cluster id is kept (shared by a cluster's nodes); None: beside the data.
     cluster_id_file: Path | None = None
+    # "quick": the JVM compiles with C1 only, for brokers that live seconds to minutes (base.settings).
+    jit: Literal["full", "quick"] = "full"
+    # Map the class archive (`ensure_class_archive`); the throwaway life that makes it runs without one
+    # and writes its classes to `archive_at_exit` when the JVM exits.
+    class_archive: bool = True
+    archive_at_exit: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, node: int = 1) -> BrokerConfig:
@@ -248,7 +258,7 @@ class BrokerConfig:
         if not 1 <= node <= b.nodes:
             raise ConfigError(f"broker node {node}: the local cluster has nodes 1..{b.nodes} (broker.nodes)")
         port, controller_port = b.node_ports(node)
-        common: dict[str, Any] = {"host": b.host, "heap": b.heap, "kafka_version": b.kafka_version}
+        common: dict[str, Any] = {"host": b.host, "heap": b.heap, "kafka_version": b.kafka_version, "jit": b.jit}
         if b.nodes == 1:
             return cls(data_dir=settings.state_dir / "kafka", port=port, controller_port=controller_port, **common)
         root = settings.state_dir / "kafka-cluster"
@@ -376,8 +386,15 @@ def _cluster_id(cfg: BrokerConfig) -> str:
     return cid
 
 
-def jvm_options(cfg: BrokerConfig) -> list[str]:
+def jvm_options(cfg: BrokerConfig, archive: Path | None = None) -> list[str]:
+    """The JVM's options; `archive`: the class archive to map (`ensure_class_archive`)."""
+    extra = ["-XX:TieredStopAtLevel=1"] if cfg.jit == "quick" else []
+    if archive is not None:
+        extra.append(f"-XX:SharedArchiveFile={archive}")
+    if cfg.archive_at_exit is not None:
+        extra.append(f"-XX:ArchiveClassesAtExit={cfg.archive_at_exit}")
     return [
+        *extra,
         "-Xms128m",
         f"-Xmx{cfg.heap}",
         "-XX:+UseG1GC",
@@ -393,7 +410,7 @@ def jvm_options(cfg: BrokerConfig) -> list[str]:
     ]
 
 
-def format_storage(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet) -> bool:
+def format_storage(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet, archive: Path | None = None) -> bool:
     """Format the KRaft log directory unless it already is; returns whether it formatted."""
     write_config(cfg)
     if is_formatted(cfg):
@@ -410,7 +427,7 @@ def format_storage(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet
         # The java launcher expands `@file` into arguments: the passwords never show in `ps`.
         write_private(argfile, "".join(f"'{arg}'\n" for arg in tool))
         tool = [f"@{argfile}"]
-    argv = [find_java(), *jvm_options(cfg), "-cp", classpath(libs), *tool]
+    argv = [find_java(), *jvm_options(cfg, archive), "-cp", classpath(libs), *tool]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     finally:
@@ -424,8 +441,52 @@ def format_storage(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet
 _SCRAM_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def broker_argv(cfg: BrokerConfig, libs: Path) -> list[str]:
-    return [find_java(), *jvm_options(cfg), "-cp", classpath(libs), KAFKA_MAIN, str(cfg.config_path)]
+def broker_argv(cfg: BrokerConfig, libs: Path, archive: Path | None = None) -> list[str]:
+    return [find_java(), *jvm_options(cfg, archive), "-cp", classpath(libs), KAFKA_MAIN, str(cfg.config_path)]
+
+
+def class_archive_path(libs: Path) -> Path:
+    """Where the class archive of this JDK and these jars is kept: a JDK or jar change names a new one."""
+    java = Path(find_java()).resolve()
+    key = f"{java}:{java.stat().st_mtime_ns}:{classpath(libs)}:{sorted(p.name for p in libs.glob('*.jar'))}"
+    return libs.parent / f"classes-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+
+
+def _archive_maps(archive: Path, libs: Path) -> bool:
+    """The JVM maps `archive` with sharing required (-Xshare:on fails on a truncated or foreign one)."""
+    argv = [find_java(), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", classpath(libs), "-version"]
+    return subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60).returncode == 0
+
+
+def ensure_class_archive(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet) -> Path | None:
+    """The broker's class archive, made once (under the jar cache's lock) by starting and stopping a
+    throwaway broker whose JVM writes the classes it loaded when it exits (-XX:ArchiveClassesAtExit).
+    None when it cannot be made: brokers then start without it, as before."""
+    path = class_archive_path(libs)
+    if path.is_file():
+        return path
+    with (libs.parent / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if path.is_file():
+                return path
+            progress("archiving the broker's classes for faster starts (first run only)")
+            part = path.with_name(f"{path.name}.{os.getpid()}.part")
+            with tempfile.TemporaryDirectory(prefix="kafka-classes-") as d:
+                throwaway = BrokerConfig.on_free_ports(
+                    Path(d), cfg.kafka_version, cache_root=cfg.cache_root, class_archive=False, archive_at_exit=part
+                )
+                try:
+                    LocalBroker(throwaway).start(timeout=180).stop()
+                except (ServiceError, PortInUse):
+                    part.unlink(missing_ok=True)
+                    return None
+            if part.is_file() and _archive_maps(part, libs):
+                os.replace(part, path)  # atomic: a reader sees no archive or the whole one
+            part.unlink(missing_ok=True)
+            return path if path.is_file() else None
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 _BROKER_PORT_SETTINGS = "GPULEDGER_BROKER__PORT / GPULEDGER_BROKER__CONTROLLER_PORT"
@@ -439,8 +500,7 @@ def check_port_free(host: str, port: int, what: str = "port", setting: str = _BR
             sock.bind((host, port))
         except OSError as exc:
             raise PortInUse(
-                f"{what} {host}:{port} is already taken by another process; stop it or choose another "
-                f"port ({setting})"
+                f"{what} {host}:{port} is already taken by another process; stop it or choose another port ({setting})"
             ) from exc
 
 
@@ -452,8 +512,9 @@ def prepare(cfg: BrokerConfig, *, progress: Progress = _quiet) -> list[str]:
     check_port_free(cfg.host, cfg.port, "broker port")
     check_port_free(cfg.host, cfg.controller_port, "controller port")
     libs = ensure_jars(cfg.kafka_version, cfg.cache_root, progress=progress, maven_repo=cfg.maven_repo)
-    format_storage(cfg, libs, progress=progress)
-    return broker_argv(cfg, libs)
+    archive = ensure_class_archive(cfg, libs, progress=progress) if cfg.class_archive else None
+    format_storage(cfg, libs, progress=progress, archive=archive)
+    return broker_argv(cfg, libs, archive)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,8 +557,7 @@ def wait_until_ready(
             return
         time.sleep(0.3)
     raise ServiceError(
-        f"{what} at {client_config.get('bootstrap.servers')} did not answer within {timeout:.0f}s"
-        f"{_see(log_path)}"
+        f"{what} at {client_config.get('bootstrap.servers')} did not answer within {timeout:.0f}s{_see(log_path)}"
     )
 
 
@@ -676,7 +736,6 @@ class LocalBroker(OwnedProcess):
             lambda alive: wait_until_ready(self.client_config(), timeout, alive=alive, log_path=self.log_path),
         )
         return self
-
 
     def launch(self) -> None:
         """Prepare and start the process without waiting for it to serve (a node of a quorum of three

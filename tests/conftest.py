@@ -50,6 +50,10 @@ def _worker_index() -> int | None:
     return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
 
 
+# Brokers in tests live minutes: C1 only halves their start-up CPU on this 2-core machine (base.settings).
+# Commands the tests start (`up`) read it from here; the fixtures' own brokers say so in their config.
+os.environ.setdefault("GPULEDGER_BROKER__JIT", "quick")
+
 _WORKER = _worker_index()
 if _WORKER is not None and PORT_RANGE_ENV not in os.environ:
     _low = FIRST_WORKER_PORT + WORKER_PORTS * _WORKER
@@ -57,15 +61,21 @@ if _WORKER is not None and PORT_RANGE_ENV not in os.environ:
         os.environ[PORT_RANGE_ENV] = f"{_low}-{_low + WORKER_PORTS - 1}"
 
 ENGINE_GROUPS = {"slurm": {"live_slurm", "live_slurm_noacct"}, "kube": {"kube_binaries"}}  # group: its fixtures
+# A test on both live engines (tests/integration/test_two_engines_live.py) belongs to the first group that matches,
+# "slurm": one live Slurm per machine, so it never runs beside another Slurm test; its Kubernetes is a control
+# plane of its own (its KWOK, Job controller and cluster-wide objects), never the kube group's session one, so it
+# shares no engine with a test running beside it. fixtures_kube runs it last there, after the Slurm tests.
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:
-    """The worker group a test belongs to: its live engine's, else its module's when it shares a module-scoped
-    fixture, else none (any worker)."""
+    """The worker group a test belongs to: its live engine's, else its module's when it is a fault test or shares
+    a module-scoped fixture, else none (any worker)."""
     names = set(getattr(item, "fixturenames", ()))
     for group, fixtures in ENGINE_GROUPS.items():
         if names & fixtures:
             return group
+    if "fault" in item.path.parts:
+        return item.nodeid.split("::", 1)[0]  # a fault module's runs share the session stack on one worker
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if any(d.scope in ("module", "class", "package") for chain in defs for d in chain):
@@ -77,13 +87,15 @@ def xdist_group_of(item: pytest.Item) -> str | None:
 # on the 2-core machine of docs/benchmarks.md. make test's parts add up to 4,800 s: 4 workers for 20 minutes; the
 # fault suite runs alone (make fault). Printed after every run; over budget is said, never failed on.
 PART_BUDGETS_S = {"unit": 270, "integration": 3300, "live Slurm": 540, "live Kubernetes": 540, "browser": 150,
-                  "fault": 660}  # fmt: skip
+                  "fault": 660, "two engines": 240}  # fmt: skip
 
 
 def suite_part(item: pytest.Item, group: str | None) -> str:
     parts = item.path.parts
     if "fault" in parts:
         return "fault"
+    if group == "slurm" and "kube_binaries" in getattr(item, "fixturenames", ()):
+        return "two engines"
     if group == "slurm":
         return "live Slurm"
     if group == "kube":
@@ -135,12 +147,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _own_defaults(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Integration tests: what a command takes by default and a machine has once is the test's own, so two tests
-    on two workers never share it and none writes into the user's data: the state dir (metrics port files, faust
-    data, unsent policy records; default ~/.local/share/gpuledger) and the ports it binds (the web page's 8080, the
-    local chat receiver's 8765, the registry's 19081, the components' metrics from 9470). A test that sets its
-    own keeps it."""
-    if "integration" not in request.node.path.parts:
+    """Integration and fault tests: what a command takes by default and a machine has once is the test's own, so two
+    tests on two workers never share it and none writes into the user's data: the state dir (metrics port files,
+    faust data, unsent policy records; default ~/.local/share/gpuledger) and the ports it binds (the web page's
+    8080, the local chat receiver's 8765, the registry's 19081, the components' metrics from 9470). A test that sets
+    its own keeps it."""
+    if not {"integration", "fault"} & set(request.node.path.parts):
         return
     state = request.getfixturevalue("tmp_path_factory").mktemp("default-state")
     monkeypatch.setenv("GPULEDGER_STATE_DIR", str(state))
@@ -183,7 +195,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from stack.broker import BrokerConfig, LocalBroker
 
-    cfg = BrokerConfig.on_free_ports(tmp_path_factory.mktemp("kafka"), Settings().broker.kafka_version)
+    cfg = BrokerConfig.on_free_ports(tmp_path_factory.mktemp("kafka"), Settings().broker.kafka_version, jit="quick")
     with LocalBroker(cfg) as broker:
         yield broker.bootstrap
 
@@ -207,9 +219,7 @@ def unique_topic() -> Callable[[str], str]:
 
 
 @pytest.fixture
-def new_topic(
-    kafka_config: dict[str, str], unique_topic: Callable[[str], str]
-) -> Iterator[Callable[..., str]]:
+def new_topic(kafka_config: dict[str, str], unique_topic: Callable[[str], str]) -> Iterator[Callable[..., str]]:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(kafka_config)

@@ -105,6 +105,7 @@ class Stack:
             port=port,
             controller_port=controller,
             kafka_version=Settings().broker.kafka_version,
+            jit="quick",
         )
         self.broker = LocalBroker(self.broker_cfg, log_path=root / "broker.log")
         (self.ch_port,) = free_ports(1)

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,17 @@ def test_jar_cache_is_reused_without_maven(tmp_path, monkeypatch):
     assert broker.ensure_jars(KAFKA_VERSION) == libs
     assert (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file()
     assert list(libs.glob("log4j-slf4j*-impl-*.jar")), "the broker needs an slf4j binding to log"
+
+
+def test_the_first_start_archives_the_classes_and_every_broker_maps_them(tmp_path):
+    """AppCDS: a cache without an archive gets one from a throwaway broker life (validated by the JVM with
+    -Xshare:on before it is kept), and the broker then started has it mapped in its address space."""
+    cache = tmp_path / "cache"
+    jars = broker.jar_cache_dir(KAFKA_VERSION, cache)
+    jars.mkdir(parents=True)
+    (jars / "libs").symlink_to(broker.ensure_jars(KAFKA_VERSION))
+    cfg = replace(_cfg(tmp_path / "k"), cache_root=cache)
+    with broker.LocalBroker(cfg) as b:
+        archives = [p.name for p in jars.iterdir() if ".jsa" in p.name]
+        assert archives == [broker.class_archive_path(jars / "libs").name]  # no part file left behind
+        assert str(jars / archives[0]) in Path(f"/proc/{b.pid}/maps").read_text()

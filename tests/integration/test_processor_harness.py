@@ -31,7 +31,7 @@ SIM_IDLE = {"IDLE__IDLE_AFTER_MIN_INTERACTIVE": "10", "IDLE__IDLE_AFTER_MIN_BATC
 @contextlib.contextmanager
 def own_broker(root: Path) -> Iterator[LocalBroker]:
     """A broker of the calling module's own (never the session's: the tests stop or freeze it), under `root`."""
-    cfg = BrokerConfig.on_free_ports(root / "kafka", Settings().broker.kafka_version)
+    cfg = BrokerConfig.on_free_ports(root / "kafka", Settings().broker.kafka_version, jit="quick")
     b = LocalBroker(cfg, log_path=root / "broker.log").start(timeout=180)
     try:
         yield b

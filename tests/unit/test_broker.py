@@ -45,6 +45,17 @@ def test_from_settings(tmp_path):
     assert cfg.data_dir == tmp_path / "kafka"
     assert (cfg.port, cfg.kafka_version, cfg.heap) == (s.broker.port, s.broker.kafka_version, s.broker.heap)
     assert "-Xmx512m" in broker.jvm_options(cfg)
+    assert cfg.jit == s.broker.jit
+
+
+def test_jvm_options_name_the_compiler_and_the_class_archive(tmp_path):
+    full = broker.BrokerConfig(data_dir=tmp_path)
+    quick = broker.BrokerConfig(data_dir=tmp_path, jit="quick", archive_at_exit=tmp_path / "a.part")
+    assert not [o for o in broker.jvm_options(full) if o.startswith(("-XX:TieredStop", "-XX:Shared", "-XX:Archive"))]
+    opts = broker.jvm_options(quick, tmp_path / "a.jsa")
+    assert "-XX:TieredStopAtLevel=1" in opts
+    assert f"-XX:SharedArchiveFile={tmp_path / 'a.jsa'}" in opts
+    assert f"-XX:ArchiveClassesAtExit={tmp_path / 'a.part'}" in opts
 
 
 def test_write_config_and_formatted_marker(tmp_path):
@@ -116,8 +127,12 @@ def test_three_nodes_form_one_quorum_with_replicated_internal_topics(tmp_path):
         assert props["controller.quorum.voters"] == voters
         assert props["process.roles"] == "broker,controller"
         assert props["listeners"] == f"PLAINTEXT://127.0.0.1:{c.port},CONTROLLER://127.0.0.1:{c.controller_port}"
-        for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
-                    "share.coordinator.state.topic.replication.factor", "default.replication.factor"):
+        for key in (
+            "offsets.topic.replication.factor",
+            "transaction.state.log.replication.factor",
+            "share.coordinator.state.topic.replication.factor",
+            "default.replication.factor",
+        ):
             assert props[key] == "3", key
         assert props["transaction.state.log.min.isr"] == "2" and props["min.insync.replicas"] == "2"
         assert c.cluster_id_file == tmp_path / "kafka-cluster" / broker.CLUSTER_ID_FILE
@@ -129,9 +144,7 @@ def test_three_nodes_form_one_quorum_with_replicated_internal_topics(tmp_path):
 
 
 def test_cluster_settings_an_explicit_bootstrap_and_replication_win(tmp_path):
-    s = Settings(
-        state_dir=tmp_path, broker={"nodes": 3}, kafka={"bootstrap_servers": "h:1", "replication_factor": 2}
-    )
+    s = Settings(state_dir=tmp_path, broker={"nodes": 3}, kafka={"bootstrap_servers": "h:1", "replication_factor": 2})
     assert s.kafka.bootstrap_servers == "h:1" and s.kafka.topic_replication == 2 and s.kafka.topic_min_insync() == 1
 
 
