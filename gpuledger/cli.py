@@ -44,10 +44,59 @@ _COMMAND_MODULES = (
 )
 
 
-def _register_all() -> None:
-    for name in _COMMAND_MODULES:
+# The modules that add to each top-level command. A command imports only its own (a call then costs about half
+# the CPU: the modules' imports are most of it); anything else (`--help`, a mistyped name) imports them all.
+# tests/unit/test_cli_modules.py derives this from what each module registers and fails when it differs.
+MODULES_BY_COMMAND: dict[str, tuple[str, ...]] = {
+    "alerts": ("sinks.cli",),
+    "appeal": ("sinks.appeal_cli",),
+    "attribution": ("producers.cli",),
+    "chat": ("sinks.cli",),
+    "clickhouse": ("stack.clickhouse.cli",),
+    "db": ("sinks.cli",),
+    "dcgm": ("producers.cli",),
+    "dev": ("stack.kube.cli", "stack.slurm.cli"),
+    "down": ("stack.cli",),
+    "inspect": ("producers.cli",),
+    "inventory": ("producers.cli",),
+    "kube": ("producers.cli",),
+    "nvsmi": ("producers.cli",),
+    "period": ("sinks.statement_cli",),
+    "policy": ("producers.cli", "processors.whatif_cli"),
+    "processors": ("processors.cli",),
+    "ratecard": ("sinks.cli",),
+    "reclaim": ("sinks.cli",),
+    "report": ("sinks.cli",),
+    "reserve": ("sinks.reserve_cli",),
+    "schemas": ("schemas.cli",),
+    "settings": (),
+    "simulate": ("producers.cli",),
+    "sink": ("sinks.cli",),
+    "slurm": ("producers.cli",),
+    "sql": ("stack.clickhouse.cli",),
+    "statement": ("sinks.statement_cli",),
+    "status": ("stack.cli",),
+    "topics": ("streams.cli",),
+    "up": ("stack.cli",),
+    "web": ("web.cli",),
+}
+
+
+def modules_for(argv: list[str]) -> tuple[str, ...]:
+    """The command modules a call needs, in registration order: its command's, or all of them."""
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    wanted = MODULES_BY_COMMAND.get(command or "")
+    return _COMMAND_MODULES if wanted is None else tuple(m for m in _COMMAND_MODULES if m in wanted)
+
+
+def _register(modules: tuple[str, ...]) -> None:
+    for name in modules:
         module = importlib.import_module(name)
         module.register(app, inspect_app)
+
+
+def _register_all() -> None:
+    _register(_COMMAND_MODULES)
 
 
 @app.command("settings")
@@ -62,7 +111,7 @@ def show_settings(
 
 def main() -> None:
     install_log_masking()  # every log line of every command and component, whoever configures logging
-    _register_all()
+    _register(modules_for(sys.argv[1:]))
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as exc:
