@@ -5,9 +5,7 @@ Steps, each usable on its own (the supervisor runs them as one component, the te
 
 1. `ensure_jars`: `mvn dependency:copy-dependencies` on `deploy/kafka/pom.xml` into
    `<user cache dir>/gpuledger/kafka-<version>/libs`, once; later runs reuse the directory.
-   `ensure_class_archive`: Java's application class-data archive (AppCDS) of the broker's classes, made
-   once per JDK and jar set by a throwaway broker life; every later broker JVM maps it and starts with
-   about two thirds of the CPU and half the wall time (docs/benchmarks.md).
+   `ensure_class_archive`: the broker's class-data archive (stack.jvm_archive), made once.
 2. `write_config` + `format_storage`: a `server.properties` for a combined broker+controller bound to
    loopback, and `kafka.tools.StorageTool format` on a data directory that is not formatted yet
    (an existing one is never reformatted, so data survives restarts).
@@ -34,7 +32,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import hashlib
 import os
 import re
 import shutil
@@ -54,6 +51,7 @@ from platformdirs import user_cache_dir
 
 from base.errors import ConfigError, DependencyMissing, PortInUse, ServiceError
 from base.settings import Settings, default_min_insync
+from stack import jvm_archive
 
 Progress = Callable[[str], None]
 
@@ -446,47 +444,20 @@ def broker_argv(cfg: BrokerConfig, libs: Path, archive: Path | None = None) -> l
 
 
 def class_archive_path(libs: Path) -> Path:
-    """Where the class archive of this JDK and these jars is kept: a JDK or jar change names a new one."""
-    java = Path(find_java()).resolve()
-    key = f"{java}:{java.stat().st_mtime_ns}:{classpath(libs)}:{sorted(p.name for p in libs.glob('*.jar'))}"
-    return libs.parent / f"classes-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
-
-
-def _archive_maps(archive: Path, libs: Path) -> bool:
-    """The JVM maps `archive` with sharing required (-Xshare:on fails on a truncated or foreign one)."""
-    argv = [find_java(), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", classpath(libs), "-version"]
-    return subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60).returncode == 0
+    return jvm_archive.archive_path(libs.parent, find_java(), classpath(libs))
 
 
 def ensure_class_archive(cfg: BrokerConfig, libs: Path, *, progress: Progress = _quiet) -> Path | None:
-    """The broker's class archive, made once (under the jar cache's lock) by starting and stopping a
-    throwaway broker whose JVM writes the classes it loaded when it exits (-XX:ArchiveClassesAtExit).
-    None when it cannot be made: brokers then start without it, as before."""
-    path = class_archive_path(libs)
-    if path.is_file():
-        return path
-    with (libs.parent / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if path.is_file():
-                return path
-            progress("archiving the broker's classes for faster starts (first run only)")
-            part = path.with_name(f"{path.name}.{os.getpid()}.part")
-            with tempfile.TemporaryDirectory(prefix="kafka-classes-") as d:
-                throwaway = BrokerConfig.on_free_ports(
-                    Path(d), cfg.kafka_version, cache_root=cfg.cache_root, class_archive=False, archive_at_exit=part
-                )
-                try:
-                    LocalBroker(throwaway).start(timeout=180).stop()
-                except (ServiceError, PortInUse):
-                    part.unlink(missing_ok=True)
-                    return None
-            if part.is_file() and _archive_maps(part, libs):
-                os.replace(part, path)  # atomic: a reader sees no archive or the whole one
-            part.unlink(missing_ok=True)
-            return path if path.is_file() else None
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    """The broker's class archive (stack.jvm_archive), made by starting and stopping a throwaway broker."""
+
+    def write(part: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="kafka-classes-") as d:
+            throwaway = BrokerConfig.on_free_ports(
+                Path(d), cfg.kafka_version, cache_root=cfg.cache_root, class_archive=False, archive_at_exit=part
+            )
+            LocalBroker(throwaway).start(timeout=180).stop()
+
+    return jvm_archive.ensure_archive(class_archive_path(libs), find_java(), classpath(libs), write, progress)
 
 
 _BROKER_PORT_SETTINGS = "GPULEDGER_BROKER__PORT / GPULEDGER_BROKER__CONTROLLER_PORT"

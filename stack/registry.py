@@ -23,9 +23,10 @@ import contextlib
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Self
 
@@ -34,7 +35,7 @@ from platformdirs import user_cache_dir
 
 from base.errors import ConfigError, ServiceError
 from base.settings import Settings
-from stack import broker
+from stack import broker, jvm_archive
 
 Progress = Callable[[str], None]
 
@@ -145,6 +146,9 @@ class RegistryConfig:
     heap: str = "256m"
     cache_root: Path | None = None
     maven_repo: Path | None = None
+    # Map the class archive (stack.jvm_archive); the throwaway life that makes it writes it on exit instead.
+    class_archive: bool = True
+    archive_at_exit: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RegistryConfig:
@@ -182,10 +186,14 @@ class RegistryConfig:
         }
 
 
-def jvm_options(cfg: RegistryConfig) -> list[str]:
+def jvm_options(cfg: RegistryConfig, archive: Path | None = None) -> list[str]:
     # A registry answers a few requests a minute: a small serial-GC heap and the C1 compiler only start
     # faster and hold less memory on a 2-core machine than the defaults.
+    extra = [f"-XX:SharedArchiveFile={archive}"] if archive is not None else []
+    if cfg.archive_at_exit is not None:
+        extra.append(f"-XX:ArchiveClassesAtExit={cfg.archive_at_exit}")
     return [
+        *extra,
         "-Xms32m",
         f"-Xmx{cfg.heap}",
         "-XX:+UseSerialGC",
@@ -197,9 +205,24 @@ def jvm_options(cfg: RegistryConfig) -> list[str]:
     ]
 
 
-def registry_argv(cfg: RegistryConfig, app: Path) -> list[str]:
+def registry_argv(cfg: RegistryConfig, app: Path, archive: Path | None = None) -> list[str]:
     props = [f"-D{k}={v}" for k, v in cfg.properties().items()]
-    return [broker.find_java(), *jvm_options(cfg), *props, "-jar", str(runner_jar(app, cfg.version))]
+    return [broker.find_java(), *jvm_options(cfg, archive), *props, "-jar", str(runner_jar(app, cfg.version))]
+
+
+def ensure_class_archive(cfg: RegistryConfig, app: Path, *, progress: Progress = _quiet) -> Path | None:
+    """The registry's class archive (stack.jvm_archive), made by starting and stopping a throwaway registry."""
+    java, jar = broker.find_java(), str(runner_jar(app, cfg.version))
+
+    def write(part: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="registry-classes-") as d:
+            (port,) = broker.free_ports(1)
+            throwaway = replace(
+                cfg, data_dir=Path(d), port=port, class_archive=False, archive_at_exit=part, maven_repo=None
+            )
+            LocalRegistry(throwaway).start(timeout=180).stop()
+
+    return jvm_archive.ensure_archive(jvm_archive.archive_path(app.parent, java, jar), java, jar, write, progress)
 
 
 def prepare(cfg: RegistryConfig, *, progress: Progress = _quiet) -> list[str]:
@@ -209,9 +232,10 @@ def prepare(cfg: RegistryConfig, *, progress: Progress = _quiet) -> list[str]:
     broker.find_java()
     broker.check_port_free(cfg.host, cfg.port, "schema registry port", "GPULEDGER_REGISTRY__PORT")
     app = ensure_app(cfg.version, cfg.cache_root, progress=progress, maven_repo=cfg.maven_repo)
+    archive = ensure_class_archive(cfg, app, progress=progress) if cfg.class_archive else None
     for sub in ("db", "tmp", "snapshots"):
         (cfg.data_dir / sub).mkdir(parents=True, exist_ok=True)
-    return registry_argv(cfg, app)
+    return registry_argv(cfg, app, archive)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from schemas.cli import register
 from schemas.codec import AvroCodec, registry_client
 from schemas.registry_sync import RegistryApi, plan, register_all, schema_text
 from schemas.topics import ALERTS, Topic, all_topics
+from stack import jvm_archive, registry
+from stack.broker import find_java
 from stack.registry import LocalRegistry
 from stack.supervisor import Supervisor
 
@@ -104,6 +106,12 @@ def test_schema_ids_survive_a_registry_restart(local_registry: LocalRegistry, re
     started = time.monotonic()
     local_registry.start()
     assert time.monotonic() - started < 90
+    # It starts on the class archive its first start made (stack.jvm_archive): mapped in its address space.
+    app = registry.app_cache_dir(local_registry.cfg.version) / "app"
+    archive = jvm_archive.archive_path(
+        app.parent, find_java(), str(registry.runner_jar(app, local_registry.cfg.version))
+    )
+    assert str(archive) in Path(f"/proc/{local_registry.pid}/maps").read_text()
     with RegistryApi(registry_url) as api:
         after = register_all(api, plans)
     assert not any(r.created for r in after)
