@@ -68,8 +68,9 @@ def policy_whatif(
     """What last month would have looked like under a proposed policy: warnings, reclaims, released GPU-hours,
     charges and quota queueing, beside the month as it was. Enforces nothing, writes nothing."""
     from sinks.chargeback import render_table, to_csv, to_json
-    from sinks.cli import _client, _warehouse_errors
     from sinks.periods import check_period
+    from sinks.warehouse import client as _client
+    from sinks.warehouse import warehouse_errors as _warehouse_errors
     from sinks.whatif import BY_CHOICES, EVENT_COLUMNS, LINE_COLUMNS, RESERVATION_COLUMNS
 
     if against not in AGAINST:

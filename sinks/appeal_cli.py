@@ -31,7 +31,9 @@ from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_
 from base.errors import ConfigError, ContractError
 from base.settings import Settings
 from schemas.governance_appeals import iso_minute as _iso
-from sinks.cli import _client, _emit, _warehouse_errors
+from sinks.present import emit as _emit
+from sinks.warehouse import client as _client
+from sinks.warehouse import warehouse_errors as _warehouse_errors
 
 appeal_app = typer.Typer(help="Appeals of idle warnings, reclaims and charges, and their decisions.",
                          no_args_is_help=True)  # fmt: skip

@@ -29,7 +29,8 @@ from base.errors import ConfigError
 from base.settings import Settings
 from schemas.governance_reservations import check_steps, list_row, request_steps, step_event, step_key
 from sinks.appeal_cli import BY_OPTION, POLICY_OPTION, _iso, _policy
-from sinks.cli import _client, _emit
+from sinks.present import emit as _emit
+from sinks.warehouse import client as _client
 
 reserve_app = typer.Typer(help="Reservations of GPUs for a team, with expiry (onto Slurm and Kueue).",
                           no_args_is_help=True)  # fmt: skip

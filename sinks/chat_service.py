@@ -1,0 +1,51 @@
+"""`gpuledger chat run`: alerts and appeal decisions posted to chat, each exactly once (sinks/chat.py,
+sinks/chat_appeals.py), wired from the one settings object."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from base.settings import Settings
+from sinks.warehouse import client, now_ms
+
+log = logging.getLogger("gpuledger.chat")
+
+
+def run_chat(settings: Settings, local_receiver: int | None, stop: Any, max_idle_s: float | None) -> None:
+    """Consume the alerts topic and post each alert to its routed channel; and the appeals topic: each decision
+    as a reply in its warning's thread, each escalation to the operators' channel (with the policy's rules).
+    `local_receiver`: with no route configured, post to `chat receiver` on this loopback port."""
+    from schemas.policy import load_policy
+    from schemas.topics import ALERTS, APPEALS
+    from sinks.chat import ChatJournal, ChatNotifier, local_receiver_routes, recently_delivered
+    from sinks.chat_appeals import appeal_notifier
+    from sinks.gang import ClickHouseGangs
+    from sinks.worker_agent import consume_records
+
+    db = client(settings)
+    chat = settings.sinks.chat
+    if local_receiver is not None:
+        chat = local_receiver_routes(chat, local_receiver)
+    recent = recently_delivered(db, chat.dedupe_window)
+    two_phase = ChatJournal(db, now_ms)
+    notifier = ChatNotifier(chat, clock_ms=now_ms, already_sent=recent, gangs=ClickHouseGangs(db).alert,
+                            intent=two_phase.begin, in_doubt=two_phase.in_doubt(chat.dedupe_window))  # fmt: skip
+    policy = None if settings.policy_path is None else load_policy(settings.policy_path)
+    appeals = appeal_notifier(chat, db, settings.kafka, policy, recent, two_phase.begin)
+
+    def journal(delivery: Any) -> None:
+        log.info("%s %s %s", delivery.alert_id, delivery.status, delivery.channel)
+        two_phase.end(delivery)
+
+    consume_records(
+        settings,
+        ALERTS,
+        f"{settings.sinks.group_id}-chat",
+        lambda record: journal(notifier.handle(record)),
+        stop,
+        max_idle_s,
+        metrics_component="chat",
+        out_label="chat",
+        also={APPEALS: lambda record: journal(appeals.handle(record))},
+    )
