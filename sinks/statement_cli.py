@@ -7,83 +7,24 @@
     gpuledger statement verify --period 2026-11             each stored hash beside the lines read back (exit 1
                                                             on a difference)
 
-The arithmetic is `sinks/statements.py`, the reads and writes `sinks/statement_store.py`.
+Each command calls one function of `sinks/statement_service.py`; the arithmetic is `sinks/statements.py`, the
+reads and writes `sinks/statement_store.py`.
 """
 
 from __future__ import annotations
 
 import getpass
-import time
-from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from base.cli_common import STATE_DIR_OPTION, settings_for
-from base.errors import ConfigError
-from base.settings import Settings
-from sinks.cli import _client, _emit, _warehouse_errors
+from sinks import present, statement_service
+from sinks.periods import check_period
 
 period_app = typer.Typer(help="Accounting periods: close a month (its statements frozen).", no_args_is_help=True)
 statement_app = typer.Typer(help="Team statements: closed (frozen, hashed) or open (as of now).",
                             no_args_is_help=True)  # fmt: skip
-
-STATEMENT_LINE_COLUMNS = (
-    "period", "team", "statement", "kind", "source_period", "cluster", "job_id", "user", "project", "cost_centre",
-    "generation", "pricing_tier", "preemptible", "rate_per_gpu_hour", "allocated_gpu_h", "charge", "cause_kind",
-    "cause_ref", "note",
-)  # fmt: skip
-TABLE_COLUMNS = ("team", "kind", "source_period", "job_id", "project", "generation", "pricing_tier",
-                 "allocated_gpu_h", "charge", "cause_kind", "cause_ref")  # fmt: skip
-CLOSED_COLUMNS = ("period", "closed_at", "closed_by", "statements", "total_charge", "close_id")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _charges(settings: Settings, client: Any) -> list[Any]:
-    """Credits (appeals granted as credit) and reservation charges, judged under the settings' policy."""
-    from sinks.governance_charges import configured_charges
-
-    return configured_charges(settings, client, _now_ms())
-
-
-def _team_quality(statement: Any, state: str) -> Any:
-    """The data-quality figure a statement froze (or, open, would freeze): its team's jobs; None if it has none."""
-    if statement.quality is None:
-        return None
-    scope = f"{statement.period} {statement.team or '(no team)'}" + (" as closed" if state == "closed" else "")
-    return statement.quality.figure(scope, frozen=state == "closed")
-
-
-def line_rows(statements: Iterable[Any], state: str, marks: Any = None) -> list[dict[str, Any]]:
-    """A row per line; each carries its statement's data-quality figure as dq_* columns when it has one, and its
-    team's attribution baseline mark (`marks`, sinks/baseline.py MonthMarks) when given."""
-    from decimal import Decimal
-
-    from sinks.ratecard import gpu_hours
-
-    rows = []
-    for s in statements:
-        quality = _team_quality(s, state)
-        dq = {} if quality is None else quality.columns()
-        if marks is not None:
-            dq = {**dq, **marks.team(s.team).columns()}
-        for line in s.lines:
-            rows.append({
-                "period": s.period, "team": s.team, "statement": state, "kind": line.kind,
-                "source_period": line.source_period, "cluster": line.cluster, "job_id": line.job_id,
-                "user": line.user, "project": line.project, "cost_centre": line.cost_centre,
-                "generation": line.generation, "pricing_tier": line.pricing_tier, "preemptible": line.preemptible,
-                "rate_per_gpu_hour": (Decimal(line.rate_micro) / 1_000_000).quantize(Decimal("0.000001")),
-                "allocated_gpu_h": gpu_hours(line.allocated_s), "charge": line.charge, "cause_kind": line.cause_kind,
-                "cause_ref": line.cause_ref, "note": line.note, **dq,
-            })  # fmt: skip
-    rows.sort(key=lambda r: (r["team"], ("usage", "adjustment", "reservation", "credit").index(r["kind"]),
-                             r["job_id"], r["project"], r["generation"], r["rate_per_gpu_hour"]))  # fmt: skip
-    return rows
 
 
 @period_app.command("close")
@@ -95,23 +36,11 @@ def period_close(
 ) -> None:
     """Freeze every team's statement of PERIOD: lines, rates, data-quality figures and a content hash. Later
     corrections, credits, late data and rate changes become adjustment lines of the next open month."""
-    from sinks import statement_store as store_mod
-    from sinks.chargeback import check_period
     from sinks.data_quality import frozen_figure
-    from sinks.statements import check_closable
 
     check_period(period)
-    settings = settings_for(state_dir)
-    client = _client(settings)
-    with _warehouse_errors():
-        store = store_mod.StatementStore(client)
-        charges = _charges(settings, client)
-        if dry_run:
-            check_closable(period, _now_ms(), store.closes(), store.months_with_usage())
-            statements = store_mod.prepare(store, period, charges)
-            cid = "(dry run)"
-        else:
-            cid, statements = store_mod.close_period(store, period, by or getpass.getuser(), _now_ms(), charges)
+    cid, statements = statement_service.close(settings_for(state_dir), period, by or getpass.getuser(),
+                                              dry_run=dry_run)  # fmt: skip
     for s in statements:
         parts = ", ".join(f"{kind} {s.total(kind)}" for kind in ("usage", "adjustment", "credit", "reservation"))
         typer.echo(f"{s.statement_id}  {s.team or '(no team)'}: {s.total()} over {len(s.lines)} lines ({parts}; "
@@ -129,17 +58,7 @@ def period_list(
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """The closed months: when, by whom, how many statements, the total."""
-    import datetime as dt
-
-    from sinks.statement_store import StatementStore
-
-    settings = settings_for(state_dir)
-    with _warehouse_errors():
-        closes = StatementStore(_client(settings, analyst=True)).closes()
-    rows = [{"period": c.period, "closed_at": dt.datetime.fromtimestamp(c.closed_ms / 1000, dt.UTC).isoformat(),
-             "closed_by": c.closed_by, "statements": c.statements, "total_charge": c.total_charge,
-             "close_id": c.close_id} for c in sorted(closes.values(), key=lambda c: c.period)]  # fmt: skip
-    _emit(rows, fmt, None, "closed periods", CLOSED_COLUMNS)
+    present.show(statement_service.closed_periods(settings_for(state_dir)), fmt)
 
 
 @statement_app.command("show")
@@ -152,45 +71,9 @@ def statement_show(
 ) -> None:
     """A month's statement lines: frozen when the month is closed, as it would close now when open; each team's
     with its month against the attribution baseline."""
-    from sinks import statement_store as store_mod
-    from sinks.baseline import baseline_now, month_marks
-    from sinks.chargeback import check_period
-
     check_period(period)
-    settings = settings_for(state_dir)
-    client = _client(settings, analyst=True)
-    with _warehouse_errors():
-        store = store_mod.StatementStore(client)
-        if period in store.closes():
-            statements: Sequence[Any] = store.statements(period)
-            state = "closed"
-        else:
-            statements = store_mod.prepare(store, period, _charges(settings, client))
-            state = "open"
-        marks = month_marks(client, period, baseline_now(client))  # issue 38: the months before the baseline
-    chosen = [s for s in statements if team is None or s.team == team]
-    if team is not None and not chosen:
-        raise ConfigError(f"no statement for team {team!r} in {period}")
-    rows = line_rows(chosen, state, marks)
-    notes: dict[str, list[str]] = {}
-    if fmt == "table":
-        from sinks.identities import cluster_identities, self_declared_notes
-
-        with _warehouse_errors():
-            notes = {s.team: self_declared_notes(cluster_identities(client, period, s.team)) for s in chosen
-                     if s.team}  # fmt: skip
-        for s in chosen:
-            total = getattr(s, "total_charge", None) or s.total()
-            typer.echo(f"{s.period} {s.team or '(no team)'} [{state}] total {total}  statement "
-                       f"{s.statement_id}")  # fmt: skip
-            typer.echo(f"  {marks.team(s.team).text()}")
-            quality = _team_quality(s, state)
-            if quality is not None:
-                typer.echo(f"  {quality.text()}")
-            for note in notes.get(s.team, []):  # where the team's jobs' names are only self-declared (issue 38)
-                typer.echo(f"  data quality (the ledger now): {note}" if state == "closed" else f"  {note}")
-    _emit(rows, fmt, output, f"statements {period} ({state})", TABLE_COLUMNS if fmt == "table" else
-          STATEMENT_LINE_COLUMNS)  # fmt: skip
+    report = statement_service.statement_lines(settings_for(state_dir), period, team, table=fmt == "table")
+    present.show(report, fmt, output)
 
 
 @statement_app.command("verify")
@@ -199,16 +82,8 @@ def statement_verify(
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Recompute each closed statement's hash from its stored lines; exit 1 if any differs."""
-    from sinks.chargeback import check_period
-    from sinks.statement_store import StatementStore, verify
-
     check_period(period)
-    settings = settings_for(state_dir)
-    with _warehouse_errors():
-        store = StatementStore(_client(settings, analyst=True))
-        if period not in store.closes():
-            raise ConfigError(f"period {period} is not closed")
-        results = verify(store, period)
+    results = statement_service.verify(settings_for(state_dir), period)
     for v in results:
         state = "ok" if v.ok else f"MISMATCH (lines now hash to {v.recomputed_hash})"
         typer.echo(f"{v.statement_id} {v.team or '(no team)'}: sha256 {v.stored_hash} {state}")
