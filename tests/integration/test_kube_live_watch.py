@@ -257,8 +257,9 @@ def test_pods_of_a_jobset_and_a_volcano_job_come_out_as_their_gangs(local_kube: 
 
 @pytest.mark.restarts_control_plane
 def test_the_watch_rides_out_an_api_server_restart(local_kube: LocalKube, kube_ns: str) -> None:
-    """Last of the session (marker restarts_control_plane): Kueue's informers back off after the restart, so a
-    test after it would wait on Kueue, not on what it tests."""
+    """Last of the session (marker restarts_control_plane), as every test that restarts part of the shared control
+    plane: the harness restarts Kueue after the API server (its informers would back off and see new Jobs late),
+    and a test after it should not depend on that."""
     ns = kube_ns
     sink = ListSink()
     watcher = watcher_for(local_kube, sink, targets=PODS, timeout_seconds=5)
