@@ -40,6 +40,7 @@ _COMMAND_MODULES = (
     "sinks.statement_cli",
     "sinks.appeal_cli",
     "sinks.reserve_cli",
+    "sinks.escalate_cli",
     "processors.whatif_cli",  # adds `policy whatif` to producers' `policy` group, so it comes after it
 )
 
@@ -57,6 +58,7 @@ MODULES_BY_COMMAND: dict[str, tuple[str, ...]] = {
     "dcgm": ("producers.cli",),
     "dev": ("stack.kube.cli", "stack.slurm.cli"),
     "down": ("stack.cli",),
+    "escalate": ("sinks.escalate_cli",),
     "inspect": ("producers.cli",),
     "inventory": ("producers.cli",),
     "kube": ("producers.cli",),

@@ -25,6 +25,9 @@ governance:                 # issue 19: who decides appeals and approves reserva
   appeals: {deciders: [ops1], deadline_hours: 72, window_days: 60, max_credit: "500.00"}
   reservations: {max_hours: 168, max_lead_days: 30, auto_approve_gpus: 8, auto_approve_hours: 48,
                  idle_warn_minutes: 30, idle_release_minutes: 60}
+  escalations: {tier: production, askers: [user, leads, operators], deciders: [ops1], decide_within_hours: 4,
+                max_hours: 24, price_per_gpu_hour: "1.50"}   # issue 41: raising a job's priority for a while
+  pruners: [root, "system:serviceaccount:gpuledger:gpuledger-policy"]  # issue 41: may `policy apply --prune`
 teams:
   - {name: vision, slurm_account: vision, namespaces: [vision], tiers: [production, sweeps],
      quota: {hopper: 2}, borrowing_limit: {hopper: 1}, lending_limit: {hopper: 2}, shares: 1,
@@ -188,10 +191,33 @@ class ReservationRules(_Strict):
     idle_release_minutes: int | None = Field(default=None, ge=1, le=24 * 60 * 31)
 
 
+ASKER_ROLES = ("user", "members", "leads", "operators")
+
+
+class EscalationRules(_Strict):
+    """Raising a job's priority for a while (issue 41 item 5, `schemas/governance_escalations.py`). Who may ask:
+    `askers`, roles of the job's user (`user`), its team's `members` or `leads`, and the `operators`. Who decides:
+    `deciders` (none listed: the operators), within `decide_within_hours` or the request lapses. A grant runs the
+    job at `tier` (its QOS on Slurm, its WorkloadPriorityClass on Kueue) for the hours asked, at most `max_hours`,
+    then it falls back. `price_per_gpu_hour`, when stated, puts the raised hours on the team's statement."""
+
+    tier: str
+    askers: tuple[Literal["user", "members", "leads", "operators"], ...] = Field(
+        default=("user", "leads", "operators"), min_length=1, max_length=len(ASKER_ROLES))
+    deciders: tuple[str, ...] = Field(default=(), max_length=MAX_MEMBERS)
+    decide_within_hours: int = Field(default=24, ge=1, le=24 * 31)
+    max_hours: int = Field(default=24, ge=1, le=24 * 31)
+    price_per_gpu_hour: Decimal | None = Field(default=None, ge=0, le=1_000_000, max_digits=12, decimal_places=4)
+
+
 class Governance(_Strict):
     operators: tuple[str, ...] = Field(default=(), max_length=MAX_MEMBERS)  # approve reservations, decide appeals
     appeals: AppealRules = Field(default_factory=AppealRules)
     reservations: ReservationRules = Field(default_factory=ReservationRules)
+    escalations: EscalationRules | None = None  # None: no job's priority may be raised
+    # who may `policy apply --prune` (issue 41), as the engine knows them: an OS user (Slurm) or a Kubernetes user,
+    # service accounts as system:serviceaccount:<namespace>:<name>; none listed: nobody
+    pruners: tuple[str, ...] = Field(default=(), max_length=MAX_MEMBERS)
 
     @property
     def deciders(self) -> tuple[str, ...]:
@@ -505,6 +531,19 @@ def _governance_problems(policy: Policy) -> Iterator[tuple[Path_, str]]:
         for j, user in enumerate(users):
             if not re.match(_USER, user):
                 yield (*path, j), f"{user!r} is not a user name"
+    for j, user in enumerate(gov.pruners):
+        if not (re.fullmatch(_USER, user) or re.fullmatch(_SERVICE_ACCOUNT, user)):
+            yield ("governance", "pruners", j), (
+                f"{user[:80]!r} is neither a user name nor system:serviceaccount:<namespace>:<name>")
+    esc = gov.escalations
+    if esc is not None:
+        for j, user in enumerate(esc.deciders):
+            if not re.match(_USER, user):
+                yield ("governance", "escalations", "deciders", j), f"{user!r} is not a user name"
+        if esc.tier not in {t.name for t in policy.tiers}:
+            yield ("governance", "escalations", "tier"), f"escalations.tier names unknown tier {esc.tier!r}"
+        if len(set(esc.askers)) != len(esc.askers):
+            yield ("governance", "escalations", "askers"), "escalations.askers names a role twice"
     for gen in gov.reservations.max_gpus:
         if gen not in policy.generations:
             yield ("governance", "reservations", "max_gpus", gen), f"max_gpus for unknown generation {gen!r}"

@@ -47,6 +47,14 @@ strict; GRACE_MODE: attribution back to grace with no date (CLEARED).
 AttributionMode = Literal["GRACE", "STRICT"]
 """GRACE: a job without a project is charged to its user's default; STRICT: the scheduler rejects it."""
 
+EscalationEventType = Literal["REQUESTED", "GRANTED", "DENIED", "LAPSED", "APPLIED", "REVERTED"]
+"""The step: REQUESTED by the asker; GRANTED or DENIED by a decider; LAPSED undecided past the deadline; APPLIED
+(raised) and REVERTED (fallen back) on the scheduler by the escalation service.
+"""
+
+EscalationEngine = Literal["SLURM", "KUEUE"]
+"""Scheduler."""
+
 ReservationEventType = Literal[
     "REQUESTED",
     "APPROVED",
@@ -424,6 +432,77 @@ class DeadLetter:
             ts_ms=d["ts_ms"],
             source_subject=d.get("source_subject"),
             source_timestamp_ms=d.get("source_timestamp_ms"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EscalationEvent:
+    """One step of an escalation (issue 41): a request to raise a job's priority for a while, decided, applied on the
+    scheduler and reverted when it expires. Every step names who and when; the first valid decision is the
+    decision. Key: cluster/job_id.
+    """
+
+    SUBJECT: ClassVar[str] = "escalations"
+
+    event_id: str
+    event_type: EscalationEventType
+    escalation_id: str
+    ts_ms: int
+    actor: str
+    cluster: str
+    job_id: str
+    user: str | None = None
+    team: str | None = None
+    gpus: int
+    tier: str
+    hours: int
+    text: str
+    until_ms: int | None = None
+    deadline_ms: int | None = None
+    engine: EscalationEngine | None = None
+    engine_ref: str | None = None
+
+    def to_avro(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "event_type": self.event_type,
+            "escalation_id": self.escalation_id,
+            "ts_ms": self.ts_ms,
+            "actor": self.actor,
+            "cluster": self.cluster,
+            "job_id": self.job_id,
+            "user": self.user,
+            "team": self.team,
+            "gpus": self.gpus,
+            "tier": self.tier,
+            "hours": self.hours,
+            "text": self.text,
+            "until_ms": self.until_ms,
+            "deadline_ms": self.deadline_ms,
+            "engine": self.engine,
+            "engine_ref": self.engine_ref,
+        }
+
+    @classmethod
+    def from_avro(cls, d: Mapping[str, Any]) -> EscalationEvent:
+        return cls(
+            event_id=d["event_id"],
+            event_type=d["event_type"],
+            escalation_id=d["escalation_id"],
+            ts_ms=d["ts_ms"],
+            actor=d["actor"],
+            cluster=d["cluster"],
+            job_id=d["job_id"],
+            user=d.get("user"),
+            team=d.get("team"),
+            gpus=d["gpus"],
+            tier=d["tier"],
+            hours=d["hours"],
+            text=d["text"],
+            until_ms=d.get("until_ms"),
+            deadline_ms=d.get("deadline_ms"),
+            engine=d.get("engine"),
+            engine_ref=d.get("engine_ref"),
         )
 
 
@@ -1250,6 +1329,7 @@ ContractRecord = (
     | AttributionBaseline
     | AttributionCorrection
     | DeadLetter
+    | EscalationEvent
     | NodeInventory
     | PolicyApplied
     | JobDeviceMinutes
@@ -1269,6 +1349,7 @@ RECORDS: dict[str, type[ContractRecord]] = {
     "attribution.baseline": AttributionBaseline,
     "attribution.corrections": AttributionCorrection,
     "deadletter": DeadLetter,
+    "escalations": EscalationEvent,
     "inventory.devices": NodeInventory,
     "policy.applied": PolicyApplied,
     "processors.job-device-minutes": JobDeviceMinutes,

@@ -59,6 +59,8 @@ ATTRIBUTION_BASELINE = Topic(
 )
 # Every `policy apply` (issue 41): who, when, which settings before and after; an audit trail, kept for good.
 POLICY_APPLIED = Topic("policy.applied.v1", "policy.applied", "cluster/engine", partitions=1, retention_ms=-1)
+# Escalations (issue 41): a job's priority raised for a while, decided, applied and reverted; kept for good.
+ESCALATIONS = Topic("escalations.v1", "escalations", "cluster/job_id", retention_ms=-1)
 
 # The job stage's idle states (the faust Table's changelog): internal to the processors, not in the catalogue and not
 # managed by `topics apply` (the job stage declares it at start); named here because the local stack's ACLs grant on it.
@@ -81,6 +83,7 @@ CATALOGUE: tuple[Topic, ...] = (
     RESERVATIONS,
     ATTRIBUTION_BASELINE,
     POLICY_APPLIED,
+    ESCALATIONS,
 )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from schemas.governance_appeals import Subject, fold
 from schemas.policy import Policy
-from sinks.rows import APPEAL_COLUMNS, RESERVATION_COLUMNS
+from sinks.rows import APPEAL_COLUMNS, ESCALATION_COLUMNS, RESERVATION_COLUMNS
 from sinks.statements import Charge
 
 
@@ -45,16 +45,25 @@ def reservation_events(client: Any) -> list[dict[str, Any]]:
     return [dict(zip(RESERVATION_COLUMNS, row, strict=True)) for row in rows]
 
 
+def escalation_events(client: Any) -> list[dict[str, Any]]:
+    rows = client.query(f"SELECT {', '.join(ESCALATION_COLUMNS)} FROM escalation_events FINAL").result_rows
+    return [dict(zip(ESCALATION_COLUMNS, row, strict=True)) for row in rows]
+
+
 def charges(client: Any, policy: Policy | None, now_ms: int) -> list[Charge]:
-    """Every credit and reservation charge the governance events give up to `now_ms` (none without a policy to
-    judge them)."""
+    """Every credit, reservation charge and priced escalation the governance events give up to `now_ms` (none
+    without a policy to judge them)."""
+    from schemas.governance_escalations import fold as fold_escalations
     from schemas.governance_reservations import fold as fold_reservations
+    from sinks.escalations import escalation_charges
     from sinks.reservations import reservation_charges
 
     if policy is None:
         return []
     reservations, _ = fold_reservations(reservation_events(client), policy)
-    return [*credits(client, policy), *reservation_charges(client, reservations.values(), now_ms)]
+    escalations, _ = fold_escalations(escalation_events(client), policy)
+    return [*credits(client, policy), *reservation_charges(client, reservations.values(), now_ms),
+            *escalation_charges(policy, escalations.values(), now_ms)]  # fmt: skip
 
 
 def has_decisions(client: Any) -> bool:

@@ -22,6 +22,7 @@ from schemas.records import (
     ContractRecord,
     CoverageMinute,
     DeviceMinute,
+    EscalationEvent,
     JobEvent,
     JobMinute,
     NodeScrape,
@@ -255,6 +256,19 @@ def policy_applied_rows(r: PolicyApplied) -> list[Row]:
     ]]  # fmt: skip
 
 
+ESCALATION_COLUMNS = (
+    "event_id", "event_type", "escalation_id", "ts_ms", "actor", "cluster", "job_id", "user", "team", "gpus", "tier",
+    "hours", "text", "until_ms", "deadline_ms", "engine", "engine_ref",
+)  # fmt: skip
+
+
+def escalation_rows(r: EscalationEvent) -> list[Row]:
+    return [[
+        r.event_id, r.event_type, r.escalation_id, r.ts_ms, r.actor, r.cluster, r.job_id, r.user, r.team, r.gpus,
+        r.tier, r.hours, r.text, r.until_ms, r.deadline_ms, r.engine, r.engine_ref,
+    ]]  # fmt: skip
+
+
 DEVICE_MINUTES = TableSpec(
     "device_minutes",
     DEVICE_MINUTE_COLUMNS,
@@ -298,6 +312,7 @@ SINKS: dict[str, tuple[TableSpec, ...]] = {
     topics.POLICY_APPLIED.name: (
         TableSpec("policy_applies", POLICY_APPLIED_COLUMNS, PolicyApplied, policy_applied_rows),
     ),
+    topics.ESCALATIONS.name: (TableSpec("escalation_events", ESCALATION_COLUMNS, EscalationEvent, escalation_rows),),
 }
 
 TOPICS_BY_NAME: dict[str, Topic] = {t.name: t for t in topics.CATALOGUE}

@@ -43,7 +43,7 @@ from sinks.data_quality import Tally
 from sinks.ratecard import CENT, CENT_UNITS, allocate_cents
 
 KINDS = ("usage", "adjustment", "credit", "reservation")
-CAUSES = ("", "correction", "late-data", "rate-card", "appeal", "reservation")
+CAUSES = ("", "correction", "late-data", "rate-card", "appeal", "reservation", "escalation")
 
 
 def month_after(period: str) -> str:
@@ -224,6 +224,8 @@ class Charge:
     allocated_s: int = 0
     rate_micro: int = 0
     note: str = ""
+    # what caused it, when not the kind's own: a priced escalation (issue 41) is held capacity, cause "escalation"
+    cause: str = ""
 
     def line(self) -> StatementLine:
         num = self.charge_num or self.cents * CENT_UNITS
@@ -232,7 +234,8 @@ class Charge:
             kind=self.kind, team=self.team, source_period=self.source_period, cluster=self.cluster,
             job_id=self.job_id, project=self.project, generation=self.generation, rate_micro=self.rate_micro,
             allocated_s=self.allocated_s, charge_num=num, cents=cents,
-            cause_kind="appeal" if self.kind == "credit" else "reservation", cause_ref=self.ref, note=self.note,
+            cause_kind=self.cause or ("appeal" if self.kind == "credit" else "reservation"), cause_ref=self.ref,
+            note=self.note,
         )  # fmt: skip
 
 

@@ -480,8 +480,9 @@ def component_acls(
     # Appeals and reservations (issue 19): people's commands and the governance services publish their steps
     # with the producers' login and read the topics whole (assigned partitions, no group).
     # The attribution baseline (issue 38): `policy apply` reads it whole and writes a new one, as the producers.
-    # Every policy apply (issue 41) is recorded on policy.applied.v1, by the same command, with the same login.
-    governance = (t.APPEALS, t.RESERVATIONS, t.ATTRIBUTION_BASELINE, t.POLICY_APPLIED)
+    # Every policy apply (issue 41) is recorded on policy.applied.v1, by the same command, with the same login; so
+    # are escalations (issue 41): the `escalate` commands and the escalation service, like reservations.
+    governance = (t.APPEALS, t.RESERVATIONS, t.ATTRIBUTION_BASELINE, t.POLICY_APPLIED, t.ESCALATIONS)
     topics(producers, "WRITE", *governance)
     topics(producers, "READ", *governance)
     # The policy watch (issue 41) publishes drift alerts and reads reservations.v1 whole (a Kueue quota a reservation
@@ -495,15 +496,16 @@ def component_acls(
     topics(sinks, "READ", *stored)
     topics(sinks, "WRITE", *(tp.dlq for tp in stored))
     grants.append(Grant(sinks, "group", sinks_group, "READ"))
-    # The team page publishes project corrections, appeal and reservation steps; it reads appeals and reservations
-    # whole to check a new step, as the commands do (assigned partitions, no group).
-    topics(PRINCIPALS["web"], "WRITE", t.CORRECTIONS, t.APPEALS, t.RESERVATIONS)
-    topics(PRINCIPALS["web"], "READ", t.APPEALS, t.RESERVATIONS)
+    # The team page publishes project corrections, appeal and reservation steps, and the deciders' page escalation
+    # decisions; it reads those topics whole to check a new step, as the commands do (assigned partitions, no group).
+    topics(PRINCIPALS["web"], "WRITE", t.CORRECTIONS, t.APPEALS, t.RESERVATIONS, t.ESCALATIONS)
+    topics(PRINCIPALS["web"], "READ", t.APPEALS, t.RESERVATIONS, t.ESCALATIONS)
     grants.append(Grant(PRINCIPALS["web"], "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
-    # chat: appeals too (decisions into the warning's thread, escalations); reclaim: appeals too (an exemption, or a
-    # resume asked on the job's page, resumes a reclaimed job: sinks/reclaim_resume.py)
+    # chat: appeals too (decisions into the warning's thread, escalations), and reservations (issue 41: an idle
+    # reservation's warning and early release, to the team); reclaim: appeals too (an exemption, or a resume asked on
+    # the job's page, resumes a reclaimed job: sinks/reclaim_resume.py)
     for user, read, group in (
-        (chat, (t.ALERTS, t.APPEALS), "chat"),
+        (chat, (t.ALERTS, t.APPEALS, t.RESERVATIONS), "chat"),
         (reclaim, (t.RECLAIM_ACTIONS, t.APPEALS), "reclaim"),
     ):
         topics(user, "READ", *read)

@@ -36,7 +36,7 @@ from stack.kube.build import KubeBinaries, ensure_binaries
 from stack.kube.cluster import ClusterConfig, LocalKube
 
 COMPONENT_ROLES = {"gpuledger-watcher": "watcher", "gpuledger-reclaim": "reclaim", "gpuledger-policy": "policy",
-                   "gpuledger-policy-watch": "policy-watch"}  # fmt: skip
+                   "gpuledger-policy-watch": "policy-watch", "gpuledger-escalations": "escalations"}  # fmt: skip
 NODE = "gpu-node-1"
 
 

@@ -84,6 +84,8 @@ class WebContext:
     # The job page's resume button (issue 41): publishes a RESUME_ASKED step on appeals.v1 for `reclaim run`, which
     # holds the engine credentials this app never has; None without a policy (who may resume).
     publish_resume: Callable[[dict[str, Any]], None] | None = None
+    # Deciding escalations (issue 41, web/escalations.py); None without a policy that allows them.
+    escalations: Any = None
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     def now_ms(self) -> int:
@@ -147,9 +149,11 @@ def render(request: Request, name: str, status: int = 200, **values: Any) -> HTM
     appeals_link = viewer is not None and ctx.policy is not None and (viewer.user in deciders or viewer.sees_everything)
     reservations_link = viewer is not None and ctx.reservations is not None and bool(
         viewer.teams or viewer.leads or viewer.sees_everything or viewer.user in ctx.policy.governance.operators)
+    escalations_link = viewer is not None and ctx.escalations is not None and (
+        viewer.user in ctx.escalations.deciders() or viewer.sees_everything)
     html = TEMPLATES.get_template(name).render(
         viewer=viewer, demo=ctx.demo, demo_users=ctx.demo_users, request_path=request.url.path,
-        appeals_link=appeals_link, reservations_link=reservations_link,
+        appeals_link=appeals_link, reservations_link=reservations_link, escalations_link=escalations_link,
         query=str(request.url.query), **{"cluster": ctx.cluster, **values},
     )  # fmt: skip
     return HTMLResponse(html, status_code=status)
@@ -227,6 +231,8 @@ def fleet(request: Request) -> Response:
     if not viewer.sees_everything:
         raise Forbidden(f"{viewer.user} may not see the fleet page (operators and finance): {viewer.scope}")
     page = pages.fleet_page(ctx.warehouse(), period)
+    if ctx.whatif is not None:  # the what-if form is on, and whoever sees the fleet may use it (`_whatif_viewer`)
+        page.context["whatif_url"] = f"/fleet/whatif?period={period.text}"
     return page_response(request, page, "fleet.html", "fleet", period.text)
 
 
@@ -508,6 +514,42 @@ def appeals_page(request: Request) -> Response:
     return page_response(request, page, "appeals.html", "appeals")
 
 
+def escalations_page(request: Request) -> Response:
+    """The deciders' page for escalations: those to decide, those in force, those over (web/escalations.py)."""
+    from web import escalations
+
+    ctx: WebContext = request.app.state.ctx
+    viewer = _need_viewer(request)
+    if ctx.escalations is None:
+        raise BadRequest("escalations need a policy with governance.escalations (settings: policy_path)")
+    named = escalations.deciders(ctx.policy)
+    decider = viewer.user in named
+    if not (decider or viewer.sees_everything):
+        raise Forbidden(f"{viewer.user} does not decide escalations (policy governance.escalations.deciders: "
+                        f"{', '.join(named) or 'none named'})")  # fmt: skip
+    now = ctx.now_ms()
+    every = list(ctx.escalations.current().values())
+    page = pages.Page("Escalations")
+    page.add(escalations.table("open", "To decide", [e for e in every if e.decision is None and e.in_force(now)]))
+    page.add(escalations.table("live", "Granted, in force", [e for e in every if e.decision and e.in_force(now)]))
+    page.add(escalations.table("over", "Over (denied, lapsed, fallen back)", [e for e in every if not e.in_force(now)]))
+    decided = request.query_params.get("decided") or ""
+    page.context.update(decider=decider, deciders=named, token=access.csrf_token(ctx.secret, viewer.user),
+                        rules=ctx.policy.governance.escalations,
+                        decided=decided if re.fullmatch(r"esc-[0-9a-f]{12}", decided) else None)  # fmt: skip
+    return page_response(request, page, "escalations.html", "escalations")
+
+
+async def escalation_decide(request: Request) -> Response:
+    return await _form_action(request, ("escalation_id", "decision", "note", "token"), _escalation_decide,
+                              need="escalations")  # fmt: skip
+
+
+def _escalation_decide(request: Request, ctx: WebContext, viewer: Viewer, values: dict[str, str]) -> Response:
+    event = ctx.escalations.decide(viewer, values, ctx.now_ms())
+    return RedirectResponse(f"/escalations?decided={event['escalation_id']}", status_code=303)
+
+
 def reservations_page(request: Request) -> Response:
     """Reservations: operators see every one and approve, deny or release; a member sees their teams' and asks."""
     from web import reservations
@@ -632,6 +674,8 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/appeals", appeals_page),
         Route("/appeals/file", appeal_file, methods=["POST"]),
         Route("/appeals/decide", appeal_decide, methods=["POST"]),
+        Route("/escalations", escalations_page),
+        Route("/escalations/decide", escalation_decide, methods=["POST"]),
         Route("/reservations", reservations_page),
         Route("/reservations/request", reservation_request, methods=["POST"]),
         Route("/reservations/act", reservation_act, methods=["POST"]),

@@ -37,6 +37,7 @@ def build_context(settings: Settings, publisher: Any = None) -> Any:
         policy=policy,
         appeals=_appeal_service(settings, policy, publish),
         reservations=_reservation_service(settings, policy, publish),
+        escalations=_escalation_service(settings, policy, publish),
         reservation_engines=tuple(settings.sinks.reservations.engines),
         trusted_proxies=tuple(web.trusted_proxies),
         user_header=web.user_header,
@@ -156,6 +157,30 @@ def _appeal_service(settings: Settings, policy: Any, publish: Any) -> Any:
         log.info("web: appeal %s %s by %s", event["appeal_id"], event["event_type"].lower(), event["actor"])
 
     return AppealService(policy, read, step)
+
+
+def _escalation_service(settings: Settings, policy: Any, publish: Any) -> Any:
+    """Deciding escalations under the policy, checked against escalations.v1 read whole (as `gpuledger escalate`
+    does); None unless the policy allows escalations."""
+    if policy is None or policy.governance.escalations is None:
+        return None
+    from schemas.governance_escalations import step_key
+    from schemas.topics import ESCALATIONS
+    from web.escalations import EscalationService
+
+    def read() -> list[dict[str, Any]]:
+        from streams.eventlog import read_events
+
+        events, unreadable = read_events(settings.kafka, ESCALATIONS)
+        if unreadable:
+            log.warning("web: %d records of %s not read", len(unreadable), ESCALATIONS.name)
+        return events
+
+    def step(event: dict[str, Any]) -> None:
+        publish(ESCALATIONS, step_key(event), event)
+        log.info("web: escalation %s %s by %s", event["escalation_id"], event["event_type"].lower(), event["actor"])
+
+    return EscalationService(policy, read, step)
 
 
 def _reservation_service(settings: Settings, policy: Any, publish: Any) -> Any:

@@ -48,7 +48,7 @@ Progress = Callable[[str], None]
 ADMIN = "admin"
 # Component users (groups after the colon): each gets a token and a kubeconfig, and no rights until bound.
 USERS = ("gpuledger-watcher", "gpuledger-reclaim", "gpuledger-policy", "gpuledger-reservations",
-         "gpuledger-policy-watch", "alice", "bob")
+         "gpuledger-policy-watch", "gpuledger-escalations", "alice", "bob")
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # fixed in Kueue's main.go
 KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset")
 PROCESSES = ("etcd", "kube-apiserver", "kueue")

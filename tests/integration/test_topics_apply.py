@@ -66,7 +66,7 @@ def test_apply_creates_converges_and_reports_drift(cli, prefix: str, kafka_confi
     bootstrap = kafka_config["bootstrap.servers"]
     admin = AdminClient(kafka_config)
     every = [prefix + t.name for t in all_topics()]
-    assert len(every) == 32 and prefix + DEVICE_SAMPLES.name + ".dlq" in every  # 16 topics and their dead letters
+    assert len(every) == 34 and prefix + DEVICE_SAMPLES.name + ".dlq" in every  # 17 topics and their dead letters
 
     # One topic exists already, too small and with the wrong policy: apply grows and fixes it.
     jobs = prefix + JOB_EVENTS.name
