@@ -164,6 +164,12 @@ class ClickHouseSettings(BaseModel):
     embedded: bool = True
     embedded_path: Path | None = None  # default: <state_dir>/clickhouse
     raw_sample_ttl_days: int = 14
+    # What `raw_samples` keeps (sinks/seconds_kept.py; docs/benchmarks.md, "What ClickHouse keeps per second"):
+    # every_second; sampled (the scrapes whose second is a multiple of raw_sample_every_s: at 1 in 10, 14x fewer
+    # bytes and 10x fewer rows than every second, measured); minutes (none). Every second stays readable from
+    # telemetry.device-samples while its retention holds it (`report seconds --from-kafka`).
+    raw_samples_kept: Literal["every_second", "sampled", "minutes"] = "sampled"
+    raw_sample_every_s: int = Field(default=10, ge=2, le=3600)
     # The embedded server's limits: per analyst query, connections at once, a request without data.
     analyst_limits: AnalystLimitSettings = Field(default_factory=AnalystLimitSettings)
     max_connections: int = Field(default=64, ge=1)

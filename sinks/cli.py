@@ -131,6 +131,24 @@ def report_explain(
     present.show(reports.explain(settings_for(state_dir), period, project), fmt, output)
 
 
+@report_app.command("seconds")
+def report_seconds(
+    cluster: str = typer.Option(..., "--cluster", help="Cluster of the node."),
+    node: str = typer.Option(..., "--node", help="Node whose samples to show."),
+    start: str = typer.Option(..., "--start", help="First second, ISO 8601 with a zone (2026-12-07T10:03:00Z)."),
+    minutes: int = typer.Option(1, "--minutes", help="How many minutes from --start (1-60)."),
+    device: str | None = typer.Option(None, "--device", help="One device's UUID (default: every device)."),
+    from_kafka: bool = typer.Option(False, "--from-kafka", help="Every second from Kafka (within its retention)."),
+    fmt: str = typer.Option("table", "--format", help="table, csv, json or parquet."),
+    output: Path | None = typer.Option(None, "--output", "-o"),
+    state_dir: Path | None = STATE_DIR,
+) -> None:
+    """A dispute's drill-down below the device-minute: the per-second samples, from the warehouse, or from Kafka
+    when the warehouse keeps minutes only (clickhouse.raw_samples_kept) or --from-kafka asks."""
+    report = reports.seconds(settings_for(state_dir), cluster, node, start, minutes, device, from_kafka=from_kafka)
+    present.show(report, fmt, output)
+
+
 @report_app.command("journal")
 def report_journal(
     period: str = PERIOD_OPTION,

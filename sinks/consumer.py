@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from base.errors import ContractError, ServiceError
-from base.settings import KafkaSettings, SinksSettings
+from base.settings import ClickHouseSettings, KafkaSettings, SinksSettings
 from schemas.codec import AvroCodec
+from schemas.records import NodeScrape
 from schemas.topics import DEVICE_SAMPLES, Topic
 from sinks.bulk_samples import RawSampleBulk
 from sinks.rows import DEFAULT_TOPICS, SINKS, TOPICS_BY_NAME, TableSpec
+from sinks.seconds_kept import SecondsKept, scrape_ts_ms
 from sinks.writer import ClickHouseUnavailable, LedgerWriter, Origin, Pending, Rejected, WriteResult
 from streams.consume import ConsumerLoop, Received, Refused, SourceRecord
 from streams.publish import RecordPublisher
@@ -47,6 +49,7 @@ class SinkStats:
     commits_failed: int = 0
     bulk_records: int = 0  # raw-sample records landed in bulk (sinks/bulk_samples.py), part of `records`
     bulk_refused: int = 0  # bulk inserts refused, their batch sent record by record
+    samples_not_kept: int = 0  # node scrapes `clickhouse.raw_samples_kept` leaves out of raw_samples (consumed)
 
 
 def now_ms() -> int:
@@ -66,11 +69,23 @@ class LedgerSink:
         topics: list[str] | None = None,
         clock_ms: Callable[[], int] = now_ms,
         sleep: Callable[[float], None] = time.sleep,
+        kept: SecondsKept | None = None,
     ) -> None:
         names = topics or sinks.topics or list(DEFAULT_TOPICS)
         unknown = [n for n in names if n not in SINKS]
         if unknown:
             raise ServiceError(f"no sink for topic(s) {unknown}; known: {sorted(SINKS)}")
+        # What raw_samples keeps (clickhouse.raw_samples_kept); `minutes`: the sink does not read the samples.
+        self._kept = kept or SecondsKept.of(ClickHouseSettings())
+        if not self._kept.writes and DEVICE_SAMPLES.name in names:
+            names = [n for n in names if n != DEVICE_SAMPLES.name]
+            if not names:
+                raise ServiceError(f"raw samples are not kept (clickhouse.raw_samples_kept = minutes): no sink reads "
+                                   f"{DEVICE_SAMPLES.name}")  # fmt: skip
+            log.info("raw samples are not kept (clickhouse.raw_samples_kept = minutes): %s is not read",
+                     DEVICE_SAMPLES.name)  # fmt: skip
+        self._not_kept = 0
+        self._not_kept_in_bulk = 0
         self._cfg = sinks
         self._writer = writer
         self._sleep = sleep
@@ -80,6 +95,7 @@ class LedgerSink:
         }
         codec = codec or AvroCodec.from_settings(kafka)
         samples = kafka.topic(DEVICE_SAMPLES.name)
+        self._samples = samples
         self._bulk = (
             RawSampleBulk(writer.client, codec, samples) if sinks.bulk_raw_samples and samples in self._routes else None
         )
@@ -93,7 +109,7 @@ class LedgerSink:
             batch_max_wait_s=sinks.batch_max_wait_s,
             clock=clock_ms,
             config={"isolation.level": "read_committed"},
-            bulk=self._land_in_bulk if self._bulk is not None else None,
+            bulk=self._land_in_bulk if self._bulk is not None or self._kept.mode == "sampled" else None,
         )
         self._rows_inserted = 0
         self._duplicates_skipped = 0
@@ -111,8 +127,9 @@ class LedgerSink:
             dead_lettered=s.dead_lettered,
             retries=self._retries,
             commits_failed=s.commits_failed,
-            bulk_records=s.bulk,
+            bulk_records=s.bulk - self._not_kept_in_bulk,
             bulk_refused=self._bulk.stats.fell_back if self._bulk is not None else 0,
+            samples_not_kept=self._not_kept,
         )
 
     def run(self, should_stop: Callable[[], bool], *, max_idle_s: float | None = None) -> SinkStats:
@@ -140,8 +157,14 @@ class LedgerSink:
         return refused
 
     def _land_in_bulk(self, records: list[SourceRecord]) -> list[SourceRecord]:
-        """Raw samples straight into ClickHouse (`sinks.bulk_samples`); returns what goes record by record."""
-        assert self._bulk is not None
+        """Raw samples straight into ClickHouse (`sinks.bulk_samples`); returns what goes record by record. The
+        scrapes `raw_samples_kept` leaves out are taken here too (consumed, committed, written nowhere)."""
+        if self._kept.mode == "sampled":
+            kept = [r for r in records if not self._left_out(r)]
+            self._not_kept_in_bulk += len(records) - len(kept)
+            records = kept
+        if self._bulk is None:
+            return records
         before = self._bulk.stats.rows
         left = self._bulk(records)
         self._bulk_landed(self._bulk.stats.rows - before)
@@ -149,6 +172,16 @@ class LedgerSink:
 
     def _bulk_landed(self, rows: int) -> None:
         self._rows_inserted += rows
+
+    def _left_out(self, r: SourceRecord) -> bool:
+        """A device-samples record whose second raw_samples does not keep (read from its first bytes)."""
+        if r.topic != self._samples or r.value is None:
+            return False
+        ts_ms = scrape_ts_ms(r.value)
+        if ts_ms is None or self._kept.keeps(ts_ms):
+            return False  # unreadable ones go on: the row path decodes and judges them
+        self._not_kept += 1
+        return True
 
     # -- pieces -----------------------------------------------------------------------------
 
@@ -161,6 +194,9 @@ class LedgerSink:
             origin = Origin(src.topic, src.partition, src.offset, src.key, src.value, src.timestamp_ms)
             try:
                 record = specs[0].record_type.from_avro(received.record)  # typed once, read by every table
+                if isinstance(record, NodeScrape) and not self._kept.keeps(record.ts_ms):
+                    self._not_kept += 1
+                    continue
                 rows = [(spec, row) for spec in specs for row in spec.to_rows(record)]
             except (KeyError, TypeError, ValueError) as exc:
                 refused.append(self._refusal(Rejected(origin, "", type(exc).__name__, f"cannot map to rows: {exc!r}")))

@@ -144,6 +144,34 @@ def explain(settings: Settings, period: str, project: str) -> Report:
                   under=[identities, quality.text()])  # fmt: skip
 
 
+def seconds(settings: Settings, cluster: str, node: str, start: str, minutes: int, device: str | None, *,
+            from_kafka: bool = False) -> Report:  # fmt: skip
+    """`report seconds`: a node's (or a device's) per-second samples for `minutes` from `start` (ISO 8601 with a
+    zone), from the warehouse or, when it keeps minutes only or `from_kafka`, from Kafka (sinks/seconds.py); the
+    line under a table says which, and what the warehouse keeps."""
+    import datetime as dt
+
+    from sinks import seconds as sec
+    from sinks.seconds_kept import SecondsKept
+
+    try:
+        at = dt.datetime.fromisoformat(start)
+    except ValueError as exc:
+        raise ConfigError(f"--start must be ISO 8601 with a zone (2026-12-07T10:03:00Z), got {start!r}") from exc
+    if at.tzinfo is None:
+        raise ConfigError(f"--start needs a zone (Z or +hh:mm), got {start!r}")
+    if not 1 <= minutes <= 60:
+        raise ConfigError(f"--minutes must be 1-60, got {minutes}")
+    start_ms = int(at.timestamp() * 1000)
+    kept = SecondsKept.of(settings.clickhouse)
+    with warehouse_errors():
+        found = sec.device_seconds(kept, lambda: client(settings, analyst=True), settings.kafka, cluster, node,
+                                   start_ms, start_ms + minutes * 60_000, device, from_kafka_=from_kafka)  # fmt: skip
+    what = f"{device} on {node}" if device else node
+    return Report(f"seconds of {what} ({cluster}) from {at.isoformat()} for {minutes} min", sec.SECOND_COLUMNS,
+                  found.rows, under=[f"{len(found.rows):,} device-seconds {found.note()}"])  # fmt: skip
+
+
 def journal(settings: Settings, period: str, *, account: str, contra_account: str | None,
             contra_cost_centre: str | None) -> Report:  # fmt: skip
     """`report journal`: the finance export of `period` (sinks/journal.py), from its frozen statements when it is

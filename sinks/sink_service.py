@@ -15,7 +15,10 @@ def run_sink(settings: Settings, topics: list[str] | None, stop: Any, max_idle_s
     from sinks.writer import LedgerWriter
 
     sink_cls = metered_sink_class(settings) if settings.metrics.enabled else LedgerSink
-    sink = sink_cls(settings.kafka, settings.sinks, LedgerWriter(client(settings)), topics=topics)
+    from sinks.seconds_kept import SecondsKept
+
+    sink = sink_cls(settings.kafka, settings.sinks, LedgerWriter(client(settings)), topics=topics,
+                    kept=SecondsKept.of(settings.clickhouse))  # fmt: skip
     return sink.run(stop, max_idle_s=max_idle_s)
 
 

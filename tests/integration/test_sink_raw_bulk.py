@@ -32,6 +32,7 @@ from sinks.bulk_samples import SYNC_LEN, WRAPPER_NAME, RawSampleBulk, container,
 from sinks.consumer import LedgerSink
 from sinks.db import connect, migrate
 from sinks.rows import SINKS
+from sinks.seconds_kept import SecondsKept
 from sinks.writer import LedgerWriter, Origin, Pending
 from streams.consume import HEADER_ERROR_CLASS, SourceRecord
 from streams.publish import RecordPublisher
@@ -268,7 +269,7 @@ def test_the_sink_lands_samples_in_bulk_and_dead_letters_the_bad_one_with_its_re
     pub.flush()
 
     def run() -> Any:
-        sink = LedgerSink(kafka, cfg, LedgerWriter(connect(ch)), topics=[TOPIC])
+        sink = LedgerSink(kafka, cfg, LedgerWriter(connect(ch)), topics=[TOPIC], kept=SecondsKept())  # every second
         assert sink._bulk is not None
         stats = sink.run(lambda: False, max_idle_s=4.0)
         return stats, sink._bulk.stats
