@@ -181,16 +181,21 @@ def _cost(idle_device_s: int, generation: str, policy: IdlePolicy) -> float | No
     return None if rate is None else round(idle_device_s * rate / 3600.0, 6)
 
 
-def _resolve(state: IdleState, ts_ms: int, policy: IdlePolicy, why: str) -> tuple[IdleState, list[Output]]:
-    outs: list[Output] = []
-    if (
+def _clean(state: IdleState) -> bool:
+    """Nothing to resolve or reset: what a busy or dark minute leaves."""
+    return (
         state.status is Status.OK
         and state.idle_minutes == 0
         and state.idle_since_ms is None
         and state.idle_device_s == 0
         and state.cost_so_far is None
         and state.action_at_ms is None
-    ):
+    )
+
+
+def _resolve(state: IdleState, ts_ms: int, policy: IdlePolicy, why: str) -> tuple[IdleState, list[Output]]:
+    outs: list[Output] = []
+    if _clean(state):
         return state, outs  # nothing to resolve or reset: a busy job's every minute comes here
     if state.status is not Status.OK:
         outs.append(
@@ -203,6 +208,11 @@ def _resolve(state: IdleState, ts_ms: int, policy: IdlePolicy, why: str) -> tupl
                 "no action will be taken.",
             )
         )
+    return _forgive(state), outs
+
+
+def _forgive(state: IdleState) -> IdleState:
+    """The streak forgotten: back to OK with nothing counted (a resolution, or an exemption granted on appeal)."""
     return _evolve(
         state,
         status=Status.OK,
@@ -211,7 +221,21 @@ def _resolve(state: IdleState, ts_ms: int, policy: IdlePolicy, why: str) -> tupl
         idle_device_s=0,
         cost_so_far=None,
         action_at_ms=None,
-    ), outs
+    )
+
+
+def _accrue(state: IdleState, minute: int, n: int, jm: Mapping[str, Any], policy: IdlePolicy) -> IdleState:
+    """`n` idle minutes from `minute` (each like `jm`) added to the streak: its clock, length, device-seconds and
+    cost. `step` adds one; `step_run` adds the minutes in which nothing else can happen (`_quiet`) at once."""
+    idle_s = state.idle_device_s + n * int(jm["allocated_s"])
+    return _evolve(
+        state,
+        last_minute_ms=minute + (n - 1) * MINUTE_MS,
+        idle_minutes=state.idle_minutes + n,
+        idle_since_ms=state.idle_since_ms if state.idle_since_ms is not None else minute,
+        idle_device_s=idle_s,
+        cost_so_far=_cost(idle_s, str(jm.get("generation") or ""), policy),
+    )
 
 
 def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[IdleState, list[Output]]:
@@ -225,27 +249,20 @@ def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[I
     outs: list[Output] = []
     if gap and state.idle_minutes:
         state, outs = _resolve(state, minute, policy, "its devices were not held in between")
-    state = _evolve(state, last_minute_ms=minute)
     if cls is JobMinuteClass.BUSY:
-        state, more = _resolve(state, end, policy, "device activity")
+        state, more = _resolve(_evolve(state, last_minute_ms=minute), end, policy, "device activity")
         return state, outs + more
     if cls is JobMinuteClass.DARK:
-        state, more = _resolve(state, end, policy, "no telemetry: missing data is never idle")
+        why = "no telemetry: missing data is never idle"
+        state, more = _resolve(_evolve(state, last_minute_ms=minute), end, policy, why)
         return state, outs + more
+    state = _accrue(state, minute, 1, jm, policy)
     idle_since = state.idle_since_ms if state.idle_since_ms is not None else minute
-    idle_s = state.idle_device_s + int(jm["allocated_s"])
-    state = _evolve(
-        state,
-        idle_minutes=state.idle_minutes + 1,
-        idle_since_ms=idle_since,
-        idle_device_s=idle_s,
-        cost_so_far=_cost(idle_s, str(jm.get("generation") or ""), policy),
-    )
+    idle_s = state.idle_device_s
     job = state.job
     ex = exemption_for(job, end, policy, state.granted)
     if ex is not None and ex in state.granted:
-        return replace(state, status=Status.OK, idle_minutes=0, idle_since_ms=None, idle_device_s=0,
-                       cost_so_far=None, action_at_ms=None), outs  # fmt: skip
+        return _forgive(state), outs
     if ex is not None:
         return state, outs
     after = idle_after_min(job, policy)
@@ -306,6 +323,68 @@ def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[I
             )
         )
     return state, outs
+
+
+def step_run(state: IdleState, jm: Mapping[str, Any], n: int, policy: IdlePolicy) -> tuple[IdleState, list[Output]]:
+    """What `n` calls of `step` give for `n` contiguous job-minutes that are all `jm` but for their start (`jm` is the
+    first): the state and every output, the same (tests/unit/test_idle_runs.py holds it to stepping minute by
+    minute). `step` itself takes each minute in which something can happen; the minutes between, in which `step`
+    would only move the streak's counters and clock (`_quiet`, read off `step`'s own conditions), pass in one move
+    of the same updates (`_accrue`, `_forgive`). A what-if replay of a month feeds runs, not minutes
+    (processors/whatif.py)."""
+    minute = int(jm["minute_start_ms"])
+    if state.last_minute_ms is not None and minute <= state.last_minute_ms:  # replayed minutes: already applied
+        done = min(n, (state.last_minute_ms - minute) // MINUTE_MS + 1)
+        minute, n = minute + done * MINUTE_MS, n - done
+        if n <= 0:
+            return state, []
+        jm = {**jm, "minute_start_ms": minute}
+    state, outs = step(state, jm, policy)
+    idle = classify_job_minute(int(jm["active_s"]), int(jm["starved_s"]), int(jm["idle_s"])) is JobMinuteClass.IDLE
+    minute += MINUTE_MS
+    left = n - 1
+    while left > 0:
+        k = min(left, _quiet(state, idle, minute, policy))
+        if k > 0:
+            if not idle:
+                state = _evolve(state, last_minute_ms=minute + (k - 1) * MINUTE_MS)
+            else:
+                ex = exemption_for(state.job, minute + MINUTE_MS, policy, state.granted)
+                state = _accrue(state, minute, k, jm, policy)
+                if ex is not None and ex in state.granted:
+                    state = _forgive(state)
+            minute += k * MINUTE_MS
+            left -= k
+        if left > 0:
+            state, more = step(state, {**jm, "minute_start_ms": minute}, policy)
+            outs += more
+            minute += MINUTE_MS
+            left -= 1
+    return state, outs
+
+
+def _quiet(state: IdleState, idle: bool, minute: int, policy: IdlePolicy) -> int:
+    """How many contiguous minutes from `minute`, each of the class of the one before, `step` would take with no
+    output and no change but `_accrue` (then `_forgive` under an exemption granted on appeal) for an idle minute,
+    or its clock for a busy or dark one; 0 when the next may do more. Read off `step`: a busy or dark minute
+    resolves nothing once the state is clean; an idle one warns when the streak reaches `idle_after_min`, reclaims
+    at `action_at_ms`, and either only when no exemption covers the minute's end (`exemption_for`, whose answer
+    changes only at an exemption's start or expiry)."""
+    if not idle:
+        return 1 << 62 if _clean(state) else 0
+    end = minute + MINUTE_MS
+    quiet = 1 << 62
+    for ex in (*policy.exemptions, *state.granted):
+        for bound in (ex.starts_ms, ex.expires_ms):
+            if bound is not None and bound > end:  # minute ends in [end, bound) see exemption_for's answer at end
+                quiet = min(quiet, (bound - end - 1) // MINUTE_MS + 1)
+    if exemption_for(state.job, end, policy, state.granted) is not None:
+        return quiet
+    if state.status is Status.OK:
+        return min(quiet, idle_after_min(state.job, policy) - state.idle_minutes - 1)
+    if state.status is Status.IDLE_WARNED and state.action_at_ms is not None:
+        return min(quiet, (state.action_at_ms - end - 1) // MINUTE_MS + 1)
+    return quiet
 
 
 def granted_exemptions(appeals: Iterable[Appeal]) -> dict[str, tuple[Exemption, ...]]:

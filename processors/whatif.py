@@ -3,8 +3,11 @@ idle policy. Pure: plain rows in, the alerts and reclaim actions `processors.idl
 
 The replay is the job stage's own sequence (`stages.JobPartition.drain`): per job, a fresh `IdleState` carrying
 the exemptions granted on appeal (`granted_exemptions`, as `JobPartition.grant` puts them), then `step` over
-the job's JobMinutes in minute order. Nothing here decides what idle means, when to warn or what a reclaim
-is: `idle.step` does, so the replay cannot drift from the pipeline. What the stored month cannot give back:
+the job's JobMinutes in minute order. The month comes as runs (`sinks.whatif.load_month`): contiguous minutes
+alike to the machine (class, allocated seconds, generation, devices), each a row with its first minute and
+`minutes`, stepped by `idle.step_run`, which is `step` over each of them (tests/unit/test_idle_runs.py). Nothing
+here decides what idle means, when to warn or what a reclaim is: `idle.step` does, so the replay cannot drift
+from the pipeline. What the stored month cannot give back:
 - a job's identity is its job-minutes' (snapshotted at start, never rewritten), its scheduler, partition and
   flags its latest job event's; the devices the live alert lists are not replayed (`devices` empty);
 - a job reclaimed by the replay keeps running in the stored month: its later minutes are stepped as they were
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import Any
 
 from base.processor_settings import Exemption, IdlePolicy
 from processors.attribution import JobInfo
 from processors.classify import JobMinuteClass, classify_job_minute
-from processors.idle import Output, granted_exemptions, new_state, step
+from processors.idle import Output, granted_exemptions, new_state, step_run
 from schemas.governance_appeals import fold
 from schemas.policy import Policy
 from schemas.topics import qualified_job
@@ -28,7 +32,8 @@ from schemas.topics import qualified_job
 
 @dataclass(frozen=True, slots=True)
 class ReplayJob:
-    """One job of the month: its flags and its JobMinutes (any order; replayed in minute order)."""
+    """One job of the month: its flags and its JobMinutes or runs of them (`minutes`: how many, default 1; any
+    order, replayed in minute order)."""
 
     info: JobInfo
     minutes: Sequence[Mapping[str, Any]]
@@ -42,7 +47,8 @@ class Replayed:
 
 def job_info(flags: Mapping[str, Any], minute: Mapping[str, Any]) -> JobInfo:
     """The `JobInfo` the job stage held: identity as the job-minutes carry it (the job stage wrote them from
-    it; the warehouse stores a missing name as ''), scheduler, partition and flags from the job's event."""
+    it; the warehouse stores a missing name as ''), scheduler, partition and flags from the job's event.
+    `sinks.whatif.load_month` gives both in one mapping per job (pass it twice)."""
 
     def name(value: Any) -> str | None:
         return None if value in (None, "") else str(value)
@@ -85,38 +91,41 @@ def replay(jobs: Iterable[ReplayJob], policy: IdlePolicy, granted: Mapping[str, 
         if exemptions:
             st = replace(st, granted=exemptions)
         outs: list[Output] = []
-        for jm in sorted(job.minutes, key=lambda m: int(m["minute_start_ms"])):
-            st, emitted = step(st, jm, policy)
-            outs += emitted
+        for jm in sorted(job.minutes, key=_START):
+            st, emitted = step_run(st, jm, jm.get("minutes", 1), policy)
+            if emitted:
+                outs += emitted
         for out in outs:
             (alerts if out.kind == "alert" else actions).append(out.record)
     return Replayed(alerts, actions)
 
 
+_START = itemgetter("minute_start_ms")
+
+
 def replay_month(
     minutes: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]],
-    flags: Mapping[tuple[str, str], Mapping[str, Any]],
+    jobs: Mapping[tuple[str, str], Mapping[str, Any]],
     appeal_events: Iterable[Mapping[str, Any]],
     policy: IdlePolicy,
     in_force: Policy | None,
 ) -> Replayed:
-    """A month as `sinks.whatif.load_month` reads it (job-minutes and flags by (cluster, job_id), appeal steps)
-    replayed under `policy`, with the appeals decided under the policy in force: what the command and the
-    fleet page hand to `sinks.whatif.whatif` (one replay for both)."""
-    jobs = [ReplayJob(job_info(flags.get(key, {}), mins[0]), mins) for key, mins in sorted(minutes.items())]
-    return replay(jobs, policy, appeal_grants(appeal_events, in_force))
+    """A month as `sinks.whatif.load_month` reads it (runs of job-minutes, and each job's identity and flags, by
+    (cluster, job_id); appeal steps) replayed under `policy`, with the appeals decided under the policy in force:
+    what the command and the fleet page hand to `sinks.whatif.whatif` (one replay for both)."""
+    replayed = []
+    for key, mins in sorted(minutes.items()):
+        job = jobs.get(key, {})
+        replayed.append(ReplayJob(job_info(job, job if "user" in job else mins[0]), mins))
+    return replay(replayed, policy, appeal_grants(appeal_events, in_force))
 
 
-RUN_CODES = {JobMinuteClass.BUSY: 1, JobMinuteClass.DARK: 2}  # classes whose runs collapse; idle minutes never do
+RUN_CODES = {JobMinuteClass.BUSY: 1, JobMinuteClass.DARK: 2, JobMinuteClass.IDLE: 3}
 
 
 def run_classes() -> tuple[int, ...]:
     """For `sinks.whatif.load_month`: per sign pattern of a job-minute's (active_s, starved_s, idle_s) (bits 4, 2,
-    1), the code of its class as `classify_job_minute` answers on those signs, -1 for idle (each idle minute
-    moves the state machine). The classifier reads only whether each is above zero (tests/unit/test_whatif.py
-    holds it to that), so the table is its answer for every minute."""
-    codes = []
-    for bits in range(8):
-        cls = classify_job_minute((bits >> 2) & 1, (bits >> 1) & 1, bits & 1)
-        codes.append(RUN_CODES.get(cls, -1))
-    return tuple(codes)
+    1), the code of its class as `classify_job_minute` answers on those signs: a run is contiguous minutes of one
+    code (and one allocated seconds, generation and device count). The classifier reads only whether each is above
+    zero (tests/unit/test_whatif_runs.py holds it to that), so the table is its answer for every minute."""
+    return tuple(RUN_CODES[classify_job_minute((bits >> 2) & 1, (bits >> 1) & 1, bits & 1)] for bits in range(8))

@@ -51,9 +51,9 @@ BY_CHOICES = ("team", "project", "generation")
 IDLE_KINDS = ("IDLE_WARNING", "RECLAIM_NOTICE")  # the alerts compared (a resolution is not an event people act on)
 LOOKBACK_MS = 31 * 24 * 3600 * 1000  # a job running into the month is replayed from at most this far back
 SCRATCH_PREFIX = "gpuledger_whatif_"
-MINUTE_COLUMNS = ("cluster", "job_id", "minute_start_ms", "device_count", "generation", "user", "project", "team",
-                  "cost_centre", "preemptible", "pricing_tier", "allocated_s", "active_s", "starved_s", "idle_s",
-                  "dark_s")  # fmt: skip
+IDENTITY_COLUMNS = ("user", "project", "team", "cost_centre", "preemptible", "pricing_tier")  # of a job's minutes
+RUN_COLUMNS = ("minute_start_ms", "minutes", "active_s", "starved_s", "idle_s", "allocated_s", "generation",
+               "device_count")  # a run of alike job-minutes: its first minute, how many, what each holds  # fmt: skip
 FLAG_COLUMNS = ("scheduler", "partition", "interactive", "checkpointable", "gang_size")
 PRICED_COLUMNS = ("cluster", "job_id", "day", "team", "project", "generation", "allocated_s", "idle_s",
                   "charge_num", "idle_charge_num", "rate_micro", "start_ms")  # fmt: skip
@@ -79,58 +79,89 @@ def month_bounds(period: str) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class Month:
-    """A month as the warehouse holds it: each job's job-minutes and flags, its idle alerts and appeal steps."""
+    """A month as the warehouse holds it: each job's job-minutes as runs (`RUN_COLUMNS`), its identity and flags,
+    the month's idle alerts and appeal steps."""
 
     period: str
     start_ms: int
     end_ms: int
-    minutes: dict[Key, list[dict[str, Any]]]
-    flags: dict[Key, dict[str, Any]]
+    minutes: dict[Key, list[dict[str, Any]]]  # runs, each a first minute and how many alike follow it
+    jobs: dict[Key, dict[str, Any]]  # cluster, job_id, `IDENTITY_COLUMNS` (first minute's), `FLAG_COLUMNS`
     alerts: list[dict[str, Any]]
     appeals: list[dict[str, Any]]
-    # per job: (first minute, last minute, most devices) over every stored minute, collapsed or not
+    # per job: (first minute, last minute, most devices) over every stored minute
     spans: dict[Key, tuple[int, int, int]] = field(default_factory=dict)
 
 
-def load_month(client: Any, period: str, run_classes: Sequence[int] | None = None) -> Month:
-    """The month's jobs (any job-minute in it), their job-minutes from `LOOKBACK_MS` before it, their flags from
-    the start event (`JobInfo` is snapshotted there), the month's idle alerts and every appeal step.
+def load_month(client: Any, period: str, run_classes: Sequence[int] | None = None, min_streak: int = 1) -> Month:
+    """The month's jobs (any job-minute in it), their job-minutes from `LOOKBACK_MS` before it, their identity (the
+    first minute's) and flags from the start event (`JobInfo` is snapshotted there), the month's idle alerts and
+    every appeal step.
 
     `run_classes` (the replay's `processors.whatif.run_classes()`: a class code per sign pattern of active, starved
-    and idle seconds, the classifier's own answers; negative: never collapsed) leaves out the inside of every run
-    of contiguous minutes of one collapsible class: its first and last minutes stay. The idle state machine does
-    nothing on such a minute but move its clock (a busy or dark minute after a busy or dark one resolves nothing),
-    so the replay's alerts and actions are the same, from a fraction of the rows (bench/whatif_replay.py)."""
+    and idle seconds, the classifier's own answers) makes the warehouse hand the minutes over as runs: contiguous
+    minutes of one class, allocated seconds, generation and device count, each one row (`RUN_COLUMNS`: its first
+    minute's values and `minutes`), which `idle.step_run` steps as `step` would each minute; and only for the jobs
+    with `min_streak` or more contiguous idle minutes somewhere (`shortest_warning`: fewer can never be warned, so
+    the state machine emits nothing for them; 0: every job). Without it every minute is a run of one, every job.
+    Either way the rows come per job as columns (arrays), not a row per minute; `spans` cover every job."""
     start, end = month_bounds(period)
     params: dict[str, Any] = {"start": start, "end": end, "from": start - LOOKBACK_MS}
     in_month = "SELECT DISTINCT cluster, job_id FROM job_minutes WHERE minute_start_ms >= {start:Int64} " \
                "AND minute_start_ms < {end:Int64}"  # fmt: skip
     where = f"minute_start_ms >= {{from:Int64}} AND minute_start_ms < {{end:Int64}} AND (cluster, job_id) " \
             f"IN ({in_month})"  # fmt: skip
-    cols = ", ".join(MINUTE_COLUMNS)
+    cols = "minute_start_ms, active_s, starved_s, idle_s, allocated_s, generation, device_count, " + ", ".join(
+        IDENTITY_COLUMNS
+    )
     if run_classes is None:
-        sql = f"SELECT {cols} FROM job_minutes FINAL WHERE {where}"
+        runs = f"SELECT cluster, job_id, {cols}, 1 AS minutes FROM job_minutes FINAL WHERE {where}"
     else:
         if len(run_classes) != 8:
             raise ConfigError("run_classes names a class for each of the 8 sign patterns")
         params["classes"] = [int(c) for c in run_classes]
-        sql = (
-            f"SELECT {cols} FROM (SELECT {cols}, arrayElement({{classes:Array(Int8)}}, 1 + (active_s > 0) * 4 "
-            "+ (starved_s > 0) * 2 + (idle_s > 0)) AS cls, lagInFrame(cls, 1, -100) OVER w AS prev_cls, "
-            "lagInFrame(minute_start_ms, 1, 0) OVER w AS prev_ms, leadInFrame(cls, 1, -100) OVER w AS next_cls, "
-            f"leadInFrame(minute_start_ms, 1, 0) OVER w AS next_ms FROM job_minutes FINAL WHERE {where} "
-            "WINDOW w AS (PARTITION BY cluster, job_id ORDER BY minute_start_ms ROWS BETWEEN 1 PRECEDING AND "
-            "1 FOLLOWING)) WHERE cls < 0 OR NOT (prev_cls = cls AND prev_ms = minute_start_ms - 60000 "
-            "AND next_cls = cls AND next_ms = minute_start_ms + 60000)"
+        idle_code = max(run_classes[1], 0)  # idle seconds alone: the idle class's code (processors.whatif.RUN_CODES)
+        # a minute starts a run unless the one before is the minute before with the same key; ends one likewise
+        marked = (
+            f"SELECT cluster, job_id, {cols}, (arrayElement({{classes:Array(Int8)}}, 1 + (active_s > 0) * 4 "
+            "+ (starved_s > 0) * 2 + (idle_s > 0)), allocated_s, generation, device_count) AS k, "
+            "k != lagInFrame(k) OVER w OR minute_start_ms != lagInFrame(minute_start_ms, 1, 0) OVER w + 60000 "
+            "AS starts, k != leadInFrame(k) OVER w OR minute_start_ms + 60000 != leadInFrame(minute_start_ms, 1, 0) "
+            f"OVER w AS ends FROM job_minutes FINAL WHERE {where} WINDOW w AS (PARTITION BY cluster, job_id "
+            "ORDER BY minute_start_ms ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING)"
         )
-    minutes: dict[Key, list[dict[str, Any]]] = defaultdict(list)
+        if min_streak > 0:  # the jobs with a streak of min_streak idle minutes: islands of contiguous idle minutes
+            params["idle"], params["streak"] = [i for i, c in enumerate(run_classes) if c == idle_code], min_streak
+            streaks = (
+                "SELECT cluster, job_id FROM (SELECT cluster, job_id, intDiv(minute_start_ms, 60000) - row_number() "
+                "OVER (PARTITION BY cluster, job_id ORDER BY minute_start_ms) AS island FROM job_minutes FINAL WHERE "
+                f"{where} AND has({{idle:Array(UInt8)}}, (active_s > 0) * 4 + (starved_s > 0) * 2 + (idle_s > 0))) "
+                "GROUP BY cluster, job_id, island HAVING count() >= {streak:Int64}"
+            )
+            marked = marked.replace(f"WHERE {where}", f"WHERE {where} AND (cluster, job_id) IN ({streaks})", 1)
+        # of the starts and ends only: a run's end is its start, or the next row
+        runs = (
+            f"SELECT cluster, job_id, {cols}, intDiv(if(ends, minute_start_ms, next_ms) - minute_start_ms, 60000) "
+            f"+ 1 AS minutes FROM (SELECT *, leadInFrame(minute_start_ms) OVER (PARTITION BY cluster, job_id ORDER BY "
+            f"minute_start_ms ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_ms FROM ({marked}) WHERE starts OR "
+            "ends) WHERE starts"
+        )
+    firsts = ", ".join(f"argMin({c}, minute_start_ms)" for c in IDENTITY_COLUMNS)
+    arrays = ", ".join(f"groupArray({c})" for c in RUN_COLUMNS)
+    sql = (
+        f"SELECT cluster, job_id, {firsts}, min(minute_start_ms), max(minute_start_ms + (minutes - 1) * 60000), "
+        f"max(device_count), {arrays} FROM ({runs}) GROUP BY cluster, job_id"
+    )
+    minutes: dict[Key, list[dict[str, Any]]] = {}
+    jobs: dict[Key, dict[str, Any]] = {}
+    n_id = len(IDENTITY_COLUMNS)
     for row in client.query(sql, parameters=params).result_rows:
-        rec = dict(zip(MINUTE_COLUMNS, row, strict=True))
-        minutes[(rec["cluster"], rec["job_id"])].append(rec)
+        key = (str(row[0]), str(row[1]))
+        jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2 : 2 + n_id], strict=True))}
+        minutes[key] = [dict(zip(RUN_COLUMNS, run, strict=True)) for run in zip(*row[5 + n_id :], strict=True)]
     spans = {(str(r[0]), str(r[1])): (int(r[2]), int(r[3]), int(r[4])) for r in client.query(
         f"SELECT cluster, job_id, min(minute_start_ms), max(minute_start_ms), max(device_count) FROM job_minutes "
         f"FINAL WHERE {where} GROUP BY cluster, job_id", parameters=params).result_rows}  # fmt: skip
-    flags: dict[Key, dict[str, Any]] = {}
     # The first STARTED event (else the first event): the job stage's `JobInfo.from_event`.
     picks = ", ".join(f"argMin({c}, (event_type != 'STARTED', ts_ms)) AS {c}" for c in FLAG_COLUMNS)
     for row in client.query(
@@ -138,7 +169,8 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
         "GROUP BY cluster, job_id",
         parameters=params,
     ).result_rows:
-        flags[(row[0], row[1])] = dict(zip(FLAG_COLUMNS, row[2:], strict=True))
+        key = (row[0], row[1])
+        jobs.setdefault(key, {"cluster": key[0], "job_id": key[1]}).update(zip(FLAG_COLUMNS, row[2:], strict=True))
     alerts = [
         dict(
             zip(
@@ -163,7 +195,17 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
             parameters={**params, "kinds": list(IDLE_KINDS)},
         ).result_rows
     ]
-    return Month(period, start, end, dict(minutes), flags, alerts, appeal_events(client), spans)
+    return Month(period, start, end, minutes, jobs, alerts, appeal_events(client), spans)
+
+
+def shortest_warning(idle: IdlePolicy) -> int:
+    """The fewest contiguous idle minutes that can bring a warning under `idle`: the least threshold it names (the
+    idle state machine's `idle_after_min` picks one of them per job, and warns only when the streak reaches it;
+    nothing else it emits comes before a warning). At least 1: a job with no idle minute is never warned.
+    tests/unit/test_idle_runs.py holds the machine to it."""
+    named = (idle.idle_after_min_interactive, idle.idle_after_min_batch, *idle.idle_after_min_by_partition.values(),
+             *idle.idle_after_min_by_project.values())  # fmt: skip
+    return max(1, min(named))
 
 
 # -- prices -----------------------------------------------------------------------------------------------------
@@ -387,8 +429,9 @@ def _who(key: Key, month: Month, *priced: Priced) -> tuple[str, str, str]:
         if days:
             first = days[min(days)]
             return first.team, first.project, first.generation
-    mins = month.minutes.get(key) or [{}]
-    return str(mins[0].get("team", "")), str(mins[0].get("project", "")), str(mins[0].get("generation", ""))
+    job = month.jobs.get(key, {})
+    runs = month.minutes.get(key) or [{}]
+    return str(job.get("team", "")), str(job.get("project", "")), str(runs[0].get("generation", ""))
 
 
 def compare(
@@ -568,7 +611,7 @@ class Replay(Protocol):
     def actions(self) -> list[dict[str, Any]]: ...
 
 
-# (minutes, flags, appeal steps, idle policy, policy in force) -> the replay: processors.whatif.replay_month, handed in
+# (runs, jobs, appeal steps, idle policy, policy in force) -> the replay: processors.whatif.replay_month, handed in
 # by the command and the fleet page (a component does not import another).
 ReplayMonth = Callable[[Any, Any, Any, IdlePolicy, "Policy | None"], Replay]
 
@@ -589,8 +632,9 @@ def whatif(
     `now_ms` stamps the proposed card's rows (`rate_card_rows`' load time; the caller's clock)."""
     current = load_policy(settings.policy_path) if settings.policy_path is not None else None
     base = base_idle if base_idle is not None else settings.processor.idle
-    month = load_month(client, period, run_classes)
-    replayed = replay_month(month.minutes, month.flags, month.appeals, proposal.idle_policy(base), current)
+    idle = proposal.idle_policy(base)
+    month = load_month(client, period, run_classes, shortest_warning(idle))
+    replayed = replay_month(month.minutes, month.jobs, month.appeals, idle, current)
     released = released_after(client, month, first_reclaims(month, replayed.actions))
     card = proposed_card(settings.sinks.ratecard_path, proposal)
     database = settings.clickhouse.database

@@ -167,20 +167,38 @@ def test_a_bad_proposal_gets_one_line_and_nothing_runs(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith(f"{bad}:") and "idle.grace_min" in lines[0], result.output
 
 
-def test_collapsed_runs_replay_as_every_minute(ledger: ClickHouseSettings) -> None:
-    """The replay fed only the ends of busy and dark runs (`run_classes`) emits what it emits fed every minute,
-    and the released seconds read back from the warehouse equal the stored minutes' own sums."""
+def test_runs_replay_as_every_minute(ledger: ClickHouseSettings) -> None:
+    """The month handed over as runs (`run_classes`: the warehouse groups contiguous alike minutes) holds every
+    stored minute (expanded, the runs are the minutes, class by class), replays to what every minute replays to,
+    also when only the jobs with a long enough idle streak are loaded, and the released seconds read back from the
+    warehouse equal the stored minutes' own sums."""
+    from processors.classify import classify_job_minute
     from processors.whatif import replay_month, run_classes
-    from sinks.whatif import first_reclaims, load_month, month_bounds, released_after
+    from sinks.whatif import first_reclaims, load_month, month_bounds, released_after, shortest_warning
 
     client = connect(ledger)
     idle = parse_policy(_proposal_text_for_idle()).idle_policy(POLICY)
-    every, fewer = load_month(client, PERIOD), load_month(client, PERIOD, run_classes())
-    assert sum(map(len, fewer.minutes.values())) < sum(map(len, every.minutes.values())) / 2
-    assert fewer.spans == every.spans
-    a = replay_month(every.minutes, every.flags, every.appeals, idle, None)
-    b = replay_month(fewer.minutes, fewer.flags, fewer.appeals, idle, None)
+    every, runs = load_month(client, PERIOD), load_month(client, PERIOD, run_classes(), min_streak=0)
+    assert sum(map(len, runs.minutes.values())) < sum(map(len, every.minutes.values())) / 5
+    assert runs.spans == every.spans and runs.jobs == every.jobs and runs.minutes.keys() == every.minutes.keys()
+
+    def alike(m: dict[str, Any]) -> tuple[Any, ...]:
+        cls = classify_job_minute(m["active_s"], m["starved_s"], m["idle_s"])
+        return cls, m["allocated_s"], m["generation"], m["device_count"]
+
+    for key, mins in every.minutes.items():
+        assert {m["minutes"] for m in mins} == {1}
+        expanded = sorted((r["minute_start_ms"] + i * 60_000, alike(r)) for r in runs.minutes[key]
+                          for i in range(r["minutes"]))  # fmt: skip
+        assert expanded == sorted((m["minute_start_ms"], alike(m)) for m in mins), key
+    a = replay_month(every.minutes, every.jobs, every.appeals, idle, None)
+    b = replay_month(runs.minutes, runs.jobs, runs.appeals, idle, None)
     assert a.alerts == b.alerts and a.actions == b.actions and a.actions
+    # only the jobs with a streak as long as the shortest threshold: the same alerts again
+    fewer = load_month(client, PERIOD, run_classes(), shortest_warning(idle))
+    assert 0 < len(fewer.minutes) < len(every.minutes) and fewer.spans == every.spans
+    c = replay_month(fewer.minutes, fewer.jobs, fewer.appeals, idle, None)
+    assert c.alerts == a.alerts and c.actions == a.actions
     at = first_reclaims(every, a.actions)
     start, end = month_bounds(PERIOD)
     sums: dict[tuple[str, str], int] = defaultdict(int)
