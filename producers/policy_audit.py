@@ -18,6 +18,7 @@ import pwd
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from producers.policy_engine import Pruned
 from producers.policy_kueue import KueueDrift, _label
 from producers.policy_slurm import ConfDrift, Drift
 
@@ -41,6 +42,8 @@ def change(item: object) -> dict[str, str | None]:
     if isinstance(item, KueueDrift):
         return {"object": _label(item.key), "setting": item.path, "before": _value(item.have),
                 "after": _value(item.want)}  # fmt: skip
+    if isinstance(item, Pruned):
+        return {"object": _label(item.key), "setting": "", "before": "present", "after": None}
     return {"object": "pricing", "setting": "", "before": None, "after": str(item)[:MAX_VALUE_CHARS]}
 
 

@@ -37,14 +37,21 @@ from producers.policy_audit import applied_event, kubernetes_user, os_user
 from producers.policy_engine import (
     ENGINES,
     EngineDiff,
+    Pruned,
     engine_diff,
     kube_api,
     kueue_apply,
     kueue_config_apply,
+    kueue_managed,
+    kueue_prune,
+    prune_guard_objects,
+    prune_plan,
+    prune_refusal,
     reservation_bumps_from,
     run_command,
     slurm_apply,
     slurm_conf_apply,
+    slurm_prune,
 )
 from schemas.policy import Policy, PolicyError, load_policy
 
@@ -114,6 +121,8 @@ KUEUE_CONFIG_OPTION = typer.Option(None, "--kueue-config", help="Kueue: the cont
 KUEUE_RESTART_OPTION = typer.Option(None, "--kueue-restart", help="Kueue: the command that restarts the controller "
                                     "after its Configuration changed (e.g. kubectl -n kueue-system rollout restart "
                                     "deployment/kueue-controller-manager).")
+PRUNE_OPTION = typer.Option(False, "--prune", help="Also remove what an earlier apply created that the policy no "
+                            "longer names (never anything gpuledger did not create); for policy governance.pruners.")
 RESERVATIONS_OPTION = typer.Option(True, "--reservations/--no-reservations",
                                    help="Kueue: expect active reservations' quota raises.")  # fmt: skip
 
@@ -132,6 +141,7 @@ def policy_apply(
     slurm_conf: Path | None = SLURM_CONF_OPTION,
     kueue_config: Path | None = KUEUE_CONFIG_OPTION,
     kueue_restart: str | None = KUEUE_RESTART_OPTION,
+    prune: bool = PRUNE_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Apply the policy to the running scheduler (Slurm accounting, or Kueue objects); every apply is recorded on
@@ -139,6 +149,10 @@ def policy_apply(
     policy = policy_from(policy_path, state_dir)
     settings = settings_for(state_dir)
     if check_engine(engine) == "slurm":
+        actor = os_user()
+        refusal = prune_refusal(policy, actor) if prune else None
+        if refusal:
+            raise ConfigError(refusal)
         changes = engine_diff(policy, engine, preemptible_qos=(), sacctmgr=sacctmgr)
         before, after = slurm_conf_apply(policy, run_command, slurm_conf, time.time())
         for d in before:
@@ -148,8 +162,16 @@ def policy_apply(
         for argv in commands:
             typer.echo(" ".join(["sacctmgr", "-i", *argv]))
         typer.echo(f"applied: {len(commands)} sacctmgr commands")
+        pruned_argv = slurm_prune(policy, run_command, sacctmgr) if prune else []
+        for argv in pruned_argv:
+            typer.echo(" ".join(["sacctmgr", "-i", *argv]))
+        if prune:
+            typer.echo(f"pruned: {len(pruned_argv)} sacctmgr commands")
         left = engine_diff(policy, engine, preemptible_qos=(), sacctmgr=sacctmgr)
-        _record_apply(settings, policy, engine, os_user(), "os-user", changes, left)
+        gone = tuple(Pruned(("qos" if argv[1] == "qos" else "account", "", argv[3].partition("=")[2]))
+                     for argv in pruned_argv)  # fmt: skip
+        changes = EngineDiff(engine, changes.drift, changes.explained, (*changes.found, *gone))
+        _record_apply(settings, policy, engine, actor, "os-user", changes, left)
         record_applied(policy, engine, state_dir)  # issue 38: the attribution baseline, once the engine has it
         for d in after:
             typer.echo(str(d), err=True)
@@ -159,11 +181,22 @@ def policy_apply(
     stamp, objs = policy_stamp.render_objects(), policy_kueue.render_objects(policy)
     api = kube_api(kubeconfig)
     actor = kubernetes_user(api)  # asked first: an apply whose author cannot be told is not made
+    refusal = prune_refusal(policy, actor) if prune else None
+    if refusal:
+        raise ConfigError(refusal)
     changes = engine_diff(policy, engine, preemptible_qos=(), kube=api, kueue_config=kueue_config)
     kueue_apply(api, stamp)
     typer.echo(f"applied: {len(stamp)} admission objects (the submitter stamp and its lock)")
     kueue_apply(api, objs)
     typer.echo(f"applied: {len(objs)} Kueue objects")
+    if prune:  # the API server itself refuses this user's delete of anything the apply did not create
+        kueue_apply(api, prune_guard_objects(actor))
+    pruned = prune_plan(objs, kueue_managed(api)) if prune else []
+    kueue_prune(api, pruned)
+    for item in pruned:
+        typer.echo(str(item))
+    if prune:
+        typer.echo(f"pruned: {len(pruned)} Kueue objects")
     if kueue_config is not None:
         changed = kueue_config_apply(policy, kueue_config, kueue_restart, run_command)
         for line in changed:
@@ -176,6 +209,7 @@ def policy_apply(
         typer.echo("fair_share accumulate: Kueue's usage always fades, so admission fair sharing is left off "
                    "(Kueue admits by priority, then arrival)", err=True)  # fmt: skip
     left = engine_diff(policy, engine, preemptible_qos=(), kube=api, kueue_config=kueue_config)
+    changes = EngineDiff(engine, changes.drift, changes.explained, (*changes.found, *pruned))
     _record_apply(settings, policy, engine, actor, "kubernetes", changes, left)
     record_applied(policy, engine, state_dir)
 

@@ -6,6 +6,7 @@ runs sacctmgr/scontrol and talks to the Kubernetes API around them.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -127,6 +128,28 @@ def slurm_conf_apply(policy: Policy, run: Runner, conf_path: Path | None, now_s:
     return before, after
 
 
+def prune_refusal(policy: Policy, actor: str) -> str | None:
+    """None when `actor` (the engine's own answer: the OS user, the Kubernetes user) may `apply --prune`, else the
+    one line that says who may (policy `governance.pruners`)."""
+    allowed = policy.governance.pruners
+    if actor in allowed:
+        return None
+    return (f"{actor!r} may not prune: policy governance.pruners names who may "
+            f"({', '.join(allowed) if allowed else 'nobody named'})")  # fmt: skip
+
+
+def slurm_prune(policy: Policy, run: Runner, sacctmgr: str = "sacctmgr") -> list[list[str]]:
+    """Remove the QOS and accounts `policy apply` created (their Description is policy_slurm.MARK) that the policy
+    no longer names; the commands run, in order. Slurm has no admission step to judge a delete, so the mark,
+    written by the apply that created the object, is the only proof; an unmarked object is never removed."""
+    marked = {what: policy_slurm.marked(run([sacctmgr, *policy_slurm.show_marked_argv(what)[1:]]), what)
+              for what in ("qos", "account")}  # fmt: skip
+    commands = policy_slurm.prune_commands(policy_slurm.desired_state(policy), marked["qos"], marked["account"])
+    for argv in commands:
+        run([sacctmgr, "-i", *argv])
+    return commands
+
+
 # -- Kueue ----------------------------------------------------------------------------------------
 
 
@@ -190,6 +213,97 @@ def kueue_apply(api: Any, objs: Sequence[dict[str, Any]]) -> None:
                 api.patch_cluster_custom_object(g, v, plural, name, obj, **kw)
         except ApiException as exc:
             raise ServiceError(f"applying {kind} {name}: {exc.status} {exc.reason}: {str(exc.body)[:500]}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """An object gpuledger's policy apply created that the policy no longer names: removed by `apply --prune`."""
+
+    key: tuple[str, str, str]
+
+    def __str__(self) -> str:
+        kind, ns, name = self.key
+        return f"{kind} {ns + '/' if ns else ''}{name}: pruned (created by {FIELD_MANAGER}, no longer in the policy)"
+
+
+def created_by_us(obj: dict[str, Any]) -> bool:
+    """Whether `policy apply` made this object, by the engine's own record: our managed-by label AND a managedFields
+    entry of our field manager (the API server writes managedFields; a label alone anyone may set)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    managers = {str(f.get("manager")) for f in (obj.get("metadata") or {}).get("managedFields") or ()}
+    return all(labels.get(k) == v for k, v in policy_kueue.MANAGED_BY.items()) and FIELD_MANAGER in managers
+
+
+def prune_plan(want: Sequence[dict[str, Any]], live: Sequence[dict[str, Any]]) -> list[Pruned]:
+    """Live Kueue objects gpuledger created (`created_by_us`) that the rendered policy no longer names (pure); in
+    reverse apply order (LocalQueues before their ClusterQueues, flavors last)."""
+    named = {policy_kueue.object_key(o) for o in want}
+    order = {kind: i for i, kind in enumerate(policy_kueue.APPLY_ORDER)}
+    out = [Pruned(policy_kueue.object_key(o)) for o in live
+           if created_by_us(o) and policy_kueue.object_key(o) not in named]  # fmt: skip
+    return sorted(out, key=lambda p: (-order.get(p.key[0], 0), p.key))
+
+
+PRUNE_GUARD = "gpuledger-policy-prune-guard"
+PRUNE_GUARD_MESSAGE = ("gpuledger: policy apply --prune deletes only the Kueue objects it created (the label "
+                       "app.kubernetes.io/managed-by=gpuledger-policy and a managedFields entry of its field manager)")
+
+
+def prune_guard_objects(actor: str) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy (+ binding) by which the API server itself refuses `actor`'s DELETE of a Kueue
+    object the policy apply did not create: the managed-by label and a managedFields entry of our field manager, both
+    on the stored object (`oldObject`), or no delete. Applied by `apply --prune` before it deletes anything."""
+    label_key, label_value = next(iter(policy_kueue.MANAGED_BY.items()))
+    kinds = [plural for plural, _ in policy_kueue.KINDS.values()]
+    ours = (f"has(oldObject.metadata.labels) && {json.dumps(label_key)} in oldObject.metadata.labels && "
+            f"oldObject.metadata.labels[{json.dumps(label_key)}] == {json.dumps(label_value)} && "
+            f"has(oldObject.metadata.managedFields) && "
+            f"oldObject.metadata.managedFields.exists(f, has(f.manager) && f.manager == {json.dumps(FIELD_MANAGER)})")
+    meta = {"name": PRUNE_GUARD, "labels": dict(policy_stamp.MANAGED_BY)}
+    return [
+        {"apiVersion": policy_stamp.API_VERSION, "kind": "ValidatingAdmissionPolicy", "metadata": meta,
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{"apiGroups": [policy_kueue.GROUP], "apiVersions": ["*"],
+                                                          "operations": ["DELETE"], "resources": kinds}]},
+                  "matchConditions": [{"name": "the-policy-user",
+                                       "expression": f"request.userInfo.username == {json.dumps(actor)}"}],
+                  "validations": [{"expression": ours, "message": PRUNE_GUARD_MESSAGE, "reason": "Forbidden"}]}},
+        {"apiVersion": policy_stamp.API_VERSION, "kind": "ValidatingAdmissionPolicyBinding", "metadata": meta,
+         "spec": {"policyName": PRUNE_GUARD, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {}, "objectSelector": {}}}},
+    ]  # fmt: skip
+
+
+def kueue_managed(api: Any) -> list[dict[str, Any]]:
+    """Every Kueue object of the kinds the policy renders that carries our managed-by label (all namespaces)."""
+    from kubernetes.client.exceptions import ApiException
+
+    selector = ",".join(f"{k}={v}" for k, v in policy_kueue.MANAGED_BY.items())
+    out: list[dict[str, Any]] = []
+    for kind, (plural, _) in policy_kueue.KINDS.items():
+        try:
+            listed = api.list_cluster_custom_object(policy_kueue.GROUP, policy_kueue.VERSION, plural,
+                                                    label_selector=selector)  # fmt: skip
+        except ApiException as exc:
+            raise ServiceError(f"listing {plural}: {exc.status} {exc.reason}") from exc
+        out += [{**item, "kind": kind} for item in listed.get("items", ())]
+    return out
+
+
+def kueue_prune(api: Any, plan: Sequence[Pruned]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    for item in plan:
+        kind, ns, name = item.key
+        g, v, plural, namespaced = _resource(kind)
+        try:
+            if namespaced:
+                api.delete_namespaced_custom_object(g, v, ns, plural, name)
+            else:
+                api.delete_cluster_custom_object(g, v, plural, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise ServiceError(f"pruning {kind} {name}: {exc.status} {exc.reason}") from exc
 
 
 def kueue_config_apply(policy: Policy, path: Path, restart: str | None, run: Runner) -> list[str]:

@@ -137,16 +137,22 @@ def _assignments(values: Mapping[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in values.items() if value]
 
 
+# What `policy apply` writes into the Description of each QOS and account it creates: Slurm keeps no record of who
+# made what, so this mark is how `apply --prune` tells what the tool created from everyone else's (issue 41).
+MARK = "gpuledger-policy"
+
+
 def create_commands(state: SlurmState) -> list[list[str]]:
-    """The sacctmgr argv (after `sacctmgr -i`) that create `state` on an empty cluster, in order."""
+    """The sacctmgr argv (after `sacctmgr -i`) that create `state` on an empty cluster, in order; each QOS and account
+    created carries `MARK` as its Description."""
     cmds: list[list[str]] = []
     for q in sorted(state.qos.values(), key=lambda q: q.priority):  # preempted QOS exist before their preemptors
-        cmds.append(["add", "qos", q.name])
+        cmds.append(["add", "qos", q.name, f"Description={MARK}"])
         cmds.append(["modify", "qos", "where", f"name={q.name}", "set", *_assignments(q.settings())])
     for a in sorted(state.associations.values(), key=lambda a: (a.account, a.user)):
         s = a.settings()
         if not a.user:
-            cmds.append(["add", "account", a.account, f"Fairshare={a.fairshare}"])
+            cmds.append(["add", "account", a.account, f"Fairshare={a.fairshare}", f"Description={MARK}"])
             cmds.append(["modify", "account", "where", f"name={a.account}", "set", *_assignments(s)])
         else:
             cmds.append(["add", "user", a.user, f"account={a.account}", f"QOS={s['QOS']}",
@@ -378,6 +384,26 @@ def write_conf(conf_text: str, policy: Policy, now_s: float, running_priority_ty
 
 def show_qos_argv() -> list[str]:
     return ["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(QOS_FIELDS)}"]
+
+
+def show_marked_argv(what: str) -> list[str]:
+    """QOS (`what` qos) or accounts (`what` account) with their Description: which carry `MARK`."""
+    name = "Name" if what == "qos" else "Account"
+    return ["sacctmgr", "-n", "-P", "show", what, f"format={name},Description"]
+
+
+def marked(text: str, what: str) -> set[str]:
+    """The names `sacctmgr show qos|account format=Name,Description` lists with our `MARK` (pure)."""
+    return {r["name"] for r in _rows(text, ("name", "description"), what) if r["description"] == MARK}
+
+
+def prune_commands(want: SlurmState, marked_qos: set[str], marked_accounts: set[str]) -> list[list[str]]:
+    """The sacctmgr argv (after `sacctmgr -i`) that remove what `policy apply` created (it carries `MARK`) and the
+    policy no longer names: accounts first (their associations name the QOS), then QOS. Nothing unmarked."""
+    accounts = sorted(marked_accounts - {a.account for a in want.associations.values()})
+    qos = sorted(marked_qos - set(want.qos))
+    return [*(["delete", "account", "where", f"name={a}"] for a in accounts),
+            *(["delete", "qos", "where", f"name={q}"] for q in qos)]  # fmt: skip
 
 
 def show_assoc_argv(accounts: Iterable[str]) -> list[str]:

@@ -56,7 +56,9 @@ def test_the_script_is_sacctmgr_commands_preempted_qos_first() -> None:
     assert script[0] == "#!/bin/sh"
     cmds = [line for line in script if line.startswith("sacctmgr")]
     assert all(c.startswith("sacctmgr -i ") for c in cmds)
-    assert cmds.index("sacctmgr -i add qos sweeps") < cmds.index("sacctmgr -i add qos production")
+    # each QOS and account the apply creates carries its mark (issue 41: what `apply --prune` may remove)
+    assert cmds.index("sacctmgr -i add qos sweeps Description=gpuledger-policy") < cmds.index(
+        "sacctmgr -i add qos production Description=gpuledger-policy")
     assert ("sacctmgr -i modify account where name=nlp set QOS=interactive,research,sweeps,training "
             "DefaultQOS=training GrpTRES=gres/gpu:a100=2,gres/gpu:h100=1 Fairshare=1") in cmds  # fmt: skip
     assert ("sacctmgr -i modify qos where name=interactive set Priority=300 PreemptMode=requeue "
@@ -180,7 +182,8 @@ def test_missing_objects_are_created_by_apply_and_a_cleared_limit_is_set_back() 
         return answers[argv[4]] if argv[1:4] == ["-n", "-P", "show"] else ""
 
     commands = slurm_apply(POLICY, run, sacctmgr="/opt/slurm/bin/sacctmgr")
-    assert commands[:2] == [["add", "account", "nlp", "Fairshare=1"], ["modify", "account", "where", "name=nlp",
+    assert commands[:2] == [["add", "account", "nlp", "Fairshare=1", "Description=gpuledger-policy"], [
+                            "modify", "account", "where", "name=nlp",
                             "set", "QOS=interactive,research,sweeps,training", "DefaultQOS=training",
                             "GrpTRES=gres/gpu:a100=2,gres/gpu:h100=1", "Fairshare=1"]]  # fmt: skip
     assert ["modify", "qos", "where", "name=interactive", "set", "MaxTRESPerUser=gres/gpu=1"] in commands
