@@ -2,7 +2,8 @@
 
 `kube_docs` is every object of `deploy/kubernetes/gpuledger/` (or of the paths given), `workloads` its
 Deployments, DaemonSets, StatefulSets, Jobs and CronJobs, `pod_spec` the pod a workload runs. `rbac_table` reads
-the table of rights in docs/deployment.md ("What each service account may do").
+the table of rights in docs/deployment.md ("What each service account may do"). `COMPOSE`/`SERVICES` are
+docker-compose.yml, `compose_env` a service's environment as compose gives it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,21 @@ MANIFESTS = KUBE / "gpuledger"
 INSTALL = (MANIFESTS, KUBE / "rbac", KUBE / "podresources-daemonset.yaml")
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob")
 RIGHTS_HEADING = "## What each service account may do"
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+
+
+def compose_value(value: Any) -> str:
+    """`${VAR:-default}` as compose substitutes it when VAR is unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
+
+
+def compose_env(svc: dict[str, Any]) -> dict[str, str]:
+    """A service's environment (a mapping or a list of NAME=value), substituted as compose does."""
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: compose_value(v) for k, v in env.items()}
 
 
 def _files(paths: tuple[Path, ...]) -> list[Path]:

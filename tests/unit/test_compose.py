@@ -11,10 +11,9 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
+from manifests import COMPOSE, SERVICES, compose_env
 from pydantic import BaseModel
 
 from base.settings import BrokerSettings, ClickHouseSettings, Settings
@@ -22,8 +21,6 @@ from stack import broker, registry
 from stack.components import COMPONENTS, Component
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SERVICES: dict[str, Any] = COMPOSE["services"]
 PROJECT = [name for name, svc in SERVICES.items() if "build" in svc]
 # Services of a profile run only with `--profile`: the components `up` runs only when something is configured.
 PROFILED = {name: svc["profiles"] for name, svc in SERVICES.items() if svc.get("profiles")}
@@ -33,18 +30,6 @@ KAFKA_NODES = ("broker", "broker-2", "broker-3")
 # Launcher properties that name an address or a path: the containers have their own (checked apart).
 KAFKA_ADDRESSING = {"listeners", "advertised.listeners", "listener.security.protocol.map", "controller.quorum.voters",
                     "log.dirs"}  # fmt: skip
-
-
-def _resolve(value: str) -> str:
-    """`${VAR:-default}` as compose substitutes it when VAR is unset."""
-    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
-
-
-def _env(svc: dict[str, Any]) -> dict[str, str]:
-    env = svc.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    return {k: _resolve(v) for k, v in env.items()}
 
 
 def _field_exists(name: str) -> bool:
@@ -89,8 +74,8 @@ def _kafka_env_name(prop: str) -> str:
 def _configured(clean_env: pytest.MonkeyPatch, name: str) -> Settings:
     """The local stack with what a profiled service configures (its settings beyond the shared ones) set as
     `up` would read them: from the environment."""
-    shared = _env({"environment": COMPOSE["x-gpuledger"]["environment"]})
-    for key, value in _env(SERVICES[name]).items():
+    shared = compose_env({"environment": COMPOSE["x-gpuledger"]["environment"]})
+    for key, value in compose_env(SERVICES[name]).items():
         if shared.get(key) != value:
             clean_env.setenv(key, value)
     return Settings(state_dir=STATE_DIR, cluster="sim", broker=BrokerSettings(nodes=3))
@@ -153,7 +138,7 @@ def test_oneshots_do_not_restart(local: Settings) -> None:
 @pytest.mark.parametrize("node", [1, 2, 3])
 def test_kafka_nodes_are_configured_as_the_launcher_configures_them(local: Settings, node: int) -> None:
     props = broker.BrokerConfig.from_settings(local, node).properties()
-    env = _env(SERVICES[KAFKA_NODES[node - 1]])
+    env = compose_env(SERVICES[KAFKA_NODES[node - 1]])
     for key, value in props.items():
         if key not in KAFKA_ADDRESSING:
             assert env.get(_kafka_env_name(key)) == value, key
@@ -169,7 +154,7 @@ def test_kafka_nodes_are_configured_as_the_launcher_configures_them(local: Setti
 
 
 def test_kafka_nodes_share_one_cluster_id_and_distinct_volumes() -> None:
-    ids = {_env(SERVICES[n])["CLUSTER_ID"] for n in KAFKA_NODES}
+    ids = {compose_env(SERVICES[n])["CLUSTER_ID"] for n in KAFKA_NODES}
     assert len(ids) == 1
     (cid,) = ids
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cid) and not cid.startswith("-")  # a base64url UUID
@@ -193,7 +178,7 @@ def test_registry_runs_as_the_registry_launcher_runs_it(tmp_path: Path) -> None:
     registry's volume (H2 in a file: schema ids survive a restart)."""
     props = registry.RegistryConfig.from_settings(Settings(state_dir=tmp_path)).properties()
     svc = SERVICES["registry"]
-    env = _env(svc)
+    env = compose_env(svc)
     volume_path = svc["volumes"][0].split(":")[1]
     for key, value in props.items():
         if not key.startswith("apicurio."):
@@ -209,7 +194,7 @@ def test_registry_runs_as_the_registry_launcher_runs_it(tmp_path: Path) -> None:
 
 def test_every_project_env_name_is_a_settings_field() -> None:
     for name in PROJECT:
-        env = _env(SERVICES[name])
+        env = compose_env(SERVICES[name])
         assert env, name
         for key in env:
             assert key.startswith("GPULEDGER_"), f"{name}: {key}"
@@ -221,14 +206,14 @@ def test_project_env_builds_settings_that_point_at_the_compose_services(clean_en
         for key in list(os.environ):
             if key.startswith("GPULEDGER_"):
                 clean_env.delenv(key)
-        for key, value in _env(SERVICES[name]).items():
+        for key, value in compose_env(SERVICES[name]).items():
             clean_env.setenv(key, value)
         s = Settings()
         assert s.broker.enabled is False and s.clickhouse.embedded is False
         hosts = [h.split(":") for h in s.kafka.bootstrap_servers.split(",")]
         assert [h for h, _ in hosts] == list(KAFKA_NODES), name  # every node: a client starts with one down
         for host, port in hosts:
-            assert f"PLAINTEXT://{host}:{port}" in _env(SERVICES[host])["KAFKA_ADVERTISED_LISTENERS"]
+            assert f"PLAINTEXT://{host}:{port}" in compose_env(SERVICES[host])["KAFKA_ADVERTISED_LISTENERS"]
         assert s.kafka.topic_replication == 3 and s.kafka.topic_min_insync() == 2
         assert s.registry_url == "http://registry:8080/apis/ccompat/v7"
         assert s.clickhouse.host in SERVICES and s.clickhouse.port == 8123
@@ -244,7 +229,7 @@ def test_ports_consistent_and_loopback_only(local: Settings) -> None:
             published[name] = (int(host_port), int(container_port))
     # Host tools reach the brokers at the local cluster's node ports, as the default settings do.
     for node, name in enumerate(KAFKA_NODES, 1):
-        env = _env(SERVICES[name])
+        env = compose_env(SERVICES[name])
         listeners = dict(item.split("://") for item in env["KAFKA_LISTENERS"].split(","))
         advertised = dict(item.split("://") for item in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
         for listener, addr in advertised.items():
@@ -256,7 +241,7 @@ def test_ports_consistent_and_loopback_only(local: Settings) -> None:
     assert published["clickhouse"] == (ClickHouseSettings().port, 8123)
     assert published["registry"][0] == local.registry.port
     assert published["web"] == (local.web.port, local.web.port)
-    assert _env(SERVICES["web"])["GPULEDGER_WEB__HOST"] == "0.0.0.0"  # reachable through the published port
+    assert compose_env(SERVICES["web"])["GPULEDGER_WEB__HOST"] == "0.0.0.0"  # reachable through the published port
 
 
 def test_clickhouse_analyst_user_holds_the_migrations_role() -> None:
@@ -273,7 +258,7 @@ def test_clickhouse_analyst_user_holds_the_migrations_role() -> None:
     assert re.search(rf"GRANT SELECT ON {{database}}\.\* TO {role};", migration)
     assert f"GRANT {role} TO ${{user}};" in script and f"SET DEFAULT ROLE {role} TO ${{user}};" in script
     assert "GRANT SELECT" not in script and "GRANT ALL" not in script  # its rights are the migrations'
-    ch_env, project_env = _env(svc), _env(SERVICES["sinks"])
+    ch_env, project_env = compose_env(svc), compose_env(SERVICES["sinks"])
     assert ch_env["GPULEDGER_ANALYST_USER"] == project_env["GPULEDGER_CLICKHOUSE__ANALYST_USER"]
     assert ch_env["GPULEDGER_ANALYST_PASSWORD"] == project_env["GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD"]
     assert ch_env["CLICKHOUSE_USER"] == project_env["GPULEDGER_CLICKHOUSE__USER"]
