@@ -1,225 +1,21 @@
-"""`gpuledger up`, `down` and `status`: the local stack from the command line."""
+"""`gpuledger up`, `down` and `status`: the local stack from the command line.
+
+Each command builds the stack's supervisor (`stack.local.supervisor`) and calls it; `stack/present.py` prints.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from base.cli_common import settings_for
-from base.errors import ConfigError
-from base.settings import Settings
-from stack.supervisor import ComponentStatus, StackStatus, Supervisor
-
-console = Console()
-
-_STYLE = {
-    "ready": "green",
-    "running": "green",
-    "done": "green",
-    "disabled": "dim",
-    "stopped": "yellow",
-    "unavailable": "yellow",
-    "not-ready": "red",
-    "failed": "red",
-}
+from stack import present
+from stack.local import check_broker_address, supervisor
+from stack.present import command_prefix, console, shlex_quote, web_url
+from stack.supervisor import Supervisor
 
 STATE_DIR_OPTION = typer.Option(None, "--state-dir", help="State directory (pid files, logs, data).")
-
-
-def _command_exists(root: Any) -> Callable[[tuple[str, ...]], bool]:
-    """Whether `gpuledger <path...>` is a registered command (components whose owner has not landed);
-    `root`: the root click command (`ctx.find_root().command`)."""
-
-    def exists(path: tuple[str, ...]) -> bool:
-        cmd: Any = root
-        for part in path:
-            commands = getattr(cmd, "commands", None)
-            if not isinstance(commands, dict) or part not in commands:
-                return False
-            cmd = commands[part]
-        return True
-
-    return exists
-
-
-def _check_broker_address(settings: Settings) -> None:
-    b = settings.broker
-    if b.enabled and f"{b.host}:{b.port}" not in settings.kafka.bootstrap_servers.split(","):
-        raise ConfigError(
-            f"the local broker listens on {b.host}:{b.port} but clients use "
-            f"{settings.kafka.bootstrap_servers}: set GPULEDGER_KAFKA__BOOTSTRAP_SERVERS to it, or "
-            "GPULEDGER_BROKER__ENABLED=false to use that external cluster"
-        )
-
-
-def _components_table(rows: list[ComponentStatus]) -> Table:
-    table = Table(title="components", title_justify="left")
-    for col in ("component", "state", "pid", "detail"):
-        table.add_column(col)
-    for c in rows:
-        style = _STYLE.get(c.state, "")
-        # Details quote errors and logs: text, not markup.
-        table.add_row(escape(c.name), f"[{style}]{c.state}[/]", str(c.pid or ""), escape(c.detail))
-    return table
-
-
-def _seconds(v: float) -> str:
-    return f"{v:.2f} s" if v < 10 else f"{v:,.0f} s" if v < 600 else f"{v / 60:,.0f} min"
-
-
-def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
-    """Each running component's own metrics (its /metrics endpoint), in a few numbers."""
-    table = Table(title="pipeline (each component's /metrics)", title_justify="left")
-    for col in ("component", "in", "out", "dead letters", "lag", "alert p99", "coverage / note"):
-        table.add_column(col, justify="left" if col in ("component", "coverage / note") else "right")
-    for row in rows:
-        if not row["reachable"]:
-            where = f" ({row['url']})" if row["url"] else ""
-            table.add_row(row["component"], "", "", "", "", "", f"[yellow]{escape(row['detail'] + where)}[/]")
-            continue
-        m = row["metrics"]
-        p99 = m.get("alert_latency_p99_s")
-        table.add_row(
-            row["component"],
-            f"{m['records_in']:,}",
-            f"{m['records_out']:,}",
-            f"[red]{m['dead_letters']:,}[/]" if m["dead_letters"] else "0",
-            f"{m['consumer_lag']:,}",
-            "" if p99 is None else _seconds(p99),
-            ", ".join(f"{c} {v:.1%}" for c, v in m.get("coverage", {}).items()),
-        )
-    return table
-
-
-def _print_status(st: StackStatus) -> None:
-    console.print(_components_table(st.components))
-    kafka = Table(title="kafka", title_justify="left", show_header=False)
-    reach = "[green]reachable[/] " if st.broker_reachable else "[red]unreachable[/] "
-    kafka.add_row("broker", reach + escape(st.broker_detail))
-    kafka.add_row("topics", escape(", ".join(st.topics)) or "(none)")
-    if st.missing_topics:
-        kafka.add_row("[red]missing topics[/]", escape(", ".join(st.missing_topics)) + "  (gpuledger topics apply)")
-    if st.consumer_lag:
-        for g in st.consumer_lag:
-            kafka.add_row(escape(f"lag {g.group}"), f"{g.lag} over {g.partitions} partition(s)")
-    else:
-        kafka.add_row("consumer groups", "(none)")
-    console.print(kafka)
-    if st.registry_url is not None:
-        reg = Table(title="schema registry", title_justify="left", show_header=False)
-        reach = "[green]reachable[/] " if st.registry_reachable else "[red]unreachable[/] "
-        reg.add_row("registry", reach + escape(st.registry_detail))
-        if st.missing_subjects:
-            shown = ", ".join(st.missing_subjects)
-            reg.add_row("[yellow]missing subjects[/]", escape(shown) + "  (gpuledger schemas register)")
-        console.print(reg)
-    ch = Table(title="clickhouse", title_justify="left", show_header=False)
-    reach = "[green]reachable[/] " if st.clickhouse_reachable else "[red]unreachable[/] "
-    ch.add_row("server", reach + escape(st.clickhouse_detail))
-    for name, n in (st.clickhouse_rows or {}).items():
-        ch.add_row(escape(name), f"{n:,} rows")
-    console.print(ch)
-    if st.pipeline:
-        console.print(_pipeline_table(st.pipeline))
-    console.print("[green]healthy[/]" if st.healthy else "[yellow]not all components are healthy[/]")
-
-
-def _job_minute_rows(settings: Settings) -> int:
-    from sinks.db import connect
-
-    try:
-        client = connect(settings.clickhouse, connect_timeout=2, send_receive_timeout=5)
-        return int(client.command("SELECT count() FROM job_minutes"))
-    except Exception:  # not there yet (migrations, first window): keep waiting
-        return 0
-
-
-def _wait_for_first_rollups(settings: Settings, wait_s: float) -> None:
-    """The first five minutes: show the ledger filling instead of leaving the user at a blank report."""
-    import time
-
-    deadline = time.monotonic() + wait_s
-    with console.status("replaying three hours of simulated history into the ledger…") as spinner:
-        while time.monotonic() < deadline:
-            rows = _job_minute_rows(settings)
-            spinner.update(f"replaying three hours of simulated history into the ledger… {rows:,} job-minutes")
-            if rows >= 1000:
-                break
-            time.sleep(2)
-
-
-def command_prefix(cwd: Path | None = None, executable: str | None = None, path: str | None = None) -> str:
-    """How a person types `gpuledger` in the folder `up` ran in, so that what `up` prints runs when pasted there:
-    the bare name where it is on PATH (an installed or activated `gpuledger`), else this environment's entry point
-    relative to that folder (`make up`: `.venv/bin/gpuledger`), else its absolute path; without an entry point
-    (`python -m gpuledger`, a test's `python -c`), this interpreter with `-m gpuledger`."""
-    import shutil
-    import sys
-
-    cwd = Path.cwd() if cwd is None else cwd
-    exe = Path(sys.executable if executable is None else executable)
-    # The venv's bin folder as given, not through its python symlink (that would be the base interpreter's).
-    script = exe.parent / "gpuledger"
-    if not script.is_file():
-        return f"{shlex_quote(str(exe))} -m gpuledger"
-    found = shutil.which("gpuledger", path=os.environ.get("PATH", "") if path is None else path)
-    if found is not None and Path(found).resolve() == script.resolve():
-        return "gpuledger"
-    try:
-        return shlex_quote(str(script.absolute().relative_to(cwd.absolute())))
-    except ValueError:
-        return shlex_quote(str(script.absolute()))
-
-
-def shlex_quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
-def next_steps(settings: Settings, state_dir: Path | None, gl: str, period: str) -> list[tuple[str, str]]:
-    """What to try next, each (command as typed in the folder `up` ran in, what it shows); `gl`: how `gpuledger`
-    is typed there (`command_prefix`)."""
-    sd = f" --state-dir {shlex_quote(str(state_dir))}" if state_dir else ""
-    steps = [
-        (f"{gl} report chargeback --period {period}{sd}", "per team: allocated vs consumed, charge, coverage"),
-        (f"{gl} report chargeback --period {period} --by project{sd}", "the same per project"),
-        (
-            f"{gl} report chargeback --period {period} --by cluster{sd}",
-            "each team on sim (Slurm-like) and sim-k8s (Kubernetes), and its total across them",
-        ),
-    ]
-    if settings.policy_path is not None:
-        policy = shlex_quote(str(settings.policy_path))
-        steps.append((f"{gl} report chargeback --period {period} --quota --policy {policy}{sd}",
-                      "each team's use beside its quota per generation (the policy's)"))  # fmt: skip
-    steps += [
-        (f"{gl} alerts{sd}", "idle warnings, reclaim notices (dry-run), coverage gaps"),
-        (f"tail -f {shlex_quote(str(settings.state_dir / 'webhook.jsonl'))}", "what chat received (local webhook)"),
-        (f'{gl} sql "SELECT * FROM v_utilisation_daily LIMIT 10"{sd}', "SQL, as an analyst would"),
-        (f"{gl} status{sd}", "health, consumer lag, row counts"),
-        (f"{gl} down{sd}", "stop everything"),
-    ]
-    return steps
-
-
-def _print_next_steps(settings: Settings, state_dir: Path | None) -> None:
-    from datetime import UTC, datetime
-
-    period = datetime.now(UTC).strftime("%Y-%m")
-    steps = next_steps(settings, state_dir, command_prefix(), period)
-    console.print("\n[bold]Two simulated clusters are running (sim, Slurm-like; sim-k8s, Kubernetes).[/] Look at:")
-    for command, what in steps:
-        console.print(f"  [cyan]{escape(command)}[/]\n      [dim]{what}[/]", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
@@ -229,19 +25,11 @@ def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
     app.command("status")(status)
 
 
-def _supervisor(ctx: typer.Context, state_dir: Path | None) -> Supervisor:
-    from stack.components import with_demo_policy
-
-    settings = with_demo_policy(settings_for(state_dir))
-    return Supervisor(
-        settings,
-        command_exists=_command_exists(ctx.find_root().command),
-        progress=lambda msg: console.print(f"[dim]·[/] {msg}", highlight=False),
-    )
+def _supervisor(state_dir: Path | None) -> Supervisor:
+    return supervisor(state_dir, lambda msg: console.print(f"[dim]·[/] {msg}", highlight=False))
 
 
 def up(
-    ctx: typer.Context,
     state_dir: Path | None = STATE_DIR_OPTION,
     only: str | None = typer.Option(None, "--only", help="Comma-separated components to start."),
     wait_s: float = typer.Option(
@@ -249,69 +37,42 @@ def up(
     ),
 ) -> None:
     """Start the local stack in the background (broker, ClickHouse, topics, pipeline)."""
-    sup = _supervisor(ctx, state_dir)
-    _check_broker_address(sup.settings)
+    sup = _supervisor(state_dir)
+    check_broker_address(sup.settings)
     wanted = {n.strip() for n in only.split(",") if n.strip()} if only else None
     with console.status("starting the local stack…"):
         results = sup.up(wanted)
-    console.print(_components_table(results))
+    console.print(present.components_table(results))
     sd = f" --state-dir {shlex_quote(str(state_dir))}" if state_dir else ""
     console.print(f"state: {sup.settings.state_dir}   logs: {sup.log_dir}   stop: {command_prefix()} down{sd}",
                   highlight=False, soft_wrap=True)  # fmt: skip
-    _print_policy(sup.settings)
+    present.print_policy(sup.settings)
     running = {c.name for c in results if c.state in ("ready", "running", "done")}
     if {"simulator", "sinks"} <= running:
-        _wait_for_first_rollups(sup.settings, wait_s)
-        _print_next_steps(sup.settings, state_dir)
+        present.wait_for_first_rollups(sup.settings, wait_s)
+        present.print_next_steps(sup.settings, state_dir)
     if "web" in running:
         console.print(f"\n[bold]The team page:[/] {web_url(sup.settings)}", highlight=False, soft_wrap=True)
 
 
-def _print_policy(settings: Settings) -> None:
-    from stack.components import demo_policy
-
-    if settings.policy_path is None:
-        console.print("policy: none (policy_path unset): no quota, appeals or reservations", highlight=False)
-        return
-    # with_demo_policy filled it in: say whose it is and how to use another.
-    shown = settings.policy_path
-    with contextlib.suppress(ValueError):
-        shown = settings.policy_path.relative_to(Path.cwd())
-    unset = settings.model_copy(update={"policy_path": None})
-    whose = " (the simulated organisation's: ops00 decides appeals; set policy_path for your own)" if (
-        demo_policy(unset) == settings.policy_path) else ""
-    console.print(f"policy: {shown}{whose}", highlight=False, soft_wrap=True)
-    if not settings.sinks.reservations.engines:
-        console.print("reservations: recorded, approved and charged; no engine configured "
-                      "(sinks.reservations.engines), so none is put onto a scheduler", highlight=False)  # fmt: skip
-
-
-def web_url(settings: Any) -> str:
-    """Where `gpuledger web` answers (a wildcard listen address is reached on loopback)."""
-    host = settings.web.host if settings.web.host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{settings.web.port}/"
-
-
-def down(ctx: typer.Context, state_dir: Path | None = STATE_DIR_OPTION) -> None:
+def down(state_dir: Path | None = STATE_DIR_OPTION) -> None:
     """Stop every component of the local stack; no process is left behind."""
-    sup = _supervisor(ctx, state_dir)
+    sup = _supervisor(state_dir)
     with console.status("stopping…"):
         stopped = sup.down()
     console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
 def status(
-    ctx: typer.Context,
     state_dir: Path | None = STATE_DIR_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ) -> None:
     """Each component's state, broker and topics, consumer lag, schema registry, ClickHouse and row counts."""
-    sup = _supervisor(ctx, state_dir)
+    sup = _supervisor(state_dir)
     st = sup.status()
     if as_json:
         typer.echo(json.dumps(st.to_json(), indent=2))
     else:
-        _print_status(st)
+        present.print_status(st)
     if not st.healthy:
         raise typer.Exit(1)

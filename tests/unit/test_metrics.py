@@ -296,15 +296,15 @@ def test_status_reports_unreachable_endpoints_without_failing(tmp_path: Path) ->
     assert not by["chat"]["reachable"] and "no metrics port" in by["chat"]["detail"]
     assert st.healthy  # metrics are informative: the stack is as healthy as its components
     assert st.to_json()["pipeline"] == st.pipeline
-    from stack.cli import _pipeline_table
+    from stack.present import pipeline_table
 
     console = Console(record=True, width=100)
-    console.print(_pipeline_table(st.pipeline))
+    console.print(pipeline_table(st.pipeline))
     assert "unreachable: ConnectError" in console.export_text()
 
 
 def test_status_summarises_a_live_endpoint(tmp_path: Path) -> None:
-    from stack.cli import _pipeline_table
+    from stack.present import pipeline_table
 
     registry = CollectorRegistry()
     coll = metrics.PipelineCollector()
@@ -319,7 +319,7 @@ def test_status_summarises_a_live_endpoint(tmp_path: Path) -> None:
         [row] = st.pipeline
         assert row["reachable"] and row["metrics"]["records_in"] == 3 and row["metrics"]["records_out"] == 3
         console = Console(record=True, width=80)
-        console.print(_pipeline_table(st.pipeline))
+        console.print(pipeline_table(st.pipeline))
         text = console.export_text()
         assert "chat" in text and "3" in text
     finally:

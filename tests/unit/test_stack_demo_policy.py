@@ -10,8 +10,8 @@ import pytest
 from base.settings import Settings
 from producers.simulator.org import sim_policy_text
 from stack import components
-from stack.cli import command_prefix, next_steps
 from stack.components import SIM_POLICY, by_name, demo_policy, with_demo_policy
+from stack.present import command_prefix, next_steps
 from stack.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
