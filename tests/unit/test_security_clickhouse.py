@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from base.errors import ConfigError
 from base.settings import Settings
 from stack import security
-from stack.clickhouse.cli import dsn_text, neutralise_clickhouse_csv
+from stack.clickhouse.service import dsn_text, neutralise_clickhouse_csv
 
 
 @pytest.fixture(autouse=True)
