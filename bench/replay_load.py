@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -122,6 +123,65 @@ def avro_string(s: str) -> bytes:
     return avro_long(len(raw)) + raw
 
 
+class Replay:
+    """A recording ready to send at `rate` scrapes a second: each node's head per copy, each record's tail."""
+
+    def __init__(self, path: Path, rate: int) -> None:
+        from schemas.topics import node_key
+
+        framing, cluster, names, self.seconds = load(path)
+        self.nodes = len(names)
+        self.per_second = max(len(s) for s in self.seconds)
+        self.rate = rate
+        self.copies = -(-rate // self.per_second)  # ceil
+        self.heads = [[framing + avro_string(cluster) + avro_string(n if r == 0 else f"{n}~{r}") for n in names]
+                      for r in range(self.copies)]  # fmt: skip
+        self.keys = [[node_key(cluster, n if r == 0 else f"{n}~{r}") for n in names] for r in range(self.copies)]
+
+    def run(self, producer: Any, topic: str, duration: int, *, as_fast: bool = False) -> tuple[int, int]:
+        """Send `duration` seconds, second `s` stamped now + s; (scrapes sent, seconds that overran)."""
+        from schemas.codec import avro_long
+
+        start_ms = int(time.time()) * 1000
+        sent = overran = 0
+        w0 = time.monotonic()
+        for s in range(duration):
+            todo = self.seconds[s % len(self.seconds)]
+            ts = avro_long(start_ms + 1000 * s)
+            budget = self.rate
+            for r in range(self.copies):
+                heads, keys = self.heads[r], self.keys[r]
+                for node, tail in todo[: min(len(todo), budget)]:
+                    while True:
+                        try:
+                            producer.produce(topic, heads[node] + ts + tail, keys[node])
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+                    producer.poll(0)
+                budget -= len(todo)
+                if budget <= 0:
+                    break
+            sent += min(self.rate, len(todo) * self.copies)
+            if not as_fast:
+                wait = w0 + s + 1 - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                else:
+                    overran += 1
+        return sent, overran
+
+
+def topic_records(boot: str, topic: str, partitions: int) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    probe = Consumer({"bootstrap.servers": boot, "group.id": f"probe-{os.getpid()}"})
+    try:
+        return sum(probe.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions))
+    finally:
+        probe.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1250, help="nodes recorded (8 GPUs each; default 1250)")
@@ -138,8 +198,7 @@ def main() -> None:
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.codec import avro_long
-    from schemas.topics import DEVICE_SAMPLES, node_key
+    from schemas.topics import DEVICE_SAMPLES
 
     print(f"machine: {machine()}; load average {os.getloadavg()}", flush=True)
     with contextlib.ExitStack() as stack:
@@ -147,14 +206,10 @@ def main() -> None:
         path = args.recording or tmp / "recording.bin"
         if not path.exists() or not index_file(path).exists():
             record(path, args.nodes, args.seconds)
-        framing, cluster, names, seconds = load(path)
-        per_second = max(len(s) for s in seconds)
-        replicas = -(-args.rate // per_second)  # ceil
-        heads = [[framing + avro_string(cluster) + avro_string(n if r == 0 else f"{n}~{r}") for n in names]
-                 for r in range(replicas)]  # fmt: skip
-        keys = [[node_key(cluster, n if r == 0 else f"{n}~{r}") for n in names] for r in range(replicas)]
-        print(f"recording: {len(names)} nodes x {len(seconds)} s ({per_second} scrapes a second); sending "
-              f"{args.rate:,} a second as {replicas} copies of each node, {args.duration} s", flush=True)  # fmt: skip
+        replay = Replay(path, args.rate)
+        print(f"recording: {replay.nodes} nodes x {len(replay.seconds)} s ({replay.per_second} scrapes a second); "
+              f"sending {args.rate:,} a second as {replay.copies} copies of each node, {args.duration} s",
+              flush=True)  # fmt: skip
 
         boot = stack.enter_context(broker_for(args.bootstrap, tmp))
         topic = f"replay{os.getpid()}." + DEVICE_SAMPLES.name
@@ -162,48 +217,18 @@ def main() -> None:
         for fut in admin.create_topics([NewTopic(topic, args.partitions, 1)]).values():
             fut.result(timeout=60)
         producer = scrape_producer(boot)
-        start_ms = int(time.time()) * 1000
-        sent = overran = 0
         c0, w0 = os.times(), time.monotonic()
-        for s in range(args.duration):
-            todo = seconds[s % len(seconds)]
-            ts = avro_long(start_ms + 1000 * s)
-            budget = args.rate
-            for r in range(replicas):
-                for node, tail in todo[: min(len(todo), budget)]:
-                    while True:
-                        try:
-                            producer.produce(topic, heads[r][node] + ts + tail, keys[r][node])
-                            break
-                        except BufferError:
-                            producer.poll(0.05)
-                    producer.poll(0)
-                budget -= len(todo)
-                if budget <= 0:
-                    break
-            sent += min(args.rate, len(todo) * replicas)
-            if not args.as_fast:
-                wait = w0 + s + 1 - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                else:
-                    overran += 1
+        sent, overran = replay.run(producer, topic, args.duration, as_fast=args.as_fast)
         left = producer.flush(120)
         c1, wall = os.times(), time.monotonic() - w0
         if left:
             raise SystemExit(f"{left} scrapes not delivered within 120 s")
         cpu = c1.user - c0.user + c1.system - c0.system
-        hi = 0
-        from confluent_kafka import Consumer, TopicPartition
-
-        probe = Consumer({"bootstrap.servers": boot, "group.id": f"probe-{os.getpid()}"})
-        for p in range(args.partitions):
-            hi += probe.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-        probe.close()
-        if hi != sent:
-            raise SystemExit(f"the topic holds {hi:,} records, {sent:,} were sent")
+        held = topic_records(boot, topic, args.partitions)
+        if held != sent:
+            raise SystemExit(f"the topic holds {held:,} records, {sent:,} were sent")
         print(f"sent {sent:,} scrapes ({sent * GPUS:,} device-samples) in {wall:.1f} s of wall time, "
-              f"{overran} of {args.duration} seconds overran; the topic holds {hi:,}", flush=True)  # fmt: skip
+              f"{overran} of {args.duration} seconds overran; the topic holds {held:,}", flush=True)  # fmt: skip
         per = cpu / sent
         print(f"replay CPU: {cpu:.2f} s (user {c1.user - c0.user:.2f}, sys {c1.system - c0.system:.2f}) = "
               f"{per * 1e6:.1f} us a scrape; {per * 1250:.3f} CPU s per 10,000 GPUs for a second at 1 Hz; "
