@@ -223,11 +223,7 @@ def _apply_migrations(
                     f"migration {mig.version:03d}_{mig.name} changed after it was applied; add a new migration instead"
                 )
             if recorded != mig.checksum:  # the old text, applied: record the new one so the next run reads it
-                client.insert(
-                    f"{database}.schema_migrations",
-                    [[mig.version, mig.name, mig.checksum, "applied", "text rewritten (views moved)", clock_ms()]],
-                    column_names=["version", "name", "checksum", "status", "detail", "applied_ms"],
-                )
+                _record(client, database, mig, "applied", "text rewritten (views moved)", clock_ms())
             results.append(MigrationResult(mig.version, mig.name, "already-applied"))
             continue
         status, detail = "applied", ""
@@ -239,13 +235,26 @@ def _apply_migrations(
                 status, detail = "skipped", f"server has no SQL access management ({_error_name(exc)})"
             else:
                 raise ServiceError(f"migration {mig.version:03d}_{mig.name} failed: {exc}") from exc
-        client.insert(
-            f"{database}.schema_migrations",
-            [[mig.version, mig.name, mig.checksum, status, detail, clock_ms()]],
-            column_names=["version", "name", "checksum", "status", "detail", "applied_ms"],
-        )
+        _record(client, database, mig, status, detail, clock_ms())
         results.append(MigrationResult(mig.version, mig.name, status, detail))
     return results
+
+
+def _record(client: Any, database: str, mig: Migration, status: str, detail: str, applied_ms: int) -> None:
+    """A migration's row, right after it ran (a failure later must not run it again), as one bound statement: a
+    row is too small for the insert path's spooled body."""
+    client.command(
+        f"INSERT INTO {database}.schema_migrations (version, name, checksum, status, detail, applied_ms) VALUES "
+        "({version:UInt32}, {name:String}, {checksum:String}, {status:String}, {detail:String}, {applied_ms:Int64})",
+        parameters={
+            "version": mig.version,
+            "name": mig.name,
+            "checksum": mig.checksum,
+            "status": status,
+            "detail": detail,
+            "applied_ms": applied_ms,
+        },
+    )
 
 
 def _apply_views(
@@ -276,10 +285,12 @@ def _apply_views(
         tables_changed or bool(gone) or any(recorded.get(v.name) != v.checksum or v.name not in present for v in views)
     )
     results = []
+    # Recorded in one insert after the DDL: a view created and not yet recorded (a failure half-way) only counts
+    # as new again, and every view is created again then anyway (CREATE OR REPLACE).
+    records: list[list[Any]] = []
     for name in gone:
         client.command(f"DROP VIEW IF EXISTS {database}.{check_identifier(name)}")
-        client.insert(f"{database}.schema_views", [[name, "", "dropped", clock_ms()]],
-                      column_names=["name", "checksum", "status", "applied_ms"])  # fmt: skip
+        records.append([name, "", "dropped", clock_ms()])
         results.append(ViewResult(name, "dropped"))
     for view in views:
         before = recorded.get(view.name)
@@ -290,7 +301,8 @@ def _apply_views(
             except DatabaseError as exc:
                 raise ServiceError(f"{view.path} failed: {_one_line(exc)}") from exc
         if status != "unchanged":
-            client.insert(f"{database}.schema_views", [[view.name, view.checksum, "applied", clock_ms()]],
-                          column_names=["name", "checksum", "status", "applied_ms"])  # fmt: skip
+            records.append([view.name, view.checksum, "applied", clock_ms()])
         results.append(ViewResult(view.name, status))
+    if records:
+        client.insert(f"{database}.schema_views", records, column_names=["name", "checksum", "status", "applied_ms"])
     return results

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from typer.testing import CliRunner
 
-from producers import scheduler_cli
+from producers import scheduler_cli, scheduler_service
 from producers.devicemap import InMemoryDeviceMap
 from producers.jobevents import EventContext
 from producers.slurm_poller import SlurmPoller
@@ -89,7 +89,7 @@ def test_poller_publishes_contract_records_to_the_broker(prefixed, tmp_path, mon
         })
     pub.flush()
     devmap = InMemoryDeviceMap()
-    assert scheduler_cli._load_inventory(prefixed, devmap) == 2
+    assert scheduler_service.load_inventory(prefixed, devmap) == 2
     poller = SlurmPoller(EventContext("hpc", devices=devmap), pub, clock=lambda: 1762529700000)
     events = poller.poll_once()
     pub.flush()

@@ -348,7 +348,7 @@ def test_kube_watch_serves_the_stamps_its_identity_resolver_ignored(tmp_path: Pa
     read from the resolver at scrape time, beside the records it published."""
     from producers.kube_identity import MAX_NAME, IdentityResolver
     from producers.policy_stamp import SUBMITTER, SUBMITTER_UID
-    from producers.scheduler_cli import _metered_kube
+    from producers.scheduler_service import metered_kube
 
     class InForceSince:  # the stamp's admission objects, in force since 2026-01-01T00:00:00Z
         def since_ms(self) -> int:
@@ -362,9 +362,9 @@ def test_kube_watch_serves_the_stamps_its_identity_resolver_ignored(tmp_path: Pa
     published: list[Any] = []
     inner = SimpleNamespace(publish=lambda *a: published.append(a), flush=lambda t=30.0: None)
     settings = _settings(tmp_path, base_port=0)
-    assert _metered_kube(inner, _settings(tmp_path, enabled=False), SimpleNamespace(identity=resolver)) is inner
-    pub = _metered_kube(inner, settings, SimpleNamespace(identity=resolver))
-    server = metrics.start_metrics_server(settings, "kube")  # the endpoint _metered_kube started
+    assert metered_kube(inner, _settings(tmp_path, enabled=False), SimpleNamespace(identity=resolver)) is inner
+    pub = metered_kube(inner, settings, SimpleNamespace(identity=resolver))
+    server = metrics.start_metrics_server(settings, "kube")  # the endpoint metered_kube started
     assert server is not None and (tmp_path / "metrics" / "kube.port").is_file()
     try:
         for obj in (pod("big", "x" * (MAX_NAME + 1), "2026-02-01T00:00:00Z"),  # over the bound

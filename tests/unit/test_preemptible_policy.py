@@ -20,7 +20,7 @@ from producers import policy_kueue, policy_slurm
 from producers.jobevents import DEFAULT_PREEMPTIBLE, EventContext
 from producers.kube import KubeTracker, workload_priority_class
 from producers.preemptible import pricing_drift, resolve
-from producers.scheduler_cli import preemptible_names
+from producers.scheduler_service import preemptible_names
 from producers.slurm import parse_capture
 from producers.slurm_events import slurm_event
 from producers.slurm_spool import drain
