@@ -67,11 +67,16 @@ ENGINE_GROUPS = {"slurm": {"live_slurm", "live_slurm_noacct"}, "kube": {"kube_bi
 # shares no engine with a test running beside it. fixtures_kube runs it last there, after the Slurm tests.
 
 
+# Session fixtures that cost a worker a minute of CPU to build (the team page's simulated month, seeded into
+# ClickHouse): the tests that read them go to one worker, so the month is seeded once, not once per worker.
+SHARED_GROUPS = {"web": {"web_ledger"}}
+
+
 def xdist_group_of(item: pytest.Item) -> str | None:
-    """The worker group a test belongs to: its live engine's, else its module's when it is a fault test or shares
-    a module-scoped fixture, else none (any worker)."""
+    """The worker group a test belongs to: its live engine's, else its shared session fixture's, else its module's
+    when it is a fault test or shares a module-scoped fixture, else none (any worker)."""
     names = set(getattr(item, "fixturenames", ()))
-    for group, fixtures in ENGINE_GROUPS.items():
+    for group, fixtures in (ENGINE_GROUPS | SHARED_GROUPS).items():
         if names & fixtures:
             return group
     if "fault" in item.path.parts:
