@@ -1,5 +1,6 @@
-"""`gpuledger chat run`: alerts and appeal decisions posted to chat, each exactly once (sinks/chat.py,
-sinks/chat_appeals.py), wired from the one settings object."""
+"""`gpuledger chat run`: alerts, appeal decisions and idle reservations' warnings and early releases posted to chat,
+each exactly once (sinks/chat.py, sinks/chat_appeals.py, sinks/chat_reservations.py), wired from the one settings
+object."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ def run_chat(settings: Settings, local_receiver: int | None, stop: Any, max_idle
     as a reply in its warning's thread, each escalation to the operators' channel (with the policy's rules).
     `local_receiver`: with no route configured, post to `chat receiver` on this loopback port."""
     from schemas.policy import load_policy
-    from schemas.topics import ALERTS, APPEALS
+    from schemas.topics import ALERTS, APPEALS, RESERVATIONS
     from sinks.chat import ChatJournal, ChatNotifier, local_receiver_routes, recently_delivered
     from sinks.chat_appeals import appeal_notifier
+    from sinks.chat_reservations import ReservationNotifier
     from sinks.gang import ClickHouseGangs
     from sinks.worker_agent import consume_records
 
@@ -33,6 +35,7 @@ def run_chat(settings: Settings, local_receiver: int | None, stop: Any, max_idle
                             intent=two_phase.begin, in_doubt=two_phase.in_doubt(chat.dedupe_window))  # fmt: skip
     policy = None if settings.policy_path is None else load_policy(settings.policy_path)
     appeals = appeal_notifier(chat, db, settings.kafka, policy, recent, two_phase.begin)
+    reservations = ReservationNotifier(chat, already_sent=recent, intent=two_phase.begin)
 
     def journal(delivery: Any) -> None:
         log.info("%s %s %s", delivery.alert_id, delivery.status, delivery.channel)
@@ -47,5 +50,6 @@ def run_chat(settings: Settings, local_receiver: int | None, stop: Any, max_idle
         max_idle_s,
         metrics_component="chat",
         out_label="chat",
-        also={APPEALS: lambda record: journal(appeals.handle(record))},
+        also={APPEALS: lambda record: journal(appeals.handle(record)),
+              RESERVATIONS: lambda record: journal(reservations.handle(record))},
     )
