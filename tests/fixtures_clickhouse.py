@@ -11,6 +11,8 @@ Fixtures
   clickhouse_database  a unique database for one test, dropped afterwards.
   clickhouse_client    factory: clickhouse_client(**kw) -> writer client bound to that database;
                        every client it made is closed after the test.
+  ledger_client        a writer client (sinks.db.connect) on that database with every migration and view
+                       applied; write_job_events(client, records) stores job events as the sink does.
 
 Helpers for tests that need their own server (restarts, locks, shutdown):
   start_server(path, **options) -> ClickHouseServer;  stop_server(server, sig) -> exit code.
@@ -180,6 +182,32 @@ def clickhouse_client(clickhouse_server: ClickHouseServer, clickhouse_database: 
     finally:
         for client in made:
             client.close()
+
+
+@pytest.fixture
+def ledger_client(clickhouse_server: ClickHouseServer, clickhouse_database: str) -> Iterator[Any]:
+    from base.settings import ClickHouseSettings
+    from sinks.db import connect, migrate
+
+    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
+                            password=clickhouse_server.password)  # fmt: skip
+    client = connect(ch)
+    migrate(client, ch)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def write_job_events(client: Any, records: list[dict[str, Any]]) -> None:
+    """Job events stored in `job_events` by the sinks' own writer (its rows of each record); none refused."""
+    from schemas import topics
+    from sinks.rows import SINKS
+    from sinks.writer import LedgerWriter, Origin, Pending
+
+    events, _ = SINKS[topics.JOB_EVENTS.name]
+    pending = [Pending(events, row, Origin("e", 0, i)) for i, r in enumerate(records) for row in events.rows(r)]
+    assert not LedgerWriter(client).write(pending).rejected
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:

@@ -12,12 +12,10 @@ import pytest
 from unit.test_attribution_unidentified import records
 
 from base.processor_settings import ProcessorSettings
-from base.settings import ClickHouseSettings
 from processors.attribution import UNIDENTIFIED
 from processors.pipeline import run_in_memory
 from schemas import topics
 from sinks.chargeback import UNIDENTIFIED_PREFIX, Unidentified, unidentified
-from sinks.db import connect, migrate
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
 
@@ -25,13 +23,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def client(clickhouse_server: Any, clickhouse_database: str) -> Any:
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password)  # fmt: skip
-    c = connect(ch)
-    migrate(c, ch)
-    yield c
-    c.close()
+def client(ledger_client: Any) -> Any:
+    return ledger_client
 
 
 def test_unidentified_device_hours_are_reported(client: Any) -> None:

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 from contract_records import job_event
+from fixtures_clickhouse import write_job_events
 
 from base.processor_settings import IdlePolicy
-from base.settings import ChatRoute, ChatSettings, ClickHouseSettings
+from base.settings import ChatRoute, ChatSettings
 from processors.attribution import JobInfo
 from processors.idle import IdleState, new_state, step
 from schemas import topics
 from sinks.chat import ChatNotifier, WebhookReceiver, delivered_post, record_delivery
-from sinks.db import connect, migrate
 from sinks.gang import ClickHouseGangs
 from sinks.reclaim import ClickHouseJobState, ClickHouseRecorder, ReclaimExecutor
 from sinks.rows import SINKS
@@ -35,19 +35,8 @@ GANG = "kueue:ml/wl"
 
 
 @pytest.fixture
-def client(clickhouse_server: Any, clickhouse_database: str) -> Any:
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password)  # fmt: skip
-    c = connect(ch)
-    migrate(c, ch)
-    yield c
-    c.close()
-
-
-def _events(client: Any, records: Sequence[dict[str, Any]]) -> None:
-    events, _ = SINKS[topics.JOB_EVENTS.name]
-    pending = [Pending(events, row, Origin("e", 0, i)) for i, r in enumerate(records) for row in events.rows(r)]
-    assert not LedgerWriter(client).write(pending).rejected
+def client(ledger_client: Any) -> Any:
+    return ledger_client
 
 
 def _minutes(client: Any, job: str, minute: int, active: int, idle: int) -> None:
@@ -60,7 +49,7 @@ def kube(kind: str, job: str, ts: int, **kw: Any) -> dict[str, Any]:
 
 
 def test_a_gang_is_reclaimed_only_when_every_member_is_idle(client: Any) -> None:
-    _events(client, [
+    write_job_events(client, [
         kube("SUBMITTED", "ml/wl", T0, allocations=[]), kube("UPDATED", "ml/wl", T0, allocations=[]),
         kube("STARTED", "ml/p0", T0), kube("STARTED", "ml/p1", T0),
         job_event("STARTED", T0, job_id="ml/solo", scheduler="KUBERNETES", event_id="solo"),
@@ -101,7 +90,7 @@ def _alerts(client: Any, records: Sequence[dict[str, Any]]) -> None:
 
 
 def test_the_chat_posts_one_warning_naming_the_gang_when_its_last_pod_is_idle(client: Any) -> None:
-    _events(client, [kube("STARTED", "ml/p0", T0), kube("STARTED", "ml/p1", T0)])
+    write_job_events(client, [kube("STARTED", "ml/p0", T0), kube("STARTED", "ml/p1", T0)])
     policy = IdlePolicy(idle_after_min_batch=3, grace_min=2)
     pods: dict[str, IdleState] = {j: new_state(JobInfo(cluster="c1", job_id=j, scheduler="KUEUE", user="ana",
                                                        team="vision", project="det"), (f"GPU-{j[-1]}",))

@@ -3,18 +3,13 @@ sinks store them, read back by `ClickHouseJobState` and decided by `recheck`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from contract_records import job_event
+from fixtures_clickhouse import write_job_events
 
-from base.settings import ClickHouseSettings
-from schemas import topics
-from sinks.db import connect, migrate
 from sinks.reclaim import ClickHouseJobState, ClickHouseRecorder, JobNow, ReclaimExecutor
-from sinks.rows import SINKS
-from sinks.writer import LedgerWriter, Origin, Pending
 
 pytestmark = pytest.mark.integration
 MINUTE_COLUMNS = ("cluster", "job_id", "minute_start_ms", "device_count", "allocated_s", "active_s", "starved_s",
@@ -22,19 +17,8 @@ MINUTE_COLUMNS = ("cluster", "job_id", "minute_start_ms", "device_count", "alloc
 
 
 @pytest.fixture
-def client(clickhouse_server: Any, clickhouse_database: str) -> Any:
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password)  # fmt: skip
-    c = connect(ch)
-    migrate(c, ch)
-    yield c
-    c.close()
-
-
-def _events(client: Any, records: Sequence[dict[str, Any]]) -> None:
-    events, _ = SINKS[topics.JOB_EVENTS.name]
-    pending = [Pending(events, row, Origin("e", 0, i)) for i, r in enumerate(records) for row in events.rows(r)]
-    assert not LedgerWriter(client).write(pending).rejected
+def client(ledger_client: Any) -> Any:
+    return ledger_client
 
 
 def _minute(job: str, minute_ms: int, active: int, idle: int) -> list[Any]:
@@ -43,7 +27,7 @@ def _minute(job: str, minute_ms: int, active: int, idle: int) -> list[Any]:
 
 def test_recheck_reads_allocation_and_latest_minute(client: Any) -> None:
     t0 = 1_793_491_200_000
-    _events(client, [
+    write_job_events(client, [
         job_event("STARTED", t0, job_id="idle"), job_event("STARTED", t0, job_id="ended"),
         job_event("ENDED", t0 + 300_000, job_id="ended"), job_event("STARTED", t0, job_id="woke"),
         job_event("STARTED", t0, job_id="resumed"), job_event("SUSPENDED", t0 + 60_000, job_id="resumed"),
