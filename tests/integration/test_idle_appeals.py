@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from fixtures_cli import run_gpuledger
+from test_chat_appeals import POLICY  # ana of team vision, ops1 decides appeals
 from test_idle_faust import _row, count, start_faust, stop, until
 from test_processor_harness import create_topics, decode_all, publish, read_all, worker_env
 from test_statements_close import env as cli_env
@@ -32,15 +33,6 @@ from sinks.writer import LedgerWriter
 pytestmark = pytest.mark.integration
 
 M = 60_000
-POLICY = """
-version: 1
-generations: {hopper: {slurm_gres: h100, kueue_flavor: h100}}
-tiers: [{name: research, priority: 100}]
-governance:
-  operators: [ops1]
-  appeals: {deadline_hours: 72, window_days: 30, max_credit: "100.00", max_exemption_hours: 48}
-teams: [{name: vision, members: [ana]}]
-"""
 # Warned after 2 idle minutes, reclaimed 10 minutes after that: room for the appeal to be filed and decided.
 IDLE = {"idle__idle_after_min_interactive": "2", "idle__grace_min": "10", "max_future_ms": str(2 * 3_600_000),
         "commit_interval_ms": "500"}  # fmt: skip
