@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--no-optimize", action="store_true", help="leave the generated parts unmerged")
     args = ap.parse_args()
     from processors.whatif import replay_month, run_classes
-    from sinks.whatif import first_reclaims, load_month, released_after
+    from sinks.whatif import first_reclaims, load_month, released_after, shortest_warning
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(Path(tmp))
@@ -128,7 +128,7 @@ def main() -> None:
             prof = cProfile.Profile() if args.profile else None
             if prof:
                 prof.enable()
-            month = load_month(client, PERIOD, None if args.every_minute else run_classes())
+            month = load_month(client, PERIOD, None if args.every_minute else run_classes(), shortest_warning(POLICY))
             phases.done("load")
             out = replay_month(month.minutes, month.jobs, month.appeals, POLICY, None)
             phases.done("replay")

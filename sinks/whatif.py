@@ -101,67 +101,81 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
     `run_classes` (the replay's `processors.whatif.run_classes()`: a class code per sign pattern of active, starved
     and idle seconds, the classifier's own answers) makes the warehouse hand the minutes over as runs: contiguous
     minutes of one class, allocated seconds, generation and device count, each one row (`RUN_COLUMNS`: its first
-    minute's values and `minutes`), which `idle.step_run` steps as `step` would each minute; and only for the jobs
-    with `min_streak` or more contiguous idle minutes somewhere (`shortest_warning`: fewer can never be warned, so
-    the state machine emits nothing for them; 0: every job). Without it every minute is a run of one, every job.
-    Either way the rows come per job as columns (arrays), not a row per minute; `spans` cover every job."""
+    minute, `minutes`, and the seconds signs of the first pattern of its class in the table, which is all the
+    classifier reads), which `idle.step_run` steps as `step` would each minute; and only for the jobs with
+    `min_streak` or more contiguous idle minutes somewhere (`shortest_warning`: fewer can never be warned, so the
+    state machine emits nothing for them; 0: every job). One pass over the month in the warehouse: per job, its
+    minutes as two arrays (start, and class, generation, devices and allocated seconds packed in one integer), run
+    starts where either changes; `spans` and identity cover every job. Without `run_classes` every stored minute
+    is a run of one with its own seconds, every job (for tests: no packing, no arrays)."""
     start, end = month_bounds(period)
     params: dict[str, Any] = {"start": start, "end": end, "from": start - LOOKBACK_MS}
-    in_month = "SELECT DISTINCT cluster, job_id FROM job_minutes WHERE minute_start_ms >= {start:Int64} " \
-               "AND minute_start_ms < {end:Int64}"  # fmt: skip
-    where = f"minute_start_ms >= {{from:Int64}} AND minute_start_ms < {{end:Int64}} AND (cluster, job_id) " \
-            f"IN ({in_month})"  # fmt: skip
-    cols = "minute_start_ms, active_s, starved_s, idle_s, allocated_s, generation, device_count, " + ", ".join(
-        IDENTITY_COLUMNS
-    )
+    firsts = ", ".join(f"argMin({c}, minute_start_ms)" for c in IDENTITY_COLUMNS)
+    minutes: dict[Key, list[dict[str, Any]]] = {}
+    jobs: dict[Key, dict[str, Any]] = {}
+    spans: dict[Key, tuple[int, int, int]] = {}
+    # jobs with a minute in the month; rows before it only for them (a HAVING, not an IN: an IN over (cluster,
+    # job_id) costs more than reading the lookback's rows)
+    window = "FROM job_minutes FINAL WHERE minute_start_ms >= {from:Int64} AND minute_start_ms < {end:Int64}"
+    month_jobs = "GROUP BY cluster, job_id HAVING max(minute_start_ms) >= {start:Int64}"
     if run_classes is None:
-        runs = f"SELECT cluster, job_id, {cols}, 1 AS minutes FROM job_minutes FINAL WHERE {where}"
+        cols = ", ".join(c for c in RUN_COLUMNS if c != "minutes")
+        for row in client.query(
+            f"SELECT cluster, job_id, {firsts}, min(minute_start_ms), max(minute_start_ms), max(device_count), "
+            f"groupArray(({cols})) {window} {month_jobs}",
+            parameters=params,
+        ).result_rows:
+            key = (str(row[0]), str(row[1]))
+            jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2:8], strict=True))}
+            spans[key] = (int(row[8]), int(row[9]), int(row[10]))
+            minutes[key] = [{**dict(zip((c for c in RUN_COLUMNS if c != "minutes"), m, strict=True)), "minutes": 1}
+                            for m in row[11]]  # fmt: skip
     else:
         if len(run_classes) != 8:
             raise ConfigError("run_classes names a class for each of the 8 sign patterns")
-        params["classes"] = [int(c) for c in run_classes]
-        idle_code = max(run_classes[1], 0)  # idle seconds alone: the idle class's code (processors.whatif.RUN_CODES)
-        # a minute starts a run unless the one before is the minute before with the same key; ends one likewise
-        marked = (
-            f"SELECT cluster, job_id, {cols}, (arrayElement({{classes:Array(Int8)}}, 1 + (active_s > 0) * 4 "
-            "+ (starved_s > 0) * 2 + (idle_s > 0)), allocated_s, generation, device_count) AS k, "
-            "k != lagInFrame(k) OVER w OR minute_start_ms != lagInFrame(minute_start_ms, 1, 0) OVER w + 60000 "
-            "AS starts, k != leadInFrame(k) OVER w OR minute_start_ms + 60000 != leadInFrame(minute_start_ms, 1, 0) "
-            f"OVER w AS ends FROM job_minutes FINAL WHERE {where} WINDOW w AS (PARTITION BY cluster, job_id "
-            "ORDER BY minute_start_ms ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING)"
+        codes = [int(c) for c in run_classes]
+        if min(codes) < 0 or max(codes) > 3:
+            raise ConfigError("run_classes: codes 0-3 (two bits of the packed key)")
+        gens = [str(r[0]) for r in client.query(f"SELECT DISTINCT generation {window}", parameters=params).result_rows]
+        if len(gens) > 255:
+            raise ConfigError(f"{len(gens)} generations in {period}: the replay packs at most 255")
+        # the packed key: class code (2 bits) | generation's index (8) | devices (22) | allocated seconds (32)
+        params.update(classes=codes, gens=gens, idle=codes[1], streak=min_streak)  # signs 001: idle seconds alone
+        packed = (
+            "toUInt64({classes:Array(UInt8)}[1 + (active_s > 0) * 4 + (starved_s > 0) * 2 + (idle_s > 0)]) "
+            "+ bitShiftLeft(toUInt64(indexOf({gens:Array(String)}, generation)), 2) "
+            "+ bitShiftLeft(toUInt64(least(device_count, 4194303)), 10) + bitShiftLeft(toUInt64(allocated_s), 32)"
         )
-        if min_streak > 0:  # the jobs with a streak of min_streak idle minutes: islands of contiguous idle minutes
-            params["idle"], params["streak"] = [i for i, c in enumerate(run_classes) if c == idle_code], min_streak
-            streaks = (
-                "SELECT cluster, job_id FROM (SELECT cluster, job_id, intDiv(minute_start_ms, 60000) - row_number() "
-                "OVER (PARTITION BY cluster, job_id ORDER BY minute_start_ms) AS island FROM job_minutes FINAL WHERE "
-                f"{where} AND has({{idle:Array(UInt8)}}, (active_s > 0) * 4 + (starved_s > 0) * 2 + (idle_s > 0))) "
-                "GROUP BY cluster, job_id, island HAVING count() >= {streak:Int64}"
-            )
-            marked = marked.replace(f"WHERE {where}", f"WHERE {where} AND (cluster, job_id) IN ({streaks})", 1)
-        # of the starts and ends only: a run's end is its start, or the next row
-        runs = (
-            f"SELECT cluster, job_id, {cols}, intDiv(if(ends, minute_start_ms, next_ms) - minute_start_ms, 60000) "
-            f"+ 1 AS minutes FROM (SELECT *, leadInFrame(minute_start_ms) OVER (PARTITION BY cluster, job_id ORDER BY "
-            f"minute_start_ms ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_ms FROM ({marked}) WHERE starts OR "
-            "ends) WHERE starts"
+        per_job = (
+            f"SELECT cluster, job_id, {firsts}, min(minute_start_ms) AS first, max(minute_start_ms) AS last, "
+            f"max(device_count) AS devices, groupArray(minute_start_ms) AS ms0, groupArray({packed}) AS k0 "
+            f"{window} {month_jobs}"
         )
-    firsts = ", ".join(f"argMin({c}, minute_start_ms)" for c in IDENTITY_COLUMNS)
-    arrays = ", ".join(f"groupArray({c})" for c in RUN_COLUMNS)
-    sql = (
-        f"SELECT cluster, job_id, {firsts}, min(minute_start_ms), max(minute_start_ms + (minutes - 1) * 60000), "
-        f"max(device_count), {arrays} FROM ({runs}) GROUP BY cluster, job_id"
-    )
-    minutes: dict[Key, list[dict[str, Any]]] = {}
-    jobs: dict[Key, dict[str, Any]] = {}
-    n_id = len(IDENTITY_COLUMNS)
-    for row in client.query(sql, parameters=params).result_rows:
-        key = (str(row[0]), str(row[1]))
-        jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2 : 2 + n_id], strict=True))}
-        minutes[key] = [dict(zip(RUN_COLUMNS, run, strict=True)) for run in zip(*row[5 + n_id :], strict=True)]
-    spans = {(str(r[0]), str(r[1])): (int(r[2]), int(r[3]), int(r[4])) for r in client.query(
-        f"SELECT cluster, job_id, min(minute_start_ms), max(minute_start_ms), max(device_count) FROM job_minutes "
-        f"FINAL WHERE {where} GROUP BY cluster, job_id", parameters=params).result_rows}  # fmt: skip
+        # sorted by minute; idle streaks: breaks in the idle minutes' sequence; runs: a change of minute or key
+        sql = (
+            "SELECT * EXCEPT (ms0, k0, p, ms, k, im, br, idx), if(longest >= {streak:Int64}, arrayMap(i -> ms[i], "
+            "idx), []), if(longest >= {streak:Int64}, arrayMap(j -> if(j < length(idx), idx[j + 1], length(ms) + 1) "
+            "- idx[j], arrayEnumerate(idx)), []), if(longest >= {streak:Int64}, arrayMap(i -> k[i], idx), []) FROM ("
+            "SELECT *, arrayFilter((x, c) -> bitAnd(c, 3) = {idle:UInt8}, ms, k) AS im, arrayFilter((i, d) -> "
+            "d != 60000, arrayEnumerate(im), arrayDifference(im)) AS br, arrayMax(arrayDifference(arrayPushBack(br, "
+            "length(im) + 1))) AS longest, arrayFilter((i, dm, dk) -> dm != 60000 OR dk != 0, arrayEnumerate(ms), "
+            "arrayDifference(ms), arrayDifference(k)) AS idx FROM (SELECT *, arraySort((i, x) -> x, arrayEnumerate("
+            f"ms0), ms0) AS p, arrayMap(i -> ms0[i], p) AS ms, arrayMap(i -> k0[i], p) AS k FROM ({per_job}))) "
+            "SETTINGS optimize_aggregation_in_order = 1"
+        )
+        signs = {}  # per class code, the first sign pattern of it in the table: (active_s, starved_s, idle_s)
+        for bits in reversed(range(8)):
+            signs[codes[bits]] = ((bits >> 2) & 1, (bits >> 1) & 1, bits & 1)
+        for row in client.query(sql, parameters=params).result_rows:
+            key = (str(row[0]), str(row[1]))
+            jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2:8], strict=True))}
+            spans[key] = (int(row[8]), int(row[9]), int(row[10]))
+            if int(row[10]) > 4194303:
+                raise ConfigError(f"job {key[1]} holds {row[10]} devices: more than the replay packs")
+            if row[12]:
+                minutes[key] = [_run(ms, n, k, signs, gens) for ms, n, k in zip(row[12], row[13], row[14], strict=True)]
+    in_month = "SELECT DISTINCT cluster, job_id FROM job_minutes WHERE minute_start_ms >= {start:Int64} " \
+               "AND minute_start_ms < {end:Int64}"  # fmt: skip
     # The first STARTED event (else the first event): the job stage's `JobInfo.from_event`.
     picks = ", ".join(f"argMin({c}, (event_type != 'STARTED', ts_ms)) AS {c}" for c in FLAG_COLUMNS)
     for row in client.query(
@@ -196,6 +210,17 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
         ).result_rows
     ]
     return Month(period, start, end, minutes, jobs, alerts, appeal_events(client), spans)
+
+
+def _run(
+    start_ms: int, n: int, key: int, signs: Mapping[int, tuple[int, int, int]], gens: Sequence[str]
+) -> dict[str, Any]:
+    """A run's row (`RUN_COLUMNS`) from its first minute, length and packed key (see `load_month`)."""
+    active, starved, idle = signs[key & 3]
+    index = (key >> 2) & 255
+    return {"minute_start_ms": start_ms, "minutes": n, "active_s": active, "starved_s": starved, "idle_s": idle,
+            "allocated_s": key >> 32, "generation": gens[index - 1] if index else "",
+            "device_count": (key >> 10) & 4194303}  # fmt: skip
 
 
 def shortest_warning(idle: IdlePolicy) -> int:
