@@ -22,17 +22,15 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
-from fixtures_cli import run_gpuledger
-from test_statements_close import LEDGER, card, env, hashes, lines_of, ms
+from test_statements_close import LEDGER, env, hashes, ledger_settings, lines_of, ms
+from test_statements_close import run_cli as cli
 
-from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
+from base.settings import Settings
 from schemas import topics
 from schemas.codec import AvroCodec
 from schemas.topics import job_key
 from sinks.consumer import LedgerSink
-from sinks.db import connect, migrate
-from sinks.ratecard import RATE_CARD_COLUMNS
+from sinks.db import connect
 from sinks.writer import LedgerWriter
 from streams.eventlog import read_events
 from streams.publish import RecordPublisher
@@ -62,35 +60,10 @@ ALERT = {
 @pytest.fixture
 def appeals_env(kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str,
                 tmp_path: Path) -> tuple[Settings, dict[str, str]]:  # fmt: skip
-    prefix = f"t{uuid.uuid4().hex[:8]}."
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    names = [prefix + t.name + suffix for t in TOPICS for suffix in ("", ".dlq")]
-    for fut in admin.create_topics([NewTopic(n, 2, 1) for n in names]).values():
-        fut.result(timeout=30)
-    server = clickhouse_server
-    ch = ClickHouseSettings(url=server.url, database=clickhouse_database, password=server.password,
-                            analyst_password=server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
-    client.insert("rate_card", card("card-1", 2_000_000, 1), column_names=RATE_CARD_COLUMNS)
-    client.close()
-    settings = Settings(
-        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix),
-        clickhouse=ch,
-        sinks=SinksSettings(group_id=f"sink-{uuid.uuid4().hex[:6]}", batch_max_records=500, batch_max_wait_s=0.3),
-    )
+    settings = ledger_settings(kafka_bootstrap, clickhouse_server, clickhouse_database, TOPICS)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     return settings, {**env(settings), "GPULEDGER_POLICY_PATH": str(policy)}
-
-
-def cli(environ: dict[str, str], *args: str, code: int = 0) -> str:
-    done = run_gpuledger(list(args), environ)
-    assert done.returncode == code, done.stdout + done.stderr
-    if code:
-        assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # one line
-        return done.stderr
-    return done.stdout
 
 
 def sink(s: Settings) -> None:

@@ -20,18 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from fixtures_cli import run_gpuledger
-from test_statements_close import card, env, lines_of, ms, run
+from test_statements_close import env, ledger_settings, lines_of, ms, run
+from test_statements_close import run_cli as cli
 
-from base.settings import ClickHouseSettings, KafkaSettings, Settings, SinksSettings
+from base.settings import Settings
 from schemas import topics
 from schemas.governance_reservations import request_events
 from schemas.policy import parse_policy
 from schemas.topics import job_key
 from sinks.consumer import LedgerSink
-from sinks.db import connect, migrate
-from sinks.ratecard import RATE_CARD_COLUMNS
+from sinks.db import connect
 from sinks.writer import LedgerWriter
 from stack.slurm.cluster import SlurmClient
 from streams.eventlog import read_events
@@ -60,36 +58,11 @@ teams:
 @pytest.fixture
 def governed(kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str,
              tmp_path: Path) -> tuple[Settings, dict[str, str], str]:  # fmt: skip
-    prefix = f"t{uuid.uuid4().hex[:8]}."
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    names = [prefix + t.name + suffix for t in TOPICS for suffix in ("", ".dlq")]
-    for fut in admin.create_topics([NewTopic(n, 2, 1) for n in names]).values():
-        fut.result(timeout=30)
-    server = clickhouse_server
-    ch = ClickHouseSettings(url=server.url, database=clickhouse_database, password=server.password,
-                            analyst_password=server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
-    client.insert("rate_card", card("card-1", 2_000_000, 1), column_names=RATE_CARD_COLUMNS)
-    client.close()
-    settings = Settings(
-        kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix),
-        clickhouse=ch,
-        sinks=SinksSettings(group_id=f"sink-{uuid.uuid4().hex[:6]}", batch_max_records=500, batch_max_wait_s=0.3),
-    )
+    settings = ledger_settings(kafka_bootstrap, clickhouse_server, clickhouse_database, TOPICS)
     account = f"resv{uuid.uuid4().hex[:6]}"
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text(account))
     return settings, {**env(settings), "GPULEDGER_POLICY_PATH": str(policy)}, account
-
-
-def cli(environ: dict[str, str], *args: str, code: int = 0) -> str:
-    done = run_gpuledger(list(args), environ)
-    assert done.returncode == code, done.stdout + done.stderr
-    if code:
-        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-        return done.stderr
-    return done.stdout
 
 
 def shown(slurm: SlurmClient, name: str) -> str | None:

@@ -100,15 +100,16 @@ def card(version: str, hopper_micro: int, loaded_ms: int) -> list[list[Any]]:
     ]
 
 
-@pytest.fixture
-def governed(kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str) -> Settings:
+def ledger_settings(kafka_bootstrap: str, server: Any, database: str, catalogue: tuple[Any, ...]) -> Settings:
+    """A fresh topic prefix with `catalogue`'s topics and their dead letters, the database migrated with the first
+    rate card (hopper 2.00 per GPU-hour), and the settings that reach both (test_appeals_credit.py and
+    test_reservations_live.py start from it too)."""
     prefix = f"t{uuid.uuid4().hex[:8]}."
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    names = [prefix + t.name + suffix for t in SINK_TOPICS for suffix in ("", ".dlq")]
+    names = [prefix + t.name + suffix for t in catalogue for suffix in ("", ".dlq")]
     for fut in admin.create_topics([NewTopic(n, 2, 1) for n in names]).values():
         fut.result(timeout=30)
-    server = clickhouse_server
-    ch = ClickHouseSettings(url=server.url, database=clickhouse_database, password=server.password,
+    ch = ClickHouseSettings(url=server.url, database=database, password=server.password,
                             analyst_password=server.analyst_password)  # fmt: skip
     client = connect(ch)
     migrate(client, ch)
@@ -119,6 +120,21 @@ def governed(kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: 
         clickhouse=ch,
         sinks=SinksSettings(group_id=f"sink-{uuid.uuid4().hex[:6]}", batch_max_records=500, batch_max_wait_s=0.3),
     )
+
+
+def run_cli(environ: dict[str, str], *args: str, code: int = 0) -> str:
+    """`gpuledger ARGS` under `environ`: its stdout, or with a non-zero `code` its one line of stderr."""
+    done = run_gpuledger(list(args), environ)
+    assert done.returncode == code, done.stdout + done.stderr
+    if code:
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # one line
+        return done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def governed(kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str) -> Settings:
+    return ledger_settings(kafka_bootstrap, clickhouse_server, clickhouse_database, SINK_TOPICS)
 
 
 def env(s: Settings) -> dict[str, str]:
