@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
+from fixtures_web import cli_env, run_cli
 
 from base.settings import ClickHouseSettings
 from schemas import topics
@@ -149,25 +149,6 @@ def write_ledger(ch: ClickHouseSettings) -> Any:
     assert not result.rejected
     return result
 
-
-def cli_env(ch: ClickHouseSettings) -> dict[str, str]:
-    return {
-        "GPULEDGER_CONFIG": str(REPO / "tests" / "no-such-gpuledger.toml"),
-        "GPULEDGER_CLICKHOUSE__URL": ch.url,
-        "GPULEDGER_CLICKHOUSE__DATABASE": ch.database,
-        "GPULEDGER_CLICKHOUSE__PASSWORD": ch.password.get_secret_value(),
-        "GPULEDGER_CLICKHOUSE__ANALYST_PASSWORD": ch.analyst_password.get_secret_value(),
-    }
-
-
-def run_cli(ch: ClickHouseSettings, *args: str) -> str:
-    from gpuledger.cli import _register_all, app
-
-    if not any(g.name == "report" for g in app.registered_groups):
-        _register_all()
-    result = CliRunner().invoke(app, list(args), env=cli_env(ch), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def test_worked_ledger_exact_to_the_cent_in_cli_and_views(ledger_settings: ClickHouseSettings, tmp_path: Path) -> None:
