@@ -16,29 +16,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from fixtures_kube import NODE, eventually, get, gpu_pod, gpu_quota, run_pod
 from kubernetes import config as kube_config
+from unit.test_reclaim import Recorder
 
 from sinks.kube_owner import KubeOwnerReader, owning_workload
-from sinks.reclaim import Outcome, ReclaimExecutor, kubernetes_patch
+from sinks.reclaim import ReclaimExecutor, kubernetes_patch
 from stack.kube.cluster import LocalKube
-
-
-class MemoryRecorder:
-    def __init__(self) -> None:
-        self.rows: list[Outcome] = []
-
-    def record(self, outcomes: Sequence[Outcome]) -> None:
-        self.rows.extend(outcomes)
-
-    def has_run(self, action_id: str) -> bool:
-        return any(o.action_id == action_id and not o.dry_run for o in self.rows)
-
-
 
 
 def owner_ref(obj: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +54,7 @@ def executor(local_kube: LocalKube, monkeypatch: pytest.MonkeyPatch) -> tuple[Re
     def owner(namespace: str, name: str) -> Any:
         return owning_workload(reader, namespace, name)
 
-    return ReclaimExecutor(MemoryRecorder(), dry_run=False, kueue_patch=patch, kueue_owner=owner,
+    return ReclaimExecutor(Recorder(), dry_run=False, kueue_patch=patch, kueue_owner=owner,
                            owner_patch=reader.patch, owner_create=reader.create), patched  # fmt: skip
 
 

@@ -8,28 +8,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from fixtures_kube import condition, eventually, get, gpu_quota, workload_of
 from kubernetes import config as kube_config
+from unit.test_reclaim import Recorder
 
-from sinks.reclaim import Outcome, ReclaimExecutor, kubernetes_patch
+from sinks.reclaim import ReclaimExecutor, kubernetes_patch
 from stack.kube.cluster import LocalKube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-class MemoryRecorder:
-    def __init__(self) -> None:
-        self.rows: list[Outcome] = []
-
-    def record(self, outcomes: Sequence[Outcome]) -> None:
-        self.rows.extend(outcomes)
-
-    def has_run(self, action_id: str) -> bool:
-        return any(o.action_id == action_id and not o.dry_run for o in self.rows)
 
 
 def gpu_job(name: str, ns: str, gpus: int, queue: str) -> dict[str, Any]:
@@ -88,7 +77,7 @@ def test_reclaim_deactivates_the_workload_kueue_evicts_it_and_a_retry_does_not_a
         patches.append((namespace, name, body))
         kubernetes_patch(namespace, name, body)  # the real client, as gpuledger-reclaim
 
-    recorder = MemoryRecorder()
+    recorder = Recorder()
     executor = ReclaimExecutor(recorder, dry_run=False, kueue_patch=patch)
     action = {"action_id": "a-1", "cluster": "local", "job_id": f"{ns}/{wl}", "scheduler": "KUEUE",
               "action": "SUSPEND", "dry_run": False}  # fmt: skip

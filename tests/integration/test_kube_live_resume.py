@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from fixtures_kube import condition, eventually, get, gpu_quota, workload_of
 from kubernetes import config as kube_config
 from test_kube_live_kueue import gpu_job
+from unit.test_reclaim import Recorder
 
 from schemas.governance_appeals import Subject, decide_event, file_event, fold
 from schemas.policy import parse_policy
 from sinks.kube_owner import KubeOwnerReader, owning_workload
-from sinks.reclaim import Outcome, ReclaimExecutor, kubernetes_patch
+from sinks.reclaim import ReclaimExecutor, kubernetes_patch
 from sinks.reclaim_resume import Reclaimed, Request, Resumer, exemption_request
 from stack.kube.cluster import LocalKube
 
@@ -30,17 +30,6 @@ tiers: [{name: std, priority: 100}]
 governance: {operators: [ops1], appeals: {deciders: [ops1]}}
 teams: [{name: vision, members: [alice]}]
 """)
-
-
-class MemoryRecorder:
-    def __init__(self) -> None:
-        self.rows: list[Outcome] = []
-
-    def record(self, outcomes: Sequence[Outcome]) -> None:
-        self.rows.extend(outcomes)
-
-    def has_run(self, action_id: str) -> bool:
-        return any(o.action_id == action_id and not o.dry_run for o in self.rows)
 
 
 def test_a_reclaimed_kueue_job_appealed_and_exempted_runs_again(
@@ -64,7 +53,7 @@ def test_a_reclaimed_kueue_job_appealed_and_exempted_runs_again(
     def owner(namespace: str, name: str) -> Any:
         return owning_workload(reader, namespace, name)
 
-    recorder = MemoryRecorder()
+    recorder = Recorder()
     job_id = f"{ns}/{wl}"
     reclaim = {"action_id": "a-1", "cluster": "local", "job_id": job_id, "scheduler": "KUEUE", "action": "SUSPEND",
                "dry_run": False}  # fmt: skip

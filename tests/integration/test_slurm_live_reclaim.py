@@ -6,23 +6,13 @@ executor refuses SUSPEND for a Slurm job."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sinks.reclaim import Outcome, ReclaimExecutor
+from unit.test_reclaim import Recorder
+
+from sinks.reclaim import ReclaimExecutor
 from stack.slurm.cluster import SlurmClient
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.outcomes: list[Outcome] = []
-
-    def record(self, outcomes: Sequence[Outcome]) -> None:
-        self.outcomes.extend(outcomes)
-
-    def has_run(self, action_id: str) -> bool:
-        return any(o.action_id == action_id and not o.dry_run for o in self.outcomes)
 
 
 def action(kind: str, job_id: str) -> dict[str, Any]:

@@ -15,6 +15,9 @@ from sinks.reclaim import JobNow, Outcome, ReclaimExecutor, plan, recheck
 
 
 class Recorder:
+    """The executor's outcomes kept in memory (the ClickHouse recorder's contract); test_reclaim_resume.py and
+    test_slurm_live_reclaim.py use it too."""
+
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []
 

@@ -4,17 +4,16 @@ test_kube_live_resume.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from unit.test_reclaim import Recorder
 
 from base.errors import ServiceError
 from schemas.governance_appeals import Subject as AppealSubject
 from schemas.governance_appeals import decide_event, file_event, fold
 from schemas.policy import load_policy
 from sinks.kube_owner import Owner
-from sinks.reclaim import Outcome
 from sinks.reclaim_doubt import scontrol_show_job
 from sinks.reclaim_resume import (
     JobOwner,
@@ -29,17 +28,6 @@ from sinks.reclaim_resume import (
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = load_policy(ROOT / "deploy" / "policy.example.yaml")
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.outcomes: list[Outcome] = []
-
-    def record(self, outcomes: Sequence[Outcome]) -> None:
-        self.outcomes.extend(outcomes)
-
-    def has_run(self, action_id: str) -> bool:
-        return any(o.action_id == action_id and not o.dry_run for o in self.outcomes)
 
 
 def test_the_owner_a_lead_and_an_operator_may_ask_nobody_else() -> None:
