@@ -1,7 +1,8 @@
 """The fleet page's what-if (issue 43 item 3) on the simulated month in the embedded ClickHouse: operators and
 finance pick or upload a proposal and see `policy whatif`'s own comparison (the CSV equals the command's function,
 row for row), a member gets 403, a proposal that does not parse gets the command's line and nothing runs, an
-upload over the command's bound is refused, and the ledger's database holds the same tables afterwards.
+upload over the command's bound is refused, and the ledger's database holds the same tables afterwards. The
+fleet page links to it while the form is on.
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ def test_an_upload_is_compared_and_a_bad_one_gets_the_commands_line(settings: Se
 def test_a_team_member_cannot_open_it(settings: Settings) -> None:
     app = make_client(settings, Published())
     assert app.get(f"/fleet/whatif?period={PERIOD}", headers={"X-Forwarded-User": "fin00"}).status_code == 200
+    fleet = app.get(f"/fleet?period={PERIOD}", headers=OPS)  # the fleet page links to it, for the month shown
+    assert fleet.status_code == 200 and f'id="whatif-link" href="/fleet/whatif?period={PERIOD}"' in fleet.text
     for user in ("vis01", "vis00"):  # a member, a team's lead
         who = {"X-Forwarded-User": user}
         denied = app.get(f"/fleet/whatif?period={PERIOD}&proposal=current", headers=who)
@@ -140,3 +143,4 @@ def test_a_team_member_cannot_open_it(settings: Settings) -> None:
     assert app.get(f"/fleet/whatif?period={PERIOD}").status_code == 401
     off = make_client(settings.model_copy(update={"web": WebSettings(demo=False)}), Published())
     assert off.get(f"/fleet/whatif?period={PERIOD}", headers=OPS).status_code == 400
+    assert 'id="whatif-link"' not in off.get(f"/fleet?period={PERIOD}", headers=OPS).text  # off: no link
