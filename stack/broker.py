@@ -455,7 +455,7 @@ def ensure_class_archive(cfg: BrokerConfig, libs: Path, *, progress: Progress = 
             throwaway = BrokerConfig.on_free_ports(
                 Path(d), cfg.kafka_version, cache_root=cfg.cache_root, class_archive=False, archive_at_exit=part
             )
-            LocalBroker(throwaway).start(timeout=180).stop()
+            LocalBroker(throwaway).start(timeout=180).stop(timeout=120)  # the JVM writes the archive as it exits
 
     return jvm_archive.ensure_archive(class_archive_path(libs), find_java(), classpath(libs), write, progress)
 

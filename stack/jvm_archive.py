@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,14 +38,21 @@ def maps(java: str, archive: Path, classpath: str) -> bool:
 def ensure_archive(
     path: Path, java: str, classpath: str, write: Callable[[Path], None], progress: Callable[[str], None]
 ) -> Path | None:
-    """`path`, made first if missing: `write(part)` runs the throwaway life whose JVM writes `part` on exit."""
+    """`path`, made first if missing: `write(part)` runs the throwaway life whose JVM writes `part` on exit. An
+    attempt that fails leaves a marker, so the services start without an archive for a day instead of paying
+    for a throwaway life at every start."""
     if path.is_file():
         return path
+    failed = path.with_name(path.name + ".failed")
+    if _recent(failed):
+        return None
     with (path.parent / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if path.is_file():
                 return path
+            if _recent(failed):
+                return None
             progress(f"archiving the classes of {path.parent.name} for faster starts (first run only)")
             part = path.with_name(f"{path.name}.{os.getpid()}.part")
             try:
@@ -55,6 +63,18 @@ def ensure_archive(
                 log.warning("no class archive for %s (it starts without one): %s", path.parent.name, exc)
             finally:
                 part.unlink(missing_ok=True)
+            if not path.is_file():
+                failed.touch()
             return path if path.is_file() else None
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+RETRY_AFTER_S = 86_400
+
+
+def _recent(marker: Path) -> bool:
+    try:
+        return time.time() - marker.stat().st_mtime < RETRY_AFTER_S
+    except FileNotFoundError:
+        return False

@@ -220,7 +220,7 @@ def ensure_class_archive(cfg: RegistryConfig, app: Path, *, progress: Progress =
             throwaway = replace(
                 cfg, data_dir=Path(d), port=port, class_archive=False, archive_at_exit=part, maven_repo=None
             )
-            LocalRegistry(throwaway).start(timeout=180).stop()
+            LocalRegistry(throwaway).start(timeout=180).stop(timeout=120)  # the JVM writes it as it exits
 
     return jvm_archive.ensure_archive(jvm_archive.archive_path(app.parent, java, jar), java, jar, write, progress)
 
