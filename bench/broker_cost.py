@@ -11,7 +11,10 @@ seconds of node scrapes at `--rate` a second, paced to the wall clock, then a fl
 - the producer process's CPU seconds (`os.times`);
 - the topic's log segments on disk;
 - produce-to-acknowledgement latency (librdkafka's `Message.latency()`, one record in 100): with one broker and
-  acks=all, the part of the end-to-end latency the producer settings change (linger, batching, compression).
+  acks=all, the part of the end-to-end latency the producer settings change (linger, batching, compression);
+- `--consumers` consumer processes (default 2, as the processors and the sinks read the topic), each in a group of
+  its own, reading the topic while it is written until they have every record: the broker serves their fetches,
+  and their own CPU seconds from their first record on (start-up left out) show what decompressing costs.
 Reported per 10,000 GPUs at 1 Hz (1,250 scrapes a second). The CPU figures are CPU seconds, the latency is wall
 time: on a shared machine the latency says little; the load average is printed beside each row.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +47,27 @@ SETTINGS: list[tuple[str, int, dict[str, str]]] = [
 ]
 
 
+# A reader: a consumer in a group of its own, from the start of the topic until it has N records (or 300 s).
+# It prints the CPU seconds it used from its first record on (its start-up and group join left out).
+READER = """
+import os, sys, time, uuid
+from confluent_kafka import Consumer
+boot, topic, want = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = Consumer({"bootstrap.servers": boot, "group.id": "reader-" + uuid.uuid4().hex, "auto.offset.reset": "earliest",
+              "enable.auto.commit": False})
+c.subscribe([topic])
+got, first, deadline = 0, None, time.monotonic() + 300
+while got < want and time.monotonic() < deadline:
+    got += sum(1 for m in c.consume(1000, 0.5) if m.error() is None)
+    if got and first is None:
+        first = os.times()
+end = os.times()
+c.close()
+print(end.user - first.user + end.system - first.system if first else 0.0)
+sys.exit(0 if got >= want else 3)
+"""
+
+
 class Latencies:
     def __init__(self) -> None:
         self.ms: list[float] = []
@@ -58,6 +83,7 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=1250, help="node scrapes a second (default 1,250 = 10,000 GPUs)")
     ap.add_argument("--duration", type=int, default=30, help="seconds per setting (default 30)")
     ap.add_argument("--only", type=int, nargs="*", default=None, help="setting numbers to run (default all)")
+    ap.add_argument("--consumers", type=int, default=2, help="consumer processes reading each topic (default 2)")
     args = ap.parse_args()
 
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -90,10 +116,22 @@ def main() -> None:
                 producer = new_producer(KafkaSettings(bootstrap_servers=boot), **overrides)
                 sampled = _Sampled(producer, latencies)
                 producer.list_topics(topic, timeout=30)  # connected and the topic's leaders known before timing
+                want = sum(
+                    min(args.rate, len(replay.seconds[t % len(replay.seconds)]) * replay.copies)
+                    for t in range(args.duration)
+                )  # what run() will send
+                argv = [sys.executable, "-c", READER, boot, topic, str(want)]
+                readers = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(args.consumers)]
                 b0, c0, w0 = cpu_s(pid) or 0.0, os.times(), time.monotonic()
                 sent, overran = replay.run(sampled, topic, args.duration)
                 if producer.flush(120):
                     raise SystemExit(f"{label}: not delivered within 120 s")
+                reader_cpu = 0.0
+                for reader in readers:
+                    out, _ = reader.communicate(timeout=330)
+                    if reader.returncode != 0:
+                        raise SystemExit(f"{label}: a reader failed ({reader.returncode})")
+                    reader_cpu += float(out.strip() or 0.0)
                 b1, c1, wall = cpu_s(pid) or 0.0, os.times(), time.monotonic() - w0
                 held = topic_records(boot, topic, partitions)
                 if held != sent:
@@ -107,19 +145,18 @@ def main() -> None:
                 p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
                 rows.append(
                     (i, label, partitions, (b1 - b0) * per_10k, (c1.user - c0.user + c1.system - c0.system) * per_10k,
-                     size / sent, size * per_10k * 86_400 / 1e9, statistics.median(lat) if lat else float("nan"), p99,
-                     overran, os.getloadavg()[0])
+                     reader_cpu * per_10k / max(len(readers), 1), size / sent, size * per_10k * 86_400 / 1e9,
+                     statistics.median(lat) if lat else float("nan"), p99, overran, os.getloadavg()[0])
                 )  # fmt: skip
                 print(f"  {label}: {sent:,} scrapes in {wall:.0f} s, broker {b1 - b0:.1f} CPU s, {size / 1e6:.1f} MB",
                       flush=True)  # fmt: skip
-    print(
-        "\n| # | setting | partitions | broker CPU s per 10,000 GPU-seconds | producer CPU s per 10,000 GPU-seconds "
-        "| bytes a scrape on disk | GB a day per 10,000 GPUs | ack latency p50 / p99 ms | seconds overran | load |"
-    )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for i, label, parts, broker_cpu, prod_cpu, per_scrape, gb_day, p50, p99, overran, load in rows:
-        print(f"| {i} | {label} | {parts} | {broker_cpu:.3f} | {prod_cpu:.3f} | {per_scrape:,.0f} | {gb_day:.1f} | "
-              f"{p50:.0f} / {p99:.0f} | {overran} | {load:.1f} |")  # fmt: skip
+    print(f"\n| # | setting | partitions | broker CPU s per 10,000 GPU-seconds ({args.consumers} readers) | producer "
+          "CPU s per 10,000 GPU-seconds | a reader's CPU s per 10,000 GPU-seconds | bytes a scrape on disk "
+          "| GB a day per 10,000 GPUs | ack latency p50 / p99 ms | seconds overran | load |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for i, label, parts, broker_cpu, prod_cpu, read_cpu, per_scrape, gb_day, p50, p99, overran, load in rows:
+        print(f"| {i} | {label} | {parts} | {broker_cpu:.3f} | {prod_cpu:.3f} | {read_cpu:.3f} | {per_scrape:,.0f} | "
+              f"{gb_day:.1f} | {p50:.0f} / {p99:.0f} | {overran} | {load:.1f} |")  # fmt: skip
 
 
 class _Sampled:

@@ -164,11 +164,10 @@ class Replay:
                     break
             sent += min(self.rate, len(todo) * self.copies)
             if not as_fast:
-                wait = w0 + s + 1 - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                else:
+                if w0 + s + 1 - time.monotonic() <= 0:
                     overran += 1
+                while (wait := w0 + s + 1 - time.monotonic()) > 0:
+                    producer.poll(wait)  # deliveries served as they come, not at the next second's first send
         return sent, overran
 
 
