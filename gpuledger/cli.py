@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "stack.clickhouse.cli",
     "stack.kube.cli",
     "stack.slurm.cli",
+    "stack.two_engines_cli",
     "schemas.cli",
     "streams.cli",
     "producers.cli",

@@ -255,6 +255,53 @@ def ensure_controller_manager(bins: KubeBinaries, *, jobs: int = 1, progress: Pr
     return target
 
 
+KWOK = "kwok"
+KWOK_VERSION = "0.8.0"  # sigs.k8s.io/kwok: the newest served here (built with client-go 0.36, talks to 1.37 fine)
+# KWOK's own stages (kustomize/stage in its module): pods created, started, completed (a Job's pod, after the delay
+# its annotation `pod-complete.stage.kwok.x-k8s.io/delay` names) and deleted as a kubelet would; nodes made Ready
+# and kept so by heartbeats.
+KWOK_STAGES = ("pod/general/pod-create.yaml", "pod/general/pod-init-container-running.yaml",
+               "pod/general/pod-init-container-completed.yaml", "pod/general/pod-ready.yaml",
+               "pod/general/pod-complete.yaml", "pod/general/pod-delete.yaml", "node/fast/node-initialize.yaml",
+               "node/heartbeat/node-heartbeat.yaml")  # fmt: skip
+
+
+def kwok_stages(bins: KubeBinaries) -> Path:
+    """The stages file KWOK runs with (written by `ensure_kwok`)."""
+    return bins.root / "kwok" / f"stages-{KWOK_VERSION}.yaml"
+
+
+def ensure_kwok(bins: KubeBinaries, *, jobs: int = 1, progress: Progress = _quiet) -> Path:
+    """KWOK (sigs.k8s.io/kwok, the Kubernetes project's kubelet stand-in) beside the other binaries, with its own
+    stages copied from its module: built on first use only, like kube-controller-manager (about 2 minutes on
+    2 cores; `go install`, its go.mod has no replace)."""
+    target = bins.bin(KWOK)
+    if target.is_file() and kwok_stages(bins).is_file():
+        return target
+    go = find_go()
+    with _build_lock(_beside(bins.root, f".{KWOK}"), progress):
+        if target.is_file() and kwok_stages(bins).is_file():
+            return target
+        runner = _Go(go, max(1, jobs), progress)
+        if not target.is_file():
+            gobin = bins.root / ".gobin-kwok"
+            env = runner.env()
+            env["GOBIN"] = str(gobin)
+            argv = ["nice", "-n", "19", go, "install", "-p", str(runner.jobs), "-trimpath", "-ldflags", "-s -w",
+                    f"sigs.k8s.io/kwok/cmd/kwok@v{KWOK_VERSION}"]  # fmt: skip
+            progress(f"go install sigs.k8s.io/kwok/cmd/kwok@v{KWOK_VERSION}")
+            proc = subprocess.run(argv, cwd=bins.root, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise ServiceError(f"building kwok v{KWOK_VERSION} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+            shutil.move(str(gobin / KWOK), target)
+            shutil.rmtree(gobin, ignore_errors=True)
+        stage_dir = _module_dir(runner, f"sigs.k8s.io/kwok@v{KWOK_VERSION}") / "kustomize" / "stage"
+        texts = [(stage_dir / name).read_text(encoding="utf-8").strip() for name in KWOK_STAGES]
+        kwok_stages(bins).parent.mkdir(parents=True, exist_ok=True)
+        kwok_stages(bins).write_text("\n---\n".join(texts) + "\n", encoding="utf-8")
+    return target
+
+
 def build_log(versions: KubeVersions | None = None, cache_root: Path | None = None) -> Path:
     """Where a build started in the background (`dev kube build --detach`) writes its output."""
     return _beside(cache_dir(versions or KubeVersions(), cache_root), ".build.log")

@@ -38,17 +38,21 @@ def build(
     """Build the binaries into the user cache (nothing to do when cached); print where they are."""
     from stack.kube.build import (
         CONTROLLER_MANAGER,
+        KubeBinaries,
         KubeVersions,
         build_log,
         cache_dir,
         ensure_binaries,
         ensure_controller_manager,
+        ensure_kwok,
         is_built,
+        kwok_stages,
     )
 
     if detach and not rebuild:
         root = cache_dir(KubeVersions())
-        if is_built(root) and (root / "bin" / CONTROLLER_MANAGER).is_file():
+        cached = KubeBinaries(root, None)
+        if is_built(root) and cached.bin(CONTROLLER_MANAGER).is_file() and kwok_stages(cached).is_file():
             typer.echo(f"{root} (cached)")
             return
         log_path = build_log()
@@ -60,6 +64,7 @@ def build(
         return
     bins = ensure_binaries(jobs=jobs, rebuild=rebuild, progress=_progress)
     ensure_controller_manager(bins, jobs=jobs, progress=_progress)  # the Job controller of the identity tests
+    ensure_kwok(bins, jobs=jobs, progress=_progress)  # the kubelet stand-in of the two-engine test
     took = "cached" if bins.build_s is None else f"built in {bins.build_s:.0f} s"
     typer.echo(f"{bins.root} ({took})")
 
