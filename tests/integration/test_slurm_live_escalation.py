@@ -4,12 +4,12 @@ when it expires.
 
 The policy (applied with `policy apply --engine slurm`: its QOS, the team's association, the priority weights) lets
 the job's user, the team's leads and the operators ask, and `boss` decide. Someone else asking, a job the ledger does
-not know, a second request for the same job, and a decision by someone who is not a decider are one line each and
-publish nothing. Granted, one pass of the service puts the waiting job in the tier's QOS and Slurm's own priority
-for it rises above the job queued ahead of it; a second pass applies nothing twice. A pass past the grant's end
-(its clock moved, not waited for) puts the QOS back and Slurm's priority falls back. The raise is priced on the
-team's statement (the policy's price per GPU-hour). Names carry a suffix: the cluster is shared by the session's
-tests."""
+not know (or Slurm does not), a second request for the same job, a decision by someone who is not a decider and a
+request for a job that has ended are one line each and publish nothing. Granted, one pass of the service puts the
+waiting job in the tier's QOS and Slurm's own priority for it rises above the job queued ahead of it; a second pass
+applies nothing twice. A pass past the grant's end (its clock moved, not waited for) puts the QOS back and Slurm's
+priority falls back. The raise is priced on the team's statement (the policy's price per GPU-hour). Names carry a
+suffix: the cluster is shared by the session's tests."""
 
 from __future__ import annotations
 
@@ -191,3 +191,12 @@ def test_an_escalation_granted_on_the_live_slurm_raises_the_job_and_it_falls_bac
     assert (line.team, line.job_id, line.allocated_s, line.line().cause_kind) == (team, job, gpu_s,
                                                                                   "escalation")  # fmt: skip
     assert abs(line.cents - 400) <= 1  # 2 GPU-h at 2.00, less the seconds between the grant and the pass
+
+    # A job the ledger knows that Slurm does not, and one that has ended: each says so, and nothing is asked.
+    in_the_ledger(stage.settings, "999998", team)
+    assert stage.cli("escalate", "ask", "999998", "--hours", "1", "--reason", "x", "--by", "root", code=2).endswith(
+        "job 999998 does not exist on Slurm (or has left its memory: MinJobAge): nothing to raise")
+    slurm.run("scancel", job)
+    slurm.wait_for_state(job, "CANCELLED", timeout=60)
+    assert stage.cli(*ask, "--by", "root", code=2).endswith(f"job {job} has ended (CANCELLED): nothing to raise")
+    assert len(read_events(stage.settings.kafka, topics.ESCALATIONS)[0]) == 4

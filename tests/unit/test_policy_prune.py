@@ -85,6 +85,14 @@ def test_kueue_prunes_only_what_carries_our_label_and_our_field_manager_queues_b
         f"ClusterQueue dropped: pruned (created by {FIELD_MANAGER}, no longer in the policy)")
 
 
+def test_each_removed_object_is_a_change_of_the_applys_record() -> None:
+    from producers.policy_audit import change
+
+    assert change(Pruned(("ClusterQueue", "", "dropped"))) == {"object": "ClusterQueue dropped", "setting": "",
+                                                               "before": "present", "after": None}  # fmt: skip
+    assert change(Pruned(("qos", "", "old")))["object"] == "qos old"
+
+
 def test_the_prune_guard_is_the_api_servers_check_for_the_appliers_deletes() -> None:
     vap, binding = prune_guard_objects('system:serviceaccount:gpuledger:gpuledger-policy')
     spec = vap["spec"]
