@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.partition import murmur2, partition_of  # noqa: F401  (re-exported: its tests and the job stage)
 from base.processor_settings import ProcessorSettings
 from processors.stages import JobOutputs, JobPartition, NodeOutputs, NodePartition, RekeyStage
 from processors.windows import MINUTE_MS, Admit, Horizon, minute_of
+from schemas.partition import murmur2, partition_of  # noqa: F401  (re-exported: its tests and the job stage)
 from schemas.topics import job_key
 
 LEDGER_FIELDS = ("allocated_s", "active_s", "starved_s", "idle_s", "dark_s")

@@ -77,8 +77,8 @@ def from_kafka(kafka: KafkaSettings, cluster: str, node: str, start_ms: int, end
     from confluent_kafka import KafkaError, TopicPartition
 
     from base.kafka import new_consumer, watermarks
-    from schemas.partition import partition_of
     from schemas.codec import AvroCodec
+    from schemas.partition import partition_of
 
     check_span(start_ms, end_ms)
     if decode is None:
