@@ -8,7 +8,8 @@ devices in 4-GPU jobs of 12 hours back to back for DAYS days from 1 November 202
 7 in 10 are busy with a 5-minute idle dip every hour (below any warning threshold), 2 in 10 also go idle for 3
 hours in the middle (warned, then reclaimed), 1 in 10 goes dark for 30 minutes. About 12% of job-minutes are idle.
 
-Usage: python bench/whatif_replay.py [--gpus 1000] [--days 30] [--profile] [--every-minute] [--no-optimize]
+Usage: python bench/whatif_replay.py [--gpus 1000] [--days 30] [--before 0] [--profile] [--every-minute]
+       [--no-optimize]
 Prints, per phase (generate, load, replay, released), the wall time, this process's CPU time (user + sys), the
 server's and the load average; the job-minutes, runs fed, events, and the rate in job-minutes per second.
 """
@@ -44,13 +45,14 @@ JOB_MIN = 720
 POLICY = IdlePolicy(idle_after_min_interactive=30, idle_after_min_batch=60, grace_min=30)
 
 
-def generate(client: object, gpus: int, days: int) -> int:
-    """job_minutes and job_events for the month; returns the job-minutes written."""
-    slots, minutes = gpus // JOB_GPUS, days * 1440
+def generate(client: object, gpus: int, days: int, before: int = 0) -> int:
+    """job_minutes and job_events for the month (and `before` days before it, the same way); returns the job-minutes
+    written."""
+    slots, minutes = gpus // JOB_GPUS, (days + before) * 1440
     # k: the job's kind (hash of its id), m: minute in the job
     shape = (
         f"SELECT s, t, concat('j', toString(s), '-', toString(intDiv(t, {JOB_MIN}))) AS job, "
-        f"{NOV_1} + t * 60000 AS ts, t % {JOB_MIN} AS m, cityHash64(job) % 10 AS k, "
+        f"{NOV_1 - before * 86_400_000} + t * 60000 AS ts, t % {JOB_MIN} AS m, cityHash64(job) % 10 AS k, "
         f"multiIf(k = 9 AND m >= 300 AND m < 330, 2, k IN (7, 8) AND m >= 240 AND m < 420, 1, m % 60 >= 55, 1, 0) AS c "
         f"FROM (SELECT number % {slots} AS s, intDiv(number, {slots}) AS t FROM numbers({slots * minutes}))"
     )
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--every-minute", action="store_true", help="feed every job-minute (no runs)")
     ap.add_argument("--no-optimize", action="store_true", help="leave the generated parts unmerged")
+    ap.add_argument("--before", type=int, default=0, help="days of the same work before the month (the lookback)")
     args = ap.parse_args()
     from processors.whatif import replay_month, run_classes
     from sinks.whatif import first_reclaims, load_month, released_after, shortest_warning
@@ -121,7 +124,7 @@ def main() -> None:
             client = connect(ch, send_receive_timeout=3600)
             migrate(client, ch)
             phases = Phases(proc.pid)
-            rows = generate(client, args.gpus, args.days)
+            rows = generate(client, args.gpus, args.days, args.before)
             if not args.no_optimize:  # a month past is merged by the time anyone asks about it
                 client.command("OPTIMIZE TABLE job_minutes FINAL")
             phases.done("generate")
@@ -139,8 +142,8 @@ def main() -> None:
             warned = sum(a["kind"] == "IDLE_WARNING" for a in out.alerts)
             print(f"machine: {machine()}")
             fed = sum(len(m) for m in month.minutes.values())
-            print(f"gpus {args.gpus} days {args.days}: job-minutes {rows:,}, runs fed to the replay {fed:,}, "
-                  f"jobs {len(month.minutes):,}, released jobs {len(released):,}")  # fmt: skip
+            print(f"gpus {args.gpus} days {args.days} (+{args.before} before): job-minutes {rows:,}, runs fed to the "
+                  f"replay {fed:,}, jobs {len(month.minutes):,}, released jobs {len(released):,}")  # fmt: skip
             print(f"warnings {warned}, reclaims {len(out.actions)}, alerts {len(out.alerts)}")
             print(phases.report(("load", "replay", "released")))
             total = sum(r[1] for r in phases.rows if r[0] != "generate")
