@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import typer
 
@@ -18,6 +20,46 @@ PIDS_FILE = "pids.json"
 
 def record(state_dir: Path, config: Mapping[str, Any], pids: Mapping[str, int]) -> None:
     (state_dir / PIDS_FILE).write_text(json.dumps({"config": dict(config), "pids": dict(pids)}), encoding="utf-8")
+
+
+class Harness:
+    """What the live engine harnesses share (`stack.kube.cluster.LocalKube`, `stack.slurm.cluster.LocalSlurm`):
+    `start` prepares their files, starts their processes (all stopped again when one fails), times it and, unless
+    the harness owns them (tests: they die with this Python process), records them for `down` and `status`;
+    `with harness:` starts and stops it."""
+
+    cfg: Any  # its configuration: `state_dir`, `to_json()`
+    owned: bool
+    procs: dict[str, subprocess.Popen[bytes]]
+    start_s: float | None
+
+    def _prepare(self) -> None:
+        """The files and keys its processes read, written before any of them starts."""
+
+    def _start_processes(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        began = time.monotonic()
+        self._prepare()
+        try:
+            self._start_processes()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.monotonic() - began
+        if not self.owned:
+            record(self.cfg.state_dir, self.cfg.to_json(), {n: p.pid for n, p in self.procs.items()})
+        return self
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def forget(state_dir: Path) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any
 
 import httpx
 import yaml
@@ -291,7 +291,7 @@ def _get_ok(url: str, token: str | None = None) -> bool:
 # The cluster
 
 
-class LocalKube:
+class LocalKube(recorded.Harness):
     """etcd, kube-apiserver and Kueue as child processes: `with LocalKube(cfg, bins) as kube: ...`.
 
     `owned=True` (tests): the processes die with this Python process, even when it is killed.
@@ -365,42 +365,30 @@ class LocalKube:
         if "kueue" in self.procs:
             self.restart_kueue()
 
-    def start(self) -> Self:
-        started = time.monotonic()
+    def _prepare(self) -> None:
         cfg = self.cfg
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         _service_account_keys(cfg.state_dir / "pki")
         write_tokens(cfg)
         write_kueue_config(cfg)
         ensure_kueue_metrics_certs()
-        try:
-            self.progress(f"etcd on {cfg.etcd_url}")
-            self.start_etcd()
-            self.progress(f"kube-apiserver on {cfg.server}")
-            self.start_apiserver()
-            self.progress("CRDs: Kueue (from its module), JobSet and Volcano (tests/fixtures/kubernetes/crds)")
-            self.install_crds()
-            self.kubectl("create", "namespace", "kueue-system", check=False)
-            self.progress(f"kueue (webhook 127.0.0.1:{cfg.kueue_webhook_port}, not registered)")
-            self.start_kueue()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = time.monotonic() - started
-        if not self.owned:
-            recorded.record(cfg.state_dir, cfg.to_json(), {n: p.pid for n, p in self.procs.items()})
-        return self
+
+    def _start_processes(self) -> None:
+        cfg = self.cfg
+        self.progress(f"etcd on {cfg.etcd_url}")
+        self.start_etcd()
+        self.progress(f"kube-apiserver on {cfg.server}")
+        self.start_apiserver()
+        self.progress("CRDs: Kueue (from its module), JobSet and Volcano (tests/fixtures/kubernetes/crds)")
+        self.install_crds()
+        self.kubectl("create", "namespace", "kueue-system", check=False)
+        self.progress(f"kueue (webhook 127.0.0.1:{cfg.kueue_webhook_port}, not registered)")
+        self.start_kueue()
 
     def stop(self) -> None:
         for name in reversed(PROCESSES):
             self._stop_one(name)
         recorded.forget(self.cfg.state_dir)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- clients
 

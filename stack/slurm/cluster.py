@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any
 
 from base.errors import DependencyMissing, ServiceError
 from stack import recorded
@@ -385,7 +385,7 @@ def processes_of(conf: Path) -> list[int]:
 # The cluster
 
 
-class LocalSlurm:
+class LocalSlurm(recorded.Harness):
     """The five daemons as child processes: `with LocalSlurm(cfg) as slurm: ...`.
 
     `owned=True` (tests): they die with this Python process, even when it is killed.
@@ -475,30 +475,23 @@ class LocalSlurm:
         out = self.run("sinfo", "-h", "-n", NODE, "-o", "%t", check=False, timeout=15).stdout.strip()
         return out in ("idle", "mix", "alloc")
 
-    def start(self) -> Self:
-        started = time.monotonic()
+    def _prepare(self) -> None:
+        write_files(self.cfg)
+
+    def _start_processes(self) -> None:
         cfg = self.cfg
-        write_files(cfg)
-        try:
-            self.progress(f"munged on {cfg.munge_socket}")
-            self.start_munge()
-            if cfg.accounting:
-                self.progress(f"mariadbd on 127.0.0.1:{cfg.mariadb_port}")
-                self.start_mariadb()
-                self.progress(f"slurmdbd on 127.0.0.1:{cfg.slurmdbd_port}")
-                self.start_slurmdbd()
-                self.seed_accounting()
-            self.progress(f"slurmctld on 127.0.0.1:{cfg.slurmctld_port}")
-            self.start_slurmctld()
-            self.progress(f"slurmd ({NODE}: {cfg.gres}) on 127.0.0.1:{cfg.slurmd_port}")
-            self.start_slurmd()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = time.monotonic() - started
-        if not self.owned:
-            recorded.record(cfg.state_dir, cfg.to_json(), {n: p.pid for n, p in self.procs.items()})
-        return self
+        self.progress(f"munged on {cfg.munge_socket}")
+        self.start_munge()
+        if cfg.accounting:
+            self.progress(f"mariadbd on 127.0.0.1:{cfg.mariadb_port}")
+            self.start_mariadb()
+            self.progress(f"slurmdbd on 127.0.0.1:{cfg.slurmdbd_port}")
+            self.start_slurmdbd()
+            self.seed_accounting()
+        self.progress(f"slurmctld on 127.0.0.1:{cfg.slurmctld_port}")
+        self.start_slurmctld()
+        self.progress(f"slurmd ({NODE}: {cfg.gres}) on 127.0.0.1:{cfg.slurmd_port}")
+        self.start_slurmd()
 
     def stop(self) -> None:
         """Stop the daemons by pid (slurmd first), then whatever of its jobs outlived it (slurmstepd, tasks)."""
@@ -517,11 +510,6 @@ class LocalSlurm:
         _remove_sockets_dir(self.cfg.state_dir)
         recorded.forget(self.cfg.state_dir)
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def stop_recorded(state_dir: Path) -> list[str]:
