@@ -337,7 +337,9 @@ def job_page(wh: Warehouse, cluster: str, job_id: str, view: JobView,
         timeline = _timeline(minutes, start, end)
     shown = minutes if view.csv else one_page(minutes, view.page, DEVICE_MINUTES_PAGE)
     page.add(Table("minutes", f"Device-minutes on {day.isoformat() if day else '-'}", MINUTE_COLUMNS, shown,
-                   note=f"{len(minutes)} device-minutes that day; {DEVICE_MINUTES_PAGE} a page, the CSV has them all."))
+                   note=f"{len(minutes)} device-minutes that day; {DEVICE_MINUTES_PAGE} a page, the CSV has them all. "
+                        f"A minute's seconds: gpuledger report seconds --cluster {cluster} --node NODE --start "
+                        "YYYY-MM-DDTHH:MM:00Z (as the warehouse keeps them; every second: --from-kafka)."))  # fmt: skip
     corrections = [{**c, "when": m.utc_minute(int(c["ts_ms"]))} for c in wh.corrections(cluster, job_id)]
     page.add(Table("corrections", "Corrections (audited events)", CORRECTION_COLUMNS, corrections))
     sums = m.total(usage)

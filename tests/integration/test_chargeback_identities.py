@@ -174,6 +174,7 @@ def test_the_job_page_and_the_team_page_show_name_identifier_and_owner(ledger_se
     assert "owner: team vision, project p-vision" in robot_page.text
     bob = owned.get("/jobs/c1/j2?period=2026-11", headers=operator).text
     assert f"bob (uid {K8S_UID})" in bob and "stamped at admission" in bob
+    assert "gpuledger report seconds --cluster c1 --node NODE" in bob  # below the device-minute: the seconds
     assert "label named carol: not trusted over the verified submitter" in bob
 
     team = owned.get("/teams/vision?period=2026-11", headers=operator)
