@@ -119,64 +119,90 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
     window = "FROM job_minutes FINAL WHERE minute_start_ms >= {from:Int64} AND minute_start_ms < {end:Int64}"
     month_jobs = "GROUP BY cluster, job_id HAVING max(minute_start_ms) >= {start:Int64}"
     if run_classes is None:
-        cols = ", ".join(c for c in RUN_COLUMNS if c != "minutes")
-        for row in client.query(
-            f"SELECT cluster, job_id, {firsts}, min(minute_start_ms), max(minute_start_ms), max(device_count), "
-            f"groupArray(({cols})) {window} {month_jobs}",
-            parameters=params,
-        ).result_rows:
-            key = (str(row[0]), str(row[1]))
-            jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2:8], strict=True))}
-            spans[key] = (int(row[8]), int(row[9]), int(row[10]))
-            minutes[key] = [{**dict(zip((c for c in RUN_COLUMNS if c != "minutes"), m, strict=True)), "minutes": 1}
-                            for m in row[11]]  # fmt: skip
+        _minutes_one_by_one(client, params, f"{window} {month_jobs}", firsts, (jobs, spans, minutes))
     else:
-        if len(run_classes) != 8:
-            raise ConfigError("run_classes names a class for each of the 8 sign patterns")
-        codes = [int(c) for c in run_classes]
-        if min(codes) < 0 or max(codes) > 3:
-            raise ConfigError("run_classes: codes 0-3 (two bits of the packed key)")
-        gens = [str(r[0]) for r in client.query(f"SELECT DISTINCT generation {window}", parameters=params).result_rows]
-        if len(gens) > 255:
-            raise ConfigError(f"{len(gens)} generations in {period}: the replay packs at most 255")
-        # the packed key: class code (2 bits) | generation's index (8) | devices (22) | allocated seconds (32)
-        params.update(classes=codes, gens=gens, idle=codes[1], streak=min_streak)  # signs 001: idle seconds alone
-        packed = (
-            "toUInt64({classes:Array(UInt8)}[1 + (active_s > 0) * 4 + (starved_s > 0) * 2 + (idle_s > 0)]) "
-            "+ bitShiftLeft(toUInt64(indexOf({gens:Array(String)}, generation)), 2) "
-            "+ bitShiftLeft(toUInt64(least(device_count, 4194303)), 10) + bitShiftLeft(toUInt64(allocated_s), 32)"
-        )
-        per_job = (
-            f"SELECT cluster, job_id, {firsts}, min(minute_start_ms) AS first, max(minute_start_ms) AS last, "
-            f"max(device_count) AS devices, groupArray(minute_start_ms) AS ms0, groupArray({packed}) AS k0 "
-            f"{window} {month_jobs}"
-        )
-        # sorted by minute; idle streaks: breaks in the idle minutes' sequence; runs: a change of minute or key
-        sql = (
-            "SELECT * EXCEPT (ms0, k0, p, ms, k, im, br, idx), if(longest >= {streak:Int64}, arrayMap(i -> ms[i], "
-            "idx), []), if(longest >= {streak:Int64}, arrayMap(j -> if(j < length(idx), idx[j + 1], length(ms) + 1) "
-            "- idx[j], arrayEnumerate(idx)), []), if(longest >= {streak:Int64}, arrayMap(i -> k[i], idx), []) FROM ("
-            "SELECT *, arrayFilter((x, c) -> bitAnd(c, 3) = {idle:UInt8}, ms, k) AS im, arrayFilter((i, d) -> "
-            "d != 60000, arrayEnumerate(im), arrayDifference(im)) AS br, arrayMax(arrayDifference(arrayPushBack(br, "
-            "length(im) + 1))) AS longest, arrayFilter((i, dm, dk) -> dm != 60000 OR dk != 0, arrayEnumerate(ms), "
-            "arrayDifference(ms), arrayDifference(k)) AS idx FROM (SELECT *, arraySort((i, x) -> x, arrayEnumerate("
-            f"ms0), ms0) AS p, arrayMap(i -> ms0[i], p) AS ms, arrayMap(i -> k0[i], p) AS k FROM ({per_job}))) "
-            "SETTINGS optimize_aggregation_in_order = 1"
-        )
-        signs = {}  # per class code, the first sign pattern of it in the table: (active_s, starved_s, idle_s)
-        for bits in reversed(range(8)):
-            signs[codes[bits]] = ((bits >> 2) & 1, (bits >> 1) & 1, bits & 1)
-        for row in client.query(sql, parameters=params).result_rows:
-            key = (str(row[0]), str(row[1]))
-            jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2:8], strict=True))}
-            spans[key] = (int(row[8]), int(row[9]), int(row[10]))
-            if int(row[10]) > 4194303:
-                raise ConfigError(f"job {key[1]} holds {row[10]} devices: more than the replay packs")
-            if row[12]:
-                minutes[key] = [_run(ms, n, k, signs, gens) for ms, n, k in zip(row[12], row[13], row[14], strict=True)]
+        _minutes_as_runs(client, period, params, (window, month_jobs, firsts), run_classes, min_streak,
+                         (jobs, spans, minutes))  # fmt: skip
+    _flags(client, params, jobs)
+    return Month(period, start, end, minutes, jobs, _idle_alerts(client, params), appeal_events(client), spans)
+
+
+Found = tuple[dict[Key, dict[str, Any]], dict[Key, tuple[int, int, int]], dict[Key, list[dict[str, Any]]]]
+
+
+def _minutes_one_by_one(client: Any, params: dict[str, Any], source: str, firsts: str, found: Found) -> None:
+    """`load_month` without run classes: every stored minute a run of one with its own seconds, every job;
+    `source`: the month's rows grouped by job; `found`: jobs, spans, minutes to fill."""
+    jobs, spans, minutes = found
+    cols = ", ".join(c for c in RUN_COLUMNS if c != "minutes")
+    for row in client.query(
+        f"SELECT cluster, job_id, {firsts}, min(minute_start_ms), max(minute_start_ms), max(device_count), "
+        f"groupArray(({cols})) {source}",
+        parameters=params,
+    ).result_rows:
+        key = (str(row[0]), str(row[1]))
+        jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2:8], strict=True))}
+        spans[key] = (int(row[8]), int(row[9]), int(row[10]))
+        minutes[key] = [{**dict(zip((c for c in RUN_COLUMNS if c != "minutes"), m, strict=True)), "minutes": 1}
+                        for m in row[11]]  # fmt: skip
+
+
+def _minutes_as_runs(client: Any, period: str, params: dict[str, Any], parts: tuple[str, str, str],
+                     run_classes: Sequence[int], min_streak: int, found: Found) -> None:
+    """`load_month` with run classes: one pass of the warehouse hands each job's minutes over as runs (see there);
+    `parts`: the month's rows, its jobs' grouping, their identity columns; `found`: jobs, spans, minutes to fill."""
+    window, month_jobs, firsts = parts
+    jobs, spans, minutes = found
+    if len(run_classes) != 8:
+        raise ConfigError("run_classes names a class for each of the 8 sign patterns")
+    codes = [int(c) for c in run_classes]
+    if min(codes) < 0 or max(codes) > 3:
+        raise ConfigError("run_classes: codes 0-3 (two bits of the packed key)")
+    gens = [str(r[0]) for r in client.query(f"SELECT DISTINCT generation {window}", parameters=params).result_rows]
+    if len(gens) > 255:
+        raise ConfigError(f"{len(gens)} generations in {period}: the replay packs at most 255")
+    # the packed key: class code (2 bits) | generation's index (8) | devices (22) | allocated seconds (32)
+    params.update(classes=codes, gens=gens, idle=codes[1], streak=min_streak)  # signs 001: idle seconds alone
+    packed = (
+        "toUInt64({classes:Array(UInt8)}[1 + (active_s > 0) * 4 + (starved_s > 0) * 2 + (idle_s > 0)]) "
+        "+ bitShiftLeft(toUInt64(indexOf({gens:Array(String)}, generation)), 2) "
+        "+ bitShiftLeft(toUInt64(least(device_count, 4194303)), 10) + bitShiftLeft(toUInt64(allocated_s), 32)"
+    )
+    per_job = (
+        f"SELECT cluster, job_id, {firsts}, min(minute_start_ms) AS first, max(minute_start_ms) AS last, "
+        f"max(device_count) AS devices, groupArray(minute_start_ms) AS ms0, groupArray({packed}) AS k0 "
+        f"{window} {month_jobs}"
+    )
+    # sorted by minute; idle streaks: breaks in the idle minutes' sequence; runs: a change of minute or key
+    sql = (
+        "SELECT * EXCEPT (ms0, k0, p, ms, k, im, br, idx), if(longest >= {streak:Int64}, arrayMap(i -> ms[i], "
+        "idx), []), if(longest >= {streak:Int64}, arrayMap(j -> if(j < length(idx), idx[j + 1], length(ms) + 1) "
+        "- idx[j], arrayEnumerate(idx)), []), if(longest >= {streak:Int64}, arrayMap(i -> k[i], idx), []) FROM ("
+        "SELECT *, arrayFilter((x, c) -> bitAnd(c, 3) = {idle:UInt8}, ms, k) AS im, arrayFilter((i, d) -> "
+        "d != 60000, arrayEnumerate(im), arrayDifference(im)) AS br, arrayMax(arrayDifference(arrayPushBack(br, "
+        "length(im) + 1))) AS longest, arrayFilter((i, dm, dk) -> dm != 60000 OR dk != 0, arrayEnumerate(ms), "
+        "arrayDifference(ms), arrayDifference(k)) AS idx FROM (SELECT *, arraySort((i, x) -> x, arrayEnumerate("
+        f"ms0), ms0) AS p, arrayMap(i -> ms0[i], p) AS ms, arrayMap(i -> k0[i], p) AS k FROM ({per_job}))) "
+        "SETTINGS optimize_aggregation_in_order = 1"
+    )
+    signs = {}  # per class code, the first sign pattern of it in the table: (active_s, starved_s, idle_s)
+    for bits in reversed(range(8)):
+        signs[codes[bits]] = ((bits >> 2) & 1, (bits >> 1) & 1, bits & 1)
+    for row in client.query(sql, parameters=params).result_rows:
+        key = (str(row[0]), str(row[1]))
+        jobs[key] = {"cluster": key[0], "job_id": key[1], **dict(zip(IDENTITY_COLUMNS, row[2:8], strict=True))}
+        spans[key] = (int(row[8]), int(row[9]), int(row[10]))
+        if int(row[10]) > 4194303:
+            raise ConfigError(f"job {key[1]} holds {row[10]} devices: more than the replay packs")
+        if row[12]:
+            minutes[key] = [_run(ms, n, k, signs, gens) for ms, n, k in zip(row[12], row[13], row[14], strict=True)]
+
+
+def _flags(client: Any, params: dict[str, Any], jobs: dict[Key, dict[str, Any]]) -> None:
+    """Each month job's flags from its first STARTED event (else its first event): the job stage's
+    `JobInfo.from_event`."""
     in_month = "SELECT DISTINCT cluster, job_id FROM job_minutes WHERE minute_start_ms >= {start:Int64} " \
                "AND minute_start_ms < {end:Int64}"  # fmt: skip
-    # The first STARTED event (else the first event): the job stage's `JobInfo.from_event`.
     picks = ", ".join(f"argMin({c}, (event_type != 'STARTED', ts_ms)) AS {c}" for c in FLAG_COLUMNS)
     for row in client.query(
         f"SELECT cluster, job_id, {picks} FROM job_events FINAL WHERE (cluster, job_id) IN ({in_month}) "
@@ -185,7 +211,11 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
     ).result_rows:
         key = (row[0], row[1])
         jobs.setdefault(key, {"cluster": key[0], "job_id": key[1]}).update(zip(FLAG_COLUMNS, row[2:], strict=True))
-    alerts = [
+
+
+def _idle_alerts(client: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The month's idle alerts as stored."""
+    return [
         dict(
             zip(
                 (
@@ -209,7 +239,6 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
             parameters={**params, "kinds": list(IDLE_KINDS)},
         ).result_rows
     ]
-    return Month(period, start, end, minutes, jobs, alerts, appeal_events(client), spans)
 
 
 def _run(
