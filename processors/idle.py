@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any
 
 from base.processor_settings import Exemption, IdlePolicy
@@ -94,12 +95,13 @@ class IdleState:
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(IdleState))
+_STATE_VALUES = attrgetter(*_STATE_FIELDS)
 
 
 def _evolve(state: IdleState, **changes: Any) -> IdleState:
     """`dataclasses.replace` without its per-call field introspection: the replay steps tens of millions of
     job-minutes through here (bench/whatif_replay.py), and `replace` was most of a step's time."""
-    values = {name: getattr(state, name) for name in _STATE_FIELDS}
+    values = dict(zip(_STATE_FIELDS, _STATE_VALUES(state), strict=True))
     values.update(changes)
     return IdleState(**values)
 
@@ -193,10 +195,14 @@ def _clean(state: IdleState) -> bool:
     )
 
 
-def _resolve(state: IdleState, ts_ms: int, policy: IdlePolicy, why: str) -> tuple[IdleState, list[Output]]:
+def _resolve(
+    state: IdleState, ts_ms: int, policy: IdlePolicy, why: str, clock_ms: int | None = None
+) -> tuple[IdleState, list[Output]]:
+    """Back to OK (an IDLE_RESOLVED alert when it was warned or reclaimed); `clock_ms`: the last minute taken, moved
+    in the same update."""
     outs: list[Output] = []
-    if _clean(state):
-        return state, outs  # nothing to resolve or reset: a busy job's every minute comes here
+    if _clean(state):  # nothing to resolve or reset: a busy job's every minute comes here
+        return (state if clock_ms is None else _evolve(state, last_minute_ms=clock_ms)), outs
     if state.status is not Status.OK:
         outs.append(
             _alert(
@@ -208,10 +214,10 @@ def _resolve(state: IdleState, ts_ms: int, policy: IdlePolicy, why: str) -> tupl
                 "no action will be taken.",
             )
         )
-    return _forgive(state), outs
+    return _forgive(state, clock_ms), outs
 
 
-def _forgive(state: IdleState) -> IdleState:
+def _forgive(state: IdleState, clock_ms: int | None = None) -> IdleState:
     """The streak forgotten: back to OK with nothing counted (a resolution, or an exemption granted on appeal)."""
     return _evolve(
         state,
@@ -221,6 +227,7 @@ def _forgive(state: IdleState) -> IdleState:
         idle_device_s=0,
         cost_so_far=None,
         action_at_ms=None,
+        last_minute_ms=state.last_minute_ms if clock_ms is None else clock_ms,
     )
 
 
@@ -240,6 +247,14 @@ def _accrue(state: IdleState, minute: int, n: int, jm: Mapping[str, Any], policy
 
 def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[IdleState, list[Output]]:
     """Advance the job's machine by one JobMinute (summed over the whole gang)."""
+    return _step(state, jm, policy, None)
+
+
+def _step(
+    state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy, through_ms: int | None
+) -> tuple[IdleState, list[Output]]:
+    """`step`; `through_ms` (`step_run`): a busy or dark minute stands for the alike minutes up to that one, which
+    would each only move the clock of the clean state it leaves (`_resolve` on a clean state)."""
     minute = int(jm["minute_start_ms"])
     if state.last_minute_ms is not None and minute <= state.last_minute_ms:
         return state, []  # replayed minute: already applied
@@ -249,12 +264,9 @@ def step(state: IdleState, jm: Mapping[str, Any], policy: IdlePolicy) -> tuple[I
     outs: list[Output] = []
     if gap and state.idle_minutes:
         state, outs = _resolve(state, minute, policy, "its devices were not held in between")
-    if cls is JobMinuteClass.BUSY:
-        state, more = _resolve(_evolve(state, last_minute_ms=minute), end, policy, "device activity")
-        return state, outs + more
-    if cls is JobMinuteClass.DARK:
-        why = "no telemetry: missing data is never idle"
-        state, more = _resolve(_evolve(state, last_minute_ms=minute), end, policy, why)
+    if cls is not JobMinuteClass.IDLE:
+        why = "device activity" if cls is JobMinuteClass.BUSY else "no telemetry: missing data is never idle"
+        state, more = _resolve(state, end, policy, why, minute if through_ms is None else through_ms)
         return state, outs + more
     state = _accrue(state, minute, 1, jm, policy)
     idle_since = state.idle_since_ms if state.idle_since_ms is not None else minute
@@ -329,9 +341,9 @@ def step_run(state: IdleState, jm: Mapping[str, Any], n: int, policy: IdlePolicy
     """What `n` calls of `step` give for `n` contiguous job-minutes that are all `jm` but for their start (`jm` is the
     first): the state and every output, the same (tests/unit/test_idle_runs.py holds it to stepping minute by
     minute). `step` itself takes each minute in which something can happen; the minutes between, in which `step`
-    would only move the streak's counters and clock (`_quiet`, read off `step`'s own conditions), pass in one move
-    of the same updates (`_accrue`, `_forgive`). A what-if replay of a month feeds runs, not minutes
-    (processors/whatif.py)."""
+    would only move the streak's counters and clock (`_quiet`, read off `step`'s own conditions; a busy or dark
+    run's minutes after its first), pass in one move of the same updates (`_accrue`, `_forgive`, the clock). A
+    what-if replay of a month feeds runs, not minutes (processors/whatif.py)."""
     minute = int(jm["minute_start_ms"])
     if state.last_minute_ms is not None and minute <= state.last_minute_ms:  # replayed minutes: already applied
         done = min(n, (state.last_minute_ms - minute) // MINUTE_MS + 1)
@@ -339,20 +351,18 @@ def step_run(state: IdleState, jm: Mapping[str, Any], n: int, policy: IdlePolicy
         if n <= 0:
             return state, []
         jm = {**jm, "minute_start_ms": minute}
-    state, outs = step(state, jm, policy)
-    idle = classify_job_minute(int(jm["active_s"]), int(jm["starved_s"]), int(jm["idle_s"])) is JobMinuteClass.IDLE
+    if classify_job_minute(int(jm["active_s"]), int(jm["starved_s"]), int(jm["idle_s"])) is not JobMinuteClass.IDLE:
+        return _step(state, jm, policy, minute + (n - 1) * MINUTE_MS)
+    state, outs = _step(state, jm, policy, None)
     minute += MINUTE_MS
     left = n - 1
     while left > 0:
-        k = min(left, _quiet(state, idle, minute, policy))
+        k = min(left, _quiet(state, minute, policy))
         if k > 0:
-            if not idle:
-                state = _evolve(state, last_minute_ms=minute + (k - 1) * MINUTE_MS)
-            else:
-                ex = exemption_for(state.job, minute + MINUTE_MS, policy, state.granted)
-                state = _accrue(state, minute, k, jm, policy)
-                if ex is not None and ex in state.granted:
-                    state = _forgive(state)
+            ex = exemption_for(state.job, minute + MINUTE_MS, policy, state.granted)
+            state = _accrue(state, minute, k, jm, policy)
+            if ex is not None and ex in state.granted:
+                state = _forgive(state)
             minute += k * MINUTE_MS
             left -= k
         if left > 0:
@@ -363,15 +373,12 @@ def step_run(state: IdleState, jm: Mapping[str, Any], n: int, policy: IdlePolicy
     return state, outs
 
 
-def _quiet(state: IdleState, idle: bool, minute: int, policy: IdlePolicy) -> int:
-    """How many contiguous minutes from `minute`, each of the class of the one before, `step` would take with no
-    output and no change but `_accrue` (then `_forgive` under an exemption granted on appeal) for an idle minute,
-    or its clock for a busy or dark one; 0 when the next may do more. Read off `step`: a busy or dark minute
-    resolves nothing once the state is clean; an idle one warns when the streak reaches `idle_after_min`, reclaims
-    at `action_at_ms`, and either only when no exemption covers the minute's end (`exemption_for`, whose answer
-    changes only at an exemption's start or expiry)."""
-    if not idle:
-        return 1 << 62 if _clean(state) else 0
+def _quiet(state: IdleState, minute: int, policy: IdlePolicy) -> int:
+    """How many contiguous idle minutes from `minute` `step` would take with no output and no change but `_accrue`
+    (then `_forgive` under an exemption granted on appeal); 0 when the next may do more. Read off `step`: an idle
+    minute warns when the streak reaches `idle_after_min`, reclaims at `action_at_ms`, and either only when no
+    exemption covers the minute's end (`exemption_for`, whose answer changes only at an exemption's start or
+    expiry)."""
     end = minute + MINUTE_MS
     quiet = 1 << 62
     for ex in (*policy.exemptions, *state.granted):
