@@ -9,11 +9,11 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 
 import typer
 
-from stack.broker import pid_alive, stop_process
+from stack.broker import _die_with_parent, pid_alive, stop_process
 
 PIDS_FILE = "pids.json"
 
@@ -28,10 +28,34 @@ class Harness:
     the harness owns them (tests: they die with this Python process), records them for `down` and `status`;
     `with harness:` starts and stops it."""
 
-    cfg: Any  # its configuration: `state_dir`, `to_json()`
+    cfg: Any  # its configuration: `state_dir`, `to_json()`, `log(process)`
     owned: bool
     procs: dict[str, subprocess.Popen[bytes]]
+    _logs: dict[str, IO[bytes]]
     start_s: float | None
+
+    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start process `name`, its output appended to its log; owned, it dies with this Python process."""
+        log = self.cfg.log(name)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._logs[name] = log.open("ab")
+        proc = subprocess.Popen(
+            list(argv), stdout=self._logs[name], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env, preexec_fn=_die_with_parent if self.owned else None,
+        )  # fmt: skip
+        self.procs[name] = proc
+        return proc
+
+    def _stop_one(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            if proc.poll() is None:
+                stop_process(proc.pid, timeout=20)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        log = self._logs.pop(name, None)
+        if log is not None:
+            log.close()
 
     def _prepare(self) -> None:
         """The files and keys its processes read, written before any of them starts."""

@@ -29,7 +29,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,7 +40,7 @@ import yaml
 
 from base.errors import ConfigError, ServiceError
 from stack import recorded
-from stack.broker import _die_with_parent, free_ports, stop_process
+from stack.broker import free_ports
 from stack.kube.build import KubeBinaries
 
 Progress = Callable[[str], None]
@@ -305,28 +305,6 @@ class LocalKube(recorded.Harness):
         self.start_s: float | None = None
 
     # -- processes
-
-    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = self.cfg.log(name)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self._logs[name] = log.open("ab")
-        proc = subprocess.Popen(
-            list(argv), stdout=self._logs[name], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env, preexec_fn=_die_with_parent if self.owned else None,
-        )  # fmt: skip
-        self.procs[name] = proc
-        return proc
-
-    def _stop_one(self, name: str) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is not None:
-            if proc.poll() is None:
-                stop_process(proc.pid, timeout=20)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-        log = self._logs.pop(name, None)
-        if log is not None:
-            log.close()
 
     def start_etcd(self, timeout: float = 60) -> None:
         proc = self._spawn("etcd", etcd_argv(self.cfg, self.bins))

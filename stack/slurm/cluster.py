@@ -38,7 +38,7 @@ from typing import IO, Any
 
 from base.errors import DependencyMissing, ServiceError
 from stack import recorded
-from stack.broker import _die_with_parent, free_ports, stop_process
+from stack.broker import free_ports, stop_process
 
 Progress = Callable[[str], None]
 
@@ -399,17 +399,9 @@ class LocalSlurm(recorded.Harness):
         self.client = SlurmClient(cfg)
         self.run = self.client.run
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        log = self.cfg.log(name)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self._logs[name] = log.open("ab")
-        env = self.client.env  # slurmdbd reads slurmdbd.conf from SLURM_CONF's folder
-        proc = subprocess.Popen(
-            list(argv), stdout=self._logs[name], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env, preexec_fn=_die_with_parent if self.owned else None,
-        )  # fmt: skip
-        self.procs[name] = proc
-        return proc
+    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        # slurmdbd reads slurmdbd.conf from SLURM_CONF's folder
+        return super()._spawn(name, argv, self.client.env if env is None else env)
 
     def _alive(self, name: str) -> Callable[[], bool]:
         return lambda: self.procs[name].poll() is None
@@ -496,15 +488,7 @@ class LocalSlurm(recorded.Harness):
     def stop(self) -> None:
         """Stop the daemons by pid (slurmd first), then whatever of its jobs outlived it (slurmstepd, tasks)."""
         for name in reversed(PROCESSES):
-            proc = self.procs.pop(name, None)
-            if proc is not None:
-                if proc.poll() is None:
-                    stop_process(proc.pid, timeout=20)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=5)
-            log = self._logs.pop(name, None)
-            if log is not None:
-                log.close()
+            self._stop_one(name)
         for pid in processes_of(self.cfg.slurm_conf):
             stop_process(pid, timeout=5, group=False)
         _remove_sockets_dir(self.cfg.state_dir)
