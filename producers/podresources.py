@@ -142,7 +142,11 @@ class PodResourcesTracker:
             if status.get("phase") not in ("Running", "Pending") or not on_node:
                 continue
             started = parse_time(status.get("startTime"))
-            ts = max(now_ms, started or now_ms)
+            if started is None:
+                # Admitted by the kubelet (it gives a pod its devices first) but not started: published now, the
+                # devices would be charged from before the pod's start. Tried again at the next List.
+                continue
+            ts = max(now_ms, started)
             held = held_from_kubelet(self.node, whole)
             req = gpu_request(pod.get("spec") or {})
             out.append(self.events.pod_event(

@@ -145,6 +145,13 @@ def test_tracker_publishes_each_pods_devices_once() -> None:
     # an answer from before the pod's start is stamped at the start, never earlier
     early = PodResourcesTracker("node-1", tracker.events).on_list(listing, t0 - 3_600_000, get)
     assert {e["ts_ms"] for e in early} == {started}
+    # a pod the kubelet gave its devices but has not started (no startTime yet: the kubelet's device manager
+    # allocates at admission) is published once it has started, not before (seen on KWOK's pods)
+    fresh = PodResourcesTracker("node-1", tracker.events)
+    pods[("ml", "train")] = {**pod("train", 4, "Pending"), "status": {"phase": "Pending"}}
+    assert [e["job_id"] for e in fresh.on_list(listing, t0, get)] == ["ml/idx"]
+    pods[("ml", "train")] = pod("train", 4)
+    assert [(e["job_id"], e["ts_ms"]) for e in fresh.on_list(listing, t0 + 1_000, get)] == [("ml/train", t0 + 1_000)]
 
 
 def _response(pods: dict[tuple[str, str], list[str]], resource: str = "nvidia.com/gpu") -> Any:
