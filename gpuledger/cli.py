@@ -57,7 +57,7 @@ MODULES_BY_COMMAND: dict[str, tuple[str, ...]] = {
     "clickhouse": ("stack.clickhouse.cli",),
     "db": ("sinks.cli",),
     "dcgm": ("producers.cli",),
-    "dev": ("stack.kube.cli", "stack.slurm.cli"),
+    "dev": ("stack.kube.cli", "stack.slurm.cli", "stack.two_engines_cli"),
     "down": ("stack.cli",),
     "escalate": ("sinks.escalate_cli",),
     "inspect": ("producers.cli",),
