@@ -74,6 +74,19 @@ def _allocation_key(job: SlurmJob) -> tuple[Any, ...]:
     return tuple((g.node, g.count, g.indices) for g in job.gpus)
 
 
+# States of a job sent back to the queue (the base state parse_state gives; REQUEUE_HOLD and REQUEUE_FED are whole
+# state names in squeue's output).
+REQUEUE_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
+def _requeue_ms(prev: SlurmJob, cur: SlurmJob, now_ms: int) -> int:
+    """When the run ended: Slurm's end time of the requeued run when it has one within the run, else the poll's."""
+    end = cur.end_ms
+    if end is not None and prev.start_ms is not None and prev.start_ms <= end <= now_ms:
+        return end
+    return now_ms
+
+
 def _transitions(prev: SlurmJob | None, cur: SlurmJob, now_ms: int) -> list[tuple[str, int]]:
     """Event types (and event times) that moving from `prev` to `cur` implies."""
     out: list[tuple[str, int]] = []
@@ -93,10 +106,12 @@ def _transitions(prev: SlurmJob | None, cur: SlurmJob, now_ms: int) -> list[tupl
         if cur.terminal and cur.start_ms is not None:
             out.append(("ENDED", cur.end_ms or now_ms))
         return out
-    was_active = p in ("RUNNING", "SUSPENDED")
-    if c == "PENDING":
-        if was_active:  # back in the queue: requeued (preempted, node failure, scontrol requeue)
-            out.append(("REQUEUED", now_ms))
+    # COMPLETING still holds the nodes: Slurm shows it between RUNNING and COMPLETED, and between RUNNING and a
+    # requeue (RUNNING -> COMPLETING -> REQUEUED -> PENDING), whatever the poll happens to see of that.
+    was_active = p in ("RUNNING", "SUSPENDED", "COMPLETING")
+    if c in REQUEUE_STATES:
+        if was_active:  # back in the queue: requeued (preempted, node failure, scontrol requeue, a requeue hold)
+            out.append(("REQUEUED", _requeue_ms(prev, cur, now_ms)))
         return out
     if c in ("RUNNING", "SUSPENDED"):
         if not was_active and cur.start_ms is not None:
@@ -194,7 +209,9 @@ def step(
             if acct.terminal or acct.state == "REQUEUED":
                 # keep the device detail the listing had; take the real times and final state from sacct
                 merged = replace(
-                    acct, gpus=vanished.job.gpus or acct.gpus, gpu_count=vanished.job.gpu_count or acct.gpu_count,
+                    acct,
+                    gpus=vanished.job.gpus or acct.gpus,
+                    gpu_count=vanished.job.gpu_count or acct.gpu_count,
                     user_uid=acct.user_uid or _same_user_uid(vanished.job, acct),
                 )
                 if acct.state == "REQUEUED":

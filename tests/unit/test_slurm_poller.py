@@ -211,6 +211,46 @@ def test_suspend_resume_requeue_transitions():
         assert [e["event_type"] for e in evs] == [expected]
 
 
+def test_a_requeue_seen_through_completing_and_requeued_ends_the_run_and_starts_the_next():
+    """Slurm shows a requeued running job as COMPLETING, then REQUEUED, then PENDING (found by the two-engine live
+    test: the run was never ended and the next never started); the run ends at Slurm's end time, not the poll's."""
+    from dataclasses import replace
+
+    ctx = EventContext("hpc")
+    (job,) = parse_capture(RUNNING.read_text()).jobs
+    assert job.start_ms is not None
+    end = job.start_ms + 30_000
+    state = PollState()
+    step(state, [job], [], job.start_ms + 1_000, ctx)
+    seq = [
+        (replace(job, state="COMPLETING"), []),
+        (replace(job, state="REQUEUED", end_ms=end), [("REQUEUED", end)]),
+        (replace(job, state="PENDING", start_ms=None, end_ms=None), []),
+        (replace(job, start_ms=end + 60_000), [("STARTED", end + 60_000)]),
+    ]
+    for i, (cur, expected) in enumerate(seq):
+        evs = step(state, [cur], [], end + 10_000 + i * 60_000, ctx)
+        assert [(e["event_type"], e["ts_ms"]) for e in evs] == expected, i
+
+
+def test_a_completing_job_that_completes_ends_once_and_a_requeue_hold_is_a_requeue():
+    from dataclasses import replace
+
+    ctx = EventContext("hpc")
+    (job,) = parse_capture(RUNNING.read_text()).jobs
+    assert job.start_ms is not None
+    state = PollState()
+    step(state, [job], [], job.start_ms + 1_000, ctx)
+    assert step(state, [replace(job, state="COMPLETING")], [], job.start_ms + 2_000, ctx) == []
+    done = replace(job, state="COMPLETED", end_ms=job.start_ms + 1_500)
+    assert [e["event_type"] for e in step(state, [done], [], job.start_ms + 3_000, ctx)] == ["ENDED"]
+    other = replace(job, job_id=job.job_id + "9")
+    held = PollState()
+    step(held, [other], [], job.start_ms + 1_000, ctx)
+    evs = step(held, [replace(other, state="REQUEUE_HOLD", end_ms=None)], [], job.start_ms + 5_000, ctx)
+    assert [(e["event_type"], e["ts_ms"]) for e in evs] == [("REQUEUED", job.start_ms + 5_000)]
+
+
 def test_poll_command_once_dry_run_with_registry(fake_slurm, tmp_path, monkeypatch):
     import typer
     from typer.testing import CliRunner
