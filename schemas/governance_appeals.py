@@ -119,11 +119,13 @@ def parse_amount(text: str, limit: Decimal) -> int:
 # -- the fold -------------------------------------------------------------------------------------
 
 
-def _ordered(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def ordered_steps(events: Iterable[Mapping[str, Any]], step_order: Mapping[str, int]) -> list[Mapping[str, Any]]:
+    """A workflow's steps (appeals, reservations, escalations) in the order they are folded: by time, then by the
+    workflow's step order, then by id; a step read twice (a replay) once."""
     seen: set[str] = set()
     out = []
-    for e in sorted(events, key=lambda e: (e["ts_ms"], STEP_ORDER.get(e["event_type"], 9), e["event_id"])):
-        if e["event_id"] not in seen:  # a replayed step
+    for e in sorted(events, key=lambda e: (e["ts_ms"], step_order.get(e["event_type"], 9), e["event_id"])):
+        if e["event_id"] not in seen:
             seen.add(e["event_id"])
             out.append(e)
     return out
@@ -155,7 +157,7 @@ def fold(events: Iterable[Mapping[str, Any]], policy: Policy) -> tuple[dict[str,
     """The appeals the events describe under `policy`, and the events the rules refused (with why)."""
     appeals: dict[str, Appeal] = {}
     ignored: list[Ignored] = []
-    for e in _ordered(events):
+    for e in ordered_steps(events, STEP_ORDER):
         aid, kind = e["appeal_id"], e["event_type"]
         if kind == RESUME_ASKED:
             continue  # not an appeal's step, nor a refused one

@@ -28,7 +28,7 @@ from decimal import Decimal
 from typing import Any
 
 from base.errors import ConfigError
-from schemas.governance_appeals import HOUR_MS, Ignored, clean_text, iso_minute
+from schemas.governance_appeals import HOUR_MS, Ignored, clean_text, iso_minute, ordered_steps
 from schemas.policy import EscalationRules, Policy
 
 SERVICE_ACTOR = "gpuledger-escalations"
@@ -144,16 +144,6 @@ def may_ask(policy: Policy, job: Job, asker: str) -> str | None:
 # -- the fold -------------------------------------------------------------------------------------------------
 
 
-def _ordered(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    seen: set[str] = set()
-    out = []
-    for e in sorted(events, key=lambda e: (e["ts_ms"], STEP_ORDER.get(e["event_type"], 9), e["event_id"])):
-        if e["event_id"] not in seen:  # a replayed step
-            seen.add(e["event_id"])
-            out.append(e)
-    return out
-
-
 def _decision_problem(esc: Escalation, e: Mapping[str, Any], policy: Policy) -> str | None:
     kind, actor = e["event_type"], e["actor"]
     if esc.decision:
@@ -181,7 +171,7 @@ def fold(events: Iterable[Mapping[str, Any]], policy: Policy) -> tuple[dict[str,
     """The escalations the events describe under `policy`, and the events the rules refused (with why)."""
     out: dict[str, Escalation] = {}
     ignored: list[Ignored] = []
-    for e in _ordered(events):
+    for e in ordered_steps(events, STEP_ORDER):
         eid, kind = e["escalation_id"], e["event_type"]
         current = out.get(eid)
         if kind == "REQUESTED":

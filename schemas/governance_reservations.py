@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from base.errors import ConfigError, ContractError
-from schemas.governance_appeals import HOUR_MS, Ignored, clean_text, iso_minute
+from schemas.governance_appeals import HOUR_MS, Ignored, clean_text, iso_minute, ordered_steps
 from schemas.policy import Policy
 
 MINUTE_MS = 60_000
@@ -93,16 +93,6 @@ def _event(r: Reservation, kind: str, actor: str, now_ms: int, text: str, **extr
 # -- the fold -------------------------------------------------------------------------------------
 
 
-def _ordered(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    seen: set[str] = set()
-    out = []
-    for e in sorted(events, key=lambda e: (e["ts_ms"], STEP_ORDER.get(e["event_type"], 9), e["event_id"])):
-        if e["event_id"] not in seen:
-            seen.add(e["event_id"])
-            out.append(e)
-    return out
-
-
 def _apply(r: Reservation, e: Mapping[str, Any], policy: Policy) -> Reservation | str:
     """`r` after step `e`, or why the rules refuse it."""
     kind, actor, ts = e["event_type"], e["actor"], e["ts_ms"]
@@ -141,7 +131,7 @@ def fold(events: Iterable[Mapping[str, Any]], policy: Policy) -> tuple[dict[str,
     breaks the rules is ignored, not held."""
     out: dict[str, Reservation] = {}
     ignored: list[Ignored] = []
-    for e in _ordered(events):
+    for e in ordered_steps(events, STEP_ORDER):
         rid = e["reservation_id"]
         if e["event_type"] == "REQUESTED":
             r = Reservation(rid, e["cluster"], e["team"], e["generation"], int(e["gpus"]), tuple(e.get("nodes") or ()),
