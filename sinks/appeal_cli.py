@@ -60,11 +60,9 @@ def _policy(settings: Settings, path: Path | None) -> Any:
 def _appeals(settings: Settings, policy: Any) -> dict[str, Any]:
     from schemas.governance_appeals import fold
     from schemas.topics import APPEALS
-    from streams.eventlog import read_events
+    from streams.eventlog import read_steps
 
-    events, unreadable = read_events(settings.kafka, APPEALS)
-    for bad in unreadable:
-        log.warning("appeals.v1 partition %d offset %d not read: %s", bad.partition, bad.offset, bad.why)
+    events = read_steps(settings.kafka, APPEALS)
     appeals, _ = fold(events, policy)
     return appeals
 

@@ -182,12 +182,10 @@ def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy 
     from `appeals.v1` whole with the worker's own login (assigned partitions, no group)."""
     from schemas.topics import APPEALS
     from sinks.chat import delivered_post
-    from streams.eventlog import read_events
+    from streams.eventlog import read_steps
 
     def read() -> list[dict[str, Any]]:
-        events, unreadable = read_events(kafka, APPEALS)
-        for bad in unreadable:
-            log.warning("appeals.v1 partition %d offset %d not read: %s", bad.partition, bad.offset, bad.why)
+        events = read_steps(kafka, APPEALS)
         return events
 
     book = None if policy is None else AppealBook(read, policy)

@@ -45,11 +45,9 @@ def _now_ms() -> int:
 def _escalations(settings: Settings, policy: Any) -> dict[str, Any]:
     from schemas.governance_escalations import fold
     from schemas.topics import ESCALATIONS
-    from streams.eventlog import read_events
+    from streams.eventlog import read_steps
 
-    events, unreadable = read_events(settings.kafka, ESCALATIONS)
-    for bad in unreadable:
-        log.warning("escalations.v1 partition %d offset %d not read: %s", bad.partition, bad.offset, bad.why)
+    events = read_steps(settings.kafka, ESCALATIONS)
     return fold(events, policy)[0]
 
 

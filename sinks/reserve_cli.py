@@ -51,11 +51,9 @@ def _now_ms() -> int:
 def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
     from schemas.governance_reservations import fold
     from schemas.topics import RESERVATIONS
-    from streams.eventlog import read_events
+    from streams.eventlog import read_steps
 
-    events, unreadable = read_events(settings.kafka, RESERVATIONS)
-    for bad in unreadable:
-        log.warning("reservations.v1 partition %d offset %d not read: %s", bad.partition, bad.offset, bad.why)
+    events = read_steps(settings.kafka, RESERVATIONS)
     return fold(events, policy)[0]
 
 

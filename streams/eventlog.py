@@ -8,6 +8,7 @@ validate is returned apart (with why), never folded; the sinks' consumer loop de
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from base.settings import KafkaSettings
 from schemas.codec import AvroCodec
 from schemas.models import validate
 from schemas.topics import Topic
+
+log = logging.getLogger("gpuledger.eventlog")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +78,11 @@ def read_events(
         return [record for _, _, record in got], bad
     finally:
         reader.close()
+
+
+def read_steps(kafka: KafkaSettings, topic: Topic) -> list[dict[str, Any]]:
+    """A workflow topic's valid steps (appeals, reservations, escalations), each unreadable record logged."""
+    events, unreadable = read_events(kafka, topic)
+    for bad in unreadable:
+        log.warning("%s partition %d offset %d not read: %s", topic.name, bad.partition, bad.offset, bad.why)
+    return events
