@@ -60,11 +60,9 @@ def seed_simulated_ledger(client: Any, cfg: SimConfig = SIM) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def simulated_database(
-    clickhouse_server: Any, prefix: str, cfg: SimConfig = SIM
-) -> Iterator[tuple[ClickHouseSettings, Any]]:
-    """A fresh database migrated, with the rate card and `cfg`'s simulated ledger in it, dropped afterwards;
-    yields its settings and a writer's client (open while the block runs) for more rows."""
+def priced_database(clickhouse_server: Any, prefix: str) -> Iterator[tuple[ClickHouseSettings, Any]]:
+    """A fresh database migrated, with the first rate card in it, dropped afterwards; yields its settings and a
+    writer's client (open while the block runs)."""
     from sinks.db import connect, migrate
     from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
 
@@ -77,12 +75,21 @@ def simulated_database(
     try:
         migrate(client, ch)
         client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
-        seed_simulated_ledger(client, cfg)
         yield ch, client
     finally:
         client.close()
         admin.command(f"DROP DATABASE IF EXISTS {database} SYNC")
         admin.close()
+
+
+@contextlib.contextmanager
+def simulated_database(
+    clickhouse_server: Any, prefix: str, cfg: SimConfig = SIM
+) -> Iterator[tuple[ClickHouseSettings, Any]]:
+    """`priced_database` with `cfg`'s simulated ledger in it; yields its settings and a writer's client."""
+    with priced_database(clickhouse_server, prefix) as (ch, client):
+        seed_simulated_ledger(client, cfg)
+        yield ch, client
 
 
 @pytest.fixture(scope="session")

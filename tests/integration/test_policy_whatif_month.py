@@ -14,17 +14,16 @@ and every team's charge equals the closed statement's usage lines to the cent, w
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from fixtures_web import PERIOD, POLICY, SIM
+from fixtures_web import PERIOD, POLICY, SIM, priced_database
 
 from base.processor_settings import ProcessorSettings
-from base.settings import ClickHouseSettings, Settings
+from base.settings import Settings
 from producers.simulator import simulate
 from producers.simulator.org import FINANCE, OPERATOR, sim_policy_text
 from schemas.policy import parse_policy
@@ -103,32 +102,18 @@ def _seed(client: Any, policy_text: str) -> dict[str, str]:
 def month(
     clickhouse_server: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Settings, dict[str, str]]]:
-    from sinks.db import connect, migrate
-    from sinks.ratecard import RATE_CARD_COLUMNS, load_card, rate_card_rows
     from sinks.statement_service import close
 
     text = sim_policy_text()
     policy_path = tmp_path_factory.mktemp("policy") / "policy.yaml"
     policy_path.write_text(text, encoding="utf-8")
-    database = "whatifm_" + uuid.uuid4().hex[:12]
-    admin = clickhouse_server.client()
-    admin.command(f"CREATE DATABASE {database}")
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=database, password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    try:
-        migrate(client, ch)
-        client.insert("rate_card", rate_card_rows(load_card(), 1), column_names=RATE_CARD_COLUMNS)
+    with priced_database(clickhouse_server, "whatifm_") as (ch, client):
         decided = _seed(client, text)
         settings = Settings(clickhouse=ch, policy_path=policy_path).model_copy(
             update={"processor": Settings().processor.model_copy(update={"idle": POLICY})}
         )
         close(settings, PERIOD, FINANCE, dry_run=False)
         yield settings, decided
-    finally:
-        client.close()
-        admin.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-        admin.close()
 
 
 def _events(result: Any, scenario: str) -> list[tuple[Any, ...]]:
