@@ -38,19 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 from _common import broker_for, machine, scrape_producer  # noqa: E402
 
+from sinks.seconds_kept import read_avro_long  # noqa: E402
+
 GPUS = 8
 RECORD = struct.Struct(">IHH")  # second in the recording, node index, tail length; then the tail
-
-
-def _long_at(buf: bytes, at: int) -> tuple[int, int]:
-    shift = n = 0
-    while True:
-        b = buf[at]
-        at += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (n >> 1) ^ -(n & 1), at
-        shift += 7
 
 
 def cut(value: bytes, header: int) -> tuple[str, str, int, bytes]:
@@ -58,10 +49,10 @@ def cut(value: bytes, header: int) -> tuple[str, str, int, bytes]:
     at = header
     names = []
     for _ in range(2):
-        size, at = _long_at(value, at)
+        size, at = read_avro_long(value, at)
         names.append(value[at : at + size].decode())
         at += size
-    ts, at = _long_at(value, at)
+    ts, at = read_avro_long(value, at)
     return names[0], names[1], ts, value[at:]
 
 

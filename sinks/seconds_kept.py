@@ -62,7 +62,7 @@ class SecondsKept:
         return "every second" if self.mode == "every_second" else "no seconds (device-minutes only)"
 
 
-def _long(buf: bytes | memoryview, at: int) -> tuple[int, int]:
+def read_avro_long(buf: bytes | memoryview, at: int) -> tuple[int, int]:
     """An Avro long (zig-zag varint) at `at`: (value, the offset after it)."""
     shift = n = 0
     while True:
@@ -96,11 +96,11 @@ def scrape_ts_ms(value: bytes | memoryview) -> int | None:
     try:
         at = start
         for _ in range(2):  # cluster, node
-            size, at = _long(value, at)
+            size, at = read_avro_long(value, at)
             if size < 0:
                 return None
             at += size
-        ts, _ = _long(value, at)
+        ts, _ = read_avro_long(value, at)
     except (IndexError, ValueError):
         return None
     return ts
