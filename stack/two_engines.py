@@ -226,8 +226,10 @@ class DeviceManager:
                 self.kubelet.pods = table
 
     def _run(self) -> None:
+        import urllib3
         from kubernetes import client, config, watch
 
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # the loopback API server's own pair
         api = client.CoreV1Api(config.new_client_from_config(str(self.kube.cfg.kubeconfig(ADMIN))))
         version = ""
         while not self._stop.is_set():
