@@ -185,18 +185,25 @@ def clickhouse_client(clickhouse_server: ClickHouseServer, clickhouse_database: 
 
 
 @pytest.fixture
-def ledger_client(clickhouse_server: ClickHouseServer, clickhouse_database: str) -> Iterator[Any]:
+def ledger_database(clickhouse_server: ClickHouseServer, clickhouse_database: str) -> Iterator[tuple[Any, Any]]:
+    """The test's database migrated: a writer's client and the database's ClickHouseSettings (both logins)."""
     from base.settings import ClickHouseSettings
     from sinks.db import connect, migrate
 
     ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password)  # fmt: skip
+                            password=clickhouse_server.password,
+                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
     client = connect(ch)
     migrate(client, ch)
     try:
-        yield client
+        yield client, ch
     finally:
         client.close()
+
+
+@pytest.fixture
+def ledger_client(ledger_database: tuple[Any, Any]) -> Any:
+    return ledger_database[0]
 
 
 def write_job_events(client: Any, records: list[dict[str, Any]]) -> None:

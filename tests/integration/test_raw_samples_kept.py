@@ -30,7 +30,7 @@ from schemas.records import NodeScrape
 from schemas.topics import job_key, node_key
 from sinks import reports
 from sinks.consumer import LedgerSink
-from sinks.db import connect, migrate
+from sinks.db import connect
 from sinks.rows import RAW_SAMPLE_COLUMNS, raw_sample_rows
 from sinks.seconds import SECOND_COLUMNS, device_seconds, from_kafka
 from sinks.seconds_kept import SecondsKept
@@ -85,19 +85,6 @@ def produced(kafka_bootstrap: str) -> Iterator[tuple[KafkaSettings, list[dict[st
     yield kafka, n1
 
 
-@pytest.fixture
-def database(clickhouse_server: Any, clickhouse_database: str) -> Iterator[tuple[Any, ClickHouseSettings]]:
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
-    try:
-        yield client, ch
-    finally:
-        client.close()
-
-
 def _sink(kafka: KafkaSettings, ch: ClickHouseSettings, kept: SecondsKept, names: list[str]) -> Any:
     cfg = SinksSettings(group_id=f"sink-{uuid.uuid4().hex[:6]}", batch_max_records=500, batch_max_wait_s=0.3)
     sink = LedgerSink(kafka, cfg, LedgerWriter(connect(ch)), topics=names, kept=kept)
@@ -109,10 +96,10 @@ def _sink(kafka: KafkaSettings, ch: ClickHouseSettings, kept: SecondsKept, names
 
 @pytest.mark.parametrize("mode", ["every_second", "sampled", "minutes"])
 def test_raw_samples_keep_what_the_setting_says_and_the_seconds_are_found(
-    mode: str, produced: tuple[KafkaSettings, list[dict[str, Any]]], database: tuple[Any, ClickHouseSettings]
+    mode: str, produced: tuple[KafkaSettings, list[dict[str, Any]]], ledger_database: tuple[Any, ClickHouseSettings]
 ) -> None:
     kafka, n1 = produced
-    client, ch = database
+    client, ch = ledger_database
     ch = ch.model_copy(update={"raw_samples_kept": mode})
     kept = SecondsKept.of(ch)
     sink, stats = _sink(kafka, ch, kept, [topics.DEVICE_SAMPLES.name, topics.JOB_EVENTS.name])

@@ -142,23 +142,10 @@ def table(client: Any) -> list[tuple[Any, ...]]:
     return [tuple(round(v, 9) if isinstance(v, float) else v for v in row) for row in rows]
 
 
-@pytest.fixture
-def migrated(clickhouse_server: Any, clickhouse_database: str) -> Iterator[tuple[Any, ClickHouseSettings]]:
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
-    try:
-        yield client, ch
-    finally:
-        client.close()
-
-
 def test_clickhouse_reading_the_container_stores_what_the_row_path_stores(
-    migrated: tuple[Any, ClickHouseSettings], clickhouse_server: Any
+    ledger_database: tuple[Any, ClickHouseSettings], clickhouse_server: Any
 ) -> None:
-    client, ch = migrated
+    client, ch = ledger_database
     values = [encoded(r) for r in varied_scrapes()]
     bulk = RawSampleBulk(client, CODEC, TOPIC)
     assert bulk(sources(values)) == []
@@ -204,9 +191,9 @@ def test_the_reference_avro_library_reads_the_container(interop_java: InteropJav
 
 
 @pytest.mark.parametrize("case", _bad_cases())
-def test_a_record_the_row_path_refuses_fails_the_bulk_insert(migrated: tuple[Any, ClickHouseSettings],
+def test_a_record_the_row_path_refuses_fails_the_bulk_insert(ledger_database: tuple[Any, ClickHouseSettings],
                                                              case: tuple[Any, ...]) -> None:  # fmt: skip
-    client, _ = migrated
+    client, _ = ledger_database
     bad = broken(case)
     with pytest.raises(ContractError):  # the row path dead-letters it
         validate(SUBJECT, CODEC.decode(bad, SUBJECT).record)
@@ -219,8 +206,8 @@ def test_a_record_the_row_path_refuses_fails_the_bulk_insert(migrated: tuple[Any
     assert stored in (0, 2 * 8)  # nothing, or a block before the bad one (the row path writes the same rows again)
 
 
-def test_other_framings_and_topics_are_left_to_the_row_path(migrated: tuple[Any, ClickHouseSettings]) -> None:
-    client, _ = migrated
+def test_other_framings_and_topics_are_left_to_the_row_path(ledger_database: tuple[Any, ClickHouseSettings]) -> None:
+    client, _ = ledger_database
     good = encoded(varied_scrapes()[2])
     legacy = good[:2] + good[2:10][::-1] + good[10:]  # the big-endian fingerprint older writers used
     confluent = b"\x00\x00\x00\x00\x07" + good[10:]
@@ -233,9 +220,9 @@ def test_other_framings_and_topics_are_left_to_the_row_path(migrated: tuple[Any,
 
 
 def test_confluent_framing_through_the_registry_lands_in_bulk_too(
-    migrated: tuple[Any, ClickHouseSettings], registry_url: str
+    ledger_database: tuple[Any, ClickHouseSettings], registry_url: str
 ) -> None:
-    client, _ = migrated
+    client, _ = ledger_database
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:9", topic_prefix=f"r{uuid.uuid4().hex[:8]}.",
                           schema_registry_url=registry_url)  # fmt: skip
     codec = AvroCodec.from_settings(kafka)
@@ -252,9 +239,9 @@ def test_confluent_framing_through_the_registry_lands_in_bulk_too(
 
 
 def test_the_sink_lands_samples_in_bulk_and_dead_letters_the_bad_one_with_its_reason(
-    kafka_bootstrap: str, migrated: tuple[Any, ClickHouseSettings]
+    kafka_bootstrap: str, ledger_database: tuple[Any, ClickHouseSettings]
 ) -> None:
-    client, ch = migrated
+    client, ch = ledger_database
     prefix = f"t{uuid.uuid4().hex[:8]}."
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     names = [prefix + TOPIC, prefix + topics.DEVICE_SAMPLES.dlq]
