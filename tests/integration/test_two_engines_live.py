@@ -128,6 +128,10 @@ def two_engines(live_slurm: SlurmClient, kube_binaries: KubeBinaries, kafka_boot
     s = uuid.uuid4().hex[:6]
     tmp = tmp_path_factory.mktemp("two-engines")
     person_account(PERSON)
+    # From an idle Slurm: a job an earlier test left running (one did, in a full run) keeps alice's interactive
+    # allocation pending, and salloc, become her, cannot take the grant message that comes later (munge's socket is
+    # root's): slurmctld then kills the job ("Communication connection failure").
+    live_slurm.cancel_all()
     database = f"two_{s}"
     admin = clickhouse_server.client()
     admin.command(f"CREATE DATABASE {database}")

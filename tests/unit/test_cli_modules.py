@@ -1,38 +1,43 @@
 """The command's lazy registration (gpuledger/cli.py): a call imports only the modules that add to its command,
-so the map from command to modules must be exactly what the modules register, derived here by registering them
-one by one into a fresh app and seeing which top-level commands each one adds or changes."""
+so the map from command to modules must be exactly what the modules register, derived here (in a fresh interpreter) by
+registering them one by one into a fresh app and seeing which top-level commands each one adds or changes."""
 
 from __future__ import annotations
 
-import importlib
+import json
 import subprocess
 import sys
-from typing import Any
-
-import typer
 
 from gpuledger import cli
 
+# Run in a fresh interpreter: the modules' command groups are module-level objects that a registration elsewhere in
+# the same process (another test calling `_register_all` on `cli.app`) has already filled.
+DERIVE = """
+import importlib, json, typer
+from gpuledger import cli
 
-def _tree(t: typer.Typer) -> dict[str, Any]:
-    """Command names, groups as their own trees (what `--help` would list, level by level)."""
-    out: dict[str, Any] = {c.name or (c.callback.__name__ if c.callback else ""): None for c in t.registered_commands}
-    out.update({g.name or "": _tree(g.typer_instance) for g in t.registered_groups if g.typer_instance})
+def tree(t):
+    out = {c.name or (c.callback.__name__ if c.callback else ""): None for c in t.registered_commands}
+    out.update({g.name or "": tree(g.typer_instance) for g in t.registered_groups if g.typer_instance})
     return out
+
+app, inspect_app = typer.Typer(), typer.Typer()
+app.add_typer(inspect_app, name="inspect")
+owners = {c.name: [] for c in cli.app.registered_commands}  # defined in gpuledger/cli.py itself
+for name in cli._COMMAND_MODULES:
+    before = tree(app)
+    importlib.import_module(name).register(app, inspect_app)
+    for command, sub in tree(app).items():
+        if before.get(command, "absent") != sub:
+            owners.setdefault(command, []).append(name)
+print(json.dumps(owners))
+"""
 
 
 def test_the_map_names_every_module_that_adds_to_each_command() -> None:
-    app, inspect_app = typer.Typer(), typer.Typer()
-    app.add_typer(inspect_app, name="inspect")
-    owners: dict[str, tuple[str, ...]] = {}
-    for name in cli._COMMAND_MODULES:
-        before = _tree(app)
-        importlib.import_module(name).register(app, inspect_app)
-        for command, sub in _tree(app).items():
-            if before.get(command, "absent") != sub:
-                owners[command] = (*owners.get(command, ()), name)
-    own = {c.name for c in cli.app.registered_commands}  # defined in gpuledger/cli.py itself
-    assert {**owners, **dict.fromkeys(own, ())} == cli.MODULES_BY_COMMAND
+    out = subprocess.run([sys.executable, "-c", DERIVE], capture_output=True, text=True, check=True).stdout
+    owners = {command: tuple(modules) for command, modules in json.loads(out).items()}
+    assert owners == cli.MODULES_BY_COMMAND
 
 
 def test_a_command_needs_its_modules_and_anything_else_needs_all() -> None:
