@@ -128,10 +128,7 @@ def two_engines(live_slurm: SlurmClient, kube_binaries: KubeBinaries, kafka_boot
     s = uuid.uuid4().hex[:6]
     tmp = tmp_path_factory.mktemp("two-engines")
     person_account(PERSON)
-    # From an idle Slurm: a job an earlier test left running (one did, in a full run) keeps alice's interactive
-    # allocation pending, and salloc, become her, cannot take the grant message that comes later (munge's socket is
-    # root's): slurmctld then kills the job ("Communication connection failure").
-    live_slurm.cancel_all()
+    live_slurm.cancel_all()  # from an idle Slurm: alice's interactive allocation must be granted at once (below)
     database = f"two_{s}"
     admin = clickhouse_server.client()
     admin.command(f"CREATE DATABASE {database}")
@@ -313,9 +310,13 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
 
     # Slurm (h100 0-1, a100 2-3): a gang of two H100; alice's interactive A100 allocation; a preemptible job
     # preempted (cancelled) by a high-QOS one; later an idle job reclaimed by gpuledger.
-    gang = sbatch("--gres=gpu:h100:2", "--job-name=gang", f"--comment=project=p-ops-{s}", wrap="sleep 20")
+    # alice's allocation first, on the idle cluster: granted in the reply to salloc's request. Behind a pending job
+    # (the gang, before its scheduling pass) it would wait for a later grant message, which salloc, become her,
+    # cannot take (munge's socket is root's): slurmctld then kills it ("Communication connection failure"), as it
+    # did twice in full `make test` runs where the earlier tests' fair-share usage ranked her below the gang.
     alice_s = salloc(slurm, f"--uid={person}", "--gres=gpu:a100:1", "--job-name=alice", "--account=research",
                      f"--comment=project=p-vision-{s}")  # fmt: skip
+    gang = sbatch("--gres=gpu:h100:2", "--job-name=gang", f"--comment=project=p-ops-{s}", wrap="sleep 20")
     low_job = sbatch("--gres=gpu:a100:1", "--job-name=low", f"--qos={low}", "--no-requeue",
                      f"--comment=project=p-ops-{s}", wrap="sleep 60")  # fmt: skip
     # Kubernetes (4 H100, quota 4): alice's gang of two 1-GPU pods; bob's low-priority 2-GPU job, preempted by a
