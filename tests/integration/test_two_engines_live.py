@@ -460,8 +460,12 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
     total = [r["charge"] for r in lines if r["line"] == "TOTAL"]
     assert total == [dollars(sum(expected_s.values()))], lines
     lines = report_lines(st, period, "project")
-    assert {r["line"]: r["charge"] for r in lines if r["line"] != "TOTAL"} == {k: dollars(v) for k, v in
-                                                                                by_project.items()}, lines  # fmt: skip
+    got_project = {r["line"]: r["charge"] for r in lines if r["line"] != "TOTAL"}
+    assert {k: v for k, v in got_project.items() if k in by_project} == {k: dollars(v) for k, v in
+                                                                         by_project.items()}, lines  # fmt: skip
+    # Jobs the session's earlier Slurm tests ran are in the live Slurm's accounting, and the poller reports them:
+    # their projects get lines, but not one second in this test's window.
+    assert {v for k, v in got_project.items() if k not in by_project} <= {"0.00"}, lines
 
     # Each device-second charged once: no device-minute holds more than 60 allocated seconds, none is contested.
     crowded = query(st, "SELECT cluster, device_uuid, minute_start_ms, sum(allocated_s) AS s FROM device_minutes "
