@@ -235,8 +235,19 @@ class ReservationServiceSettings(BaseModel):
     kubeconfig: Path | None = None  # Kueue: None is in-cluster (its ServiceAccount), else ~/.kube/config
 
 
+class EscalationServiceSettings(BaseModel):
+    """The escalation service (`gpuledger escalate run`, sinks/escalations.py): the engines it raises granted jobs
+    on and lowers them again at expiry. No engine: `up` does not run it, and `escalate run` wants `--engine`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[Literal["slurm", "kueue"]] = Field(default_factory=list)
+    every_s: float = Field(default=30.0, gt=0)  # seconds between passes
+    kubeconfig: Path | None = None  # Kueue: None is in-cluster (its ServiceAccount), else ~/.kube/config
+
+
 class SinksSettings(BaseModel):
-    """The ClickHouse sinks, rate card, chat alerts, reclaim executor and reservation service (sinks/)."""
+    """The ClickHouse sinks, rate card, chat alerts, reclaim executor, reservation and escalation services (sinks/)."""
 
     group_id: str = "gpuledger-sinks"
     topics: list[str] = Field(default_factory=list)  # empty: every topic the sinks know
@@ -252,6 +263,7 @@ class SinksSettings(BaseModel):
     reclaim_checkpoint_grace_s: float = 120.0
     chat: ChatSettings = Field(default_factory=ChatSettings)
     reservations: ReservationServiceSettings = Field(default_factory=ReservationServiceSettings)
+    escalations: EscalationServiceSettings = Field(default_factory=EscalationServiceSettings)
 
 
 class BrokerSettings(BaseModel):

@@ -4,8 +4,8 @@ events on escalations.v1.
     gpuledger escalate ask JOB --hours 4 --reason TEXT [--cluster C] [--by USER]
     gpuledger escalate decide ID --grant --note TEXT        gpuledger escalate decide ID --deny --note TEXT
     gpuledger escalate list [--state open|all]
-    gpuledger escalate reconcile --engine slurm|kueue [--kubeconfig F]   one pass of the service
-    gpuledger escalate run [--every-s 30] --engine ...                    the service, until SIGTERM
+    gpuledger escalate reconcile [--engine slurm|kueue] [--kubeconfig F]   one pass of the service
+    gpuledger escalate run [--every-s 30] [--engine ...]    the service until SIGTERM (`up` runs it with an engine)
 
 As for appeals and reservations, each command reads the topic whole, folds it under the policy
 (`schemas/governance_escalations.py`) and publishes only a step the rules allow (a refusal is one line, exit 2,
@@ -30,9 +30,11 @@ from sinks.appeal_cli import BY_OPTION, POLICY_OPTION, _client, _emit, _iso, _po
 
 escalate_app = typer.Typer(help="Raise a job's priority for a while: asked, decided, applied on the engine, "
                            "reverted when it expires.", no_args_is_help=True)  # fmt: skip
-ENGINE_OPTION = typer.Option(None, "--engine", help="slurm and/or kueue (repeatable).")
-KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="With kueue: the kubeconfig (default: in-cluster, else "
-                                 "~/.kube/config).")  # fmt: skip
+ENGINE_OPTION = typer.Option(None, "--engine", help="slurm and/or kueue (repeatable; default: "
+                             "sinks.escalations.engines).")  # fmt: skip
+KUBECONFIG_OPTION = typer.Option(None, "--kubeconfig", help="With kueue: the kubeconfig (default: sinks.escalations."
+                                 "kubeconfig, else in-cluster, else ~/.kube/config).")  # fmt: skip
+EVERY_OPTION = typer.Option(None, "--every-s", help="Seconds between passes (default: sinks.escalations.every_s).")
 LIST_COLUMNS = ("escalation_id", "state", "cluster", "job_id", "user", "team", "tier", "hours", "asked_by", "asked",
                 "decide_by", "decided_by", "until", "reason", "note")  # fmt: skip
 log = logging.getLogger("gpuledger.escalations")
@@ -71,11 +73,15 @@ def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
     pub.flush()
 
 
-def _engines(names: list[str] | None, kubeconfig: Path | None) -> list[Any]:
+def _engines(settings: Settings, names: list[str] | None, kubeconfig: Path | None) -> list[Any]:
+    """The engines named on the command line, else those of the settings (`sinks.escalations`)."""
     from sinks.escalations import SlurmPriority, kueue_engine
 
+    service = settings.sinks.escalations
+    names = names or list(service.engines)
     if not names:
-        raise ConfigError("no engine: pass --engine slurm and/or --engine kueue")
+        raise ConfigError("no engine: pass --engine slurm|kueue or set sinks.escalations.engines")
+    kubeconfig = kubeconfig or service.kubeconfig
     out: list[Any] = []
     for name in dict.fromkeys(names):
         if name == "slurm":
@@ -118,6 +124,7 @@ def escalate_ask(
     refusal = may_ask(policy, found, asker)
     if refusal:
         raise ConfigError(refusal)
+    kubeconfig = kubeconfig or settings.sinks.escalations.kubeconfig
     scheduler = SlurmPriority() if engine == "SLURM" else kueue_engine(str(kubeconfig) if kubeconfig else None)
     where = scheduler.standing(job)
     if where.status != "ok":
@@ -193,23 +200,25 @@ def escalate_reconcile(
     """One pass of the service: lapse the undecided past their deadline, raise the granted, lower the expired."""
     settings = settings_for(state_dir)
     policy = _policy(settings, policy_path)
-    for event in reconcile_once(settings, policy, _engines(engine, kubeconfig)):
+    for event in reconcile_once(settings, policy, _engines(settings, engine, kubeconfig)):
         typer.echo(f"{event['escalation_id']} {event['event_type'].lower()}: job {event['job_id']}: {event['text']}")
 
 
 @escalate_app.command("run")
 def escalate_run(
-    every_s: float = typer.Option(30.0, "--every-s", min=1.0, help="Seconds between passes."),
+    every_s: float | None = EVERY_OPTION,
     engine: list[str] | None = ENGINE_OPTION,
     kubeconfig: Path | None = KUBECONFIG_OPTION,
     policy_path: Path | None = POLICY_OPTION,
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
-    """The escalation service: `reconcile` every --every-s seconds until SIGTERM. The topic is read whole each pass
-    (escalations are few), so a restart resumes from it alone; each engine change asks the engine first."""
+    """The escalation service (`gpuledger up` runs it when sinks.escalations.engines names one): `reconcile` every
+    --every-s seconds until SIGTERM. The topic is read whole each pass (escalations are few), so a restart resumes
+    from it alone; each engine change asks the engine first."""
     settings = start_service(state_dir)
     policy = _policy(settings, policy_path)
-    engines = _engines(engine, kubeconfig)
+    engines = _engines(settings, engine, kubeconfig)
+    every_s = every_s if every_s is not None else settings.sinks.escalations.every_s
     stop = stop_signal("escalations")
     while not stop():
         try:

@@ -249,6 +249,18 @@ def _reservation_engine(settings: Settings) -> bool:
     return bool(settings.sinks.reservations.engines) and settings.policy_path is not None
 
 
+def _escalation_engine(settings: Settings) -> bool:
+    # The escalation service raises granted jobs on a scheduler: only with an engine configured and the policy its
+    # rules come from. Without one, escalations are still asked, decided and listed; nothing is raised.
+    return bool(settings.sinks.escalations.engines) and settings.policy_path is not None
+
+
+def _escalations_off(settings: Settings) -> str:
+    if settings.policy_path is None:
+        return "no policy_path"
+    return "no engine configured (sinks.escalations.engines): escalations are asked, decided and listed, not raised"
+
+
 def _processors_argv(settings: Settings, _: Progress) -> list[str]:
     if _simulated(settings):
         # The simulator replays hours of history at start-up: event time alone closes its windows,
@@ -419,6 +431,15 @@ COMPONENTS: list[Component] = [
         enabled=lambda s: s.policy_path is not None,  # who decides, and by when, is the policy's
         why_disabled=lambda s: "no policy_path: no appeals without a policy",
         command=("appeal", "run"),
+        kafka_principal="producers",  # the governance steps' login (security.component_acls)
+    ),
+    Component(
+        name="escalations",
+        description="escalation service: granted escalations raised on Slurm/Kueue, lowered when they expire",
+        argv=lambda s, _: gpuledger_argv("escalate", "run"),
+        enabled=_escalation_engine,
+        why_disabled=_escalations_off,
+        command=("escalate", "run"),
         kafka_principal="producers",  # the governance steps' login (security.component_acls)
     ),
     Component(

@@ -7,7 +7,8 @@ no schema registry here) and the metrics port (any free one: other suites share 
 The setup Jobs run to completion and set the stack up (topics, tables, the rate card); the Deployments of the
 ledger path and of the alerts stay up and answer /metrics. Not started here: the schemas Job (no registry in
 this test), the producers (dcgm needs an exporter, kube watch and podresources a control plane), the
-reservation service and policy watch (Kueue), web. A Secret key a manifest forgets fails with the workload and
+reservation service, policy watch and escalation service (Kueue: tests/integration/test_kube_manifests.py checks
+their workloads' settings and rights), web. A Secret key a manifest forgets fails with the workload and
 the setting named.
 """
 

@@ -222,3 +222,34 @@ def test_the_policy_watch_runs_as_its_workload_configures_it_with_read_only_righ
     role, binding = [d for d in yaml.safe_load_all((MANIFESTS.parent / "rbac" / "policy-watch.yaml").read_text()) if d]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "gpuledger"}]
     assert {verb for rule in role["rules"] for verb in rule["verbs"]} == {"get"}
+
+
+def test_the_escalation_service_runs_as_its_workload_configures_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`up` runs `escalate run` only with an engine and the policy configured: the Deployment sets both and runs as
+    its own ServiceAccount, bound to the role the live Kueue escalation test raises a job with
+    (tests/integration/test_kube_live_escalation.py): it patches batch Jobs' labels and writes nothing else."""
+    named = "gpuledger-escalations"
+    (deployment,) = [d for d in _docs() if d["kind"] == "Deployment" and d["metadata"]["name"] == named]
+    pod = _pod_spec(deployment)
+    (container,) = pod["containers"]
+    monkeypatch.chdir(tmp_path)
+    settings = _container_settings(container, tmp_path)
+    assert settings.sinks.escalations.engines == ["kueue"] and settings.sinks.escalations.kubeconfig is None
+    comp = next(c for c in COMPONENTS if c.name == "escalations")
+    assert comp.enabled(settings) and not comp.enabled(settings.model_copy(update={"policy_path": None}))
+    assert not comp.enabled(Settings(state_dir=tmp_path, cluster="prod", policy_path=settings.policy_path))
+    assert container["args"] == comp.argv(settings, lambda _: None)[3:]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v.get("configMap", {}).get("name") for v in pod["volumes"]}
+    assert str(settings.policy_path) == f"{mounts['policy']}/policy.yaml" and volumes["policy"] == "gpuledger-policy"
+    account = pod["serviceAccountName"]
+    assert account == named and pod.get("automountServiceAccountToken", True)
+    assert any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account for d in _docs())
+    role, binding = [d for d in yaml.safe_load_all((MANIFESTS.parent / "rbac" / "escalations.yaml").read_text()) if d]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "gpuledger"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    granted = {(g, res, verb) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]
+               for verb in rule["verbs"]}  # fmt: skip
+    writes = {(g, res, verb) for g, res, verb in granted if verb not in ("get", "list", "watch")}
+    assert writes == {("batch", "jobs", "patch")}

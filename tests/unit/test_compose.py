@@ -93,11 +93,12 @@ def _profile_services(profile: str) -> set[str]:
 def test_each_profile_adds_exactly_the_components_its_configuration_enables(clean_env: pytest.MonkeyPatch) -> None:
     """A profile is named as its service, and starts exactly what `up` adds with that service's configuration:
     the reservations profile configures a policy, so the appeals service (which needs only the policy) too."""
-    assert PROFILED == {"reservations": ["reservations"], "appeals": ["appeals", "reservations", "policy-watch"],
-                        "policy-watch": ["policy-watch"]}  # fmt: skip
+    assert PROFILED == {"reservations": ["reservations"],
+                        "appeals": ["appeals", "reservations", "policy-watch", "escalations"],
+                        "policy-watch": ["policy-watch"], "escalations": ["escalations"]}  # fmt: skip
     local = Settings(state_dir=STATE_DIR, cluster="sim", broker=BrokerSettings(nodes=3))
     expected = {"reservations": {"reservations", "appeals"}, "appeals": {"appeals"},
-                "policy-watch": {"policy-watch", "appeals"}}  # fmt: skip
+                "policy-watch": {"policy-watch", "appeals"}, "escalations": {"escalations", "appeals"}}  # fmt: skip
     for profile, added in expected.items():
         with pytest.MonkeyPatch.context() as env:
             for key in [k for k in os.environ if k.startswith("GPULEDGER_")]:
@@ -109,6 +110,7 @@ def test_each_profile_adds_exactly_the_components_its_configuration_enables(clea
     reserving = _configured(clean_env, "reservations")
     assert reserving.sinks.reservations.engines == ["kueue"]
     assert _configured(clean_env, "policy-watch").policy_watch.engines == ["kueue"]
+    assert _configured(clean_env, "escalations").sinks.escalations.engines == ["kueue"]
 
 
 def test_project_services_run_the_components_with_their_arguments(
@@ -124,6 +126,7 @@ def test_project_services_run_the_components_with_their_arguments(
     # What the image runs and what `up` runs locally are the non-project services.
     assert set(SERVICES) - set(PROJECT) == {*KAFKA_NODES, "registry", "clickhouse"}
     assert SERVICES["reservations"]["command"] == ["reserve", "run"]
+    assert SERVICES["escalations"]["command"] == ["escalate", "run"]
     # The arguments the issue found missing are there.
     assert "--event-time" in SERVICES["processors"]["command"] and "--event-time" in SERVICES["agents"]["command"]
     assert SERVICES["simulator"]["command"][:3] == ["simulate", "run", "--backfill"]

@@ -30,6 +30,10 @@ def test_the_simulator_gets_the_simulated_organisations_policy(tmp_path: Path) -
     assert state["appeals"].enabled
     # No engine: reservations are recorded and approved by the page, none is put onto a scheduler; status says so.
     assert not state["reservations"].enabled and "sinks.reservations.engines" in state["reservations"].detail
+    assert not state["escalations"].enabled and "sinks.escalations.engines" in state["escalations"].detail
+    engines = settings.model_copy(deep=True)
+    engines.sinks.escalations.engines = ["kueue"]
+    assert Supervisor(engines).component_status(by_name()["escalations"]).enabled  # with an engine: `up` runs it
     assert sup._child_env()["GPULEDGER_POLICY_PATH"] == str(SIM_POLICY)  # every component sees the same policy
 
 
