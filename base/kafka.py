@@ -19,6 +19,7 @@ def is_fatal(err: KafkaError) -> bool:
     2.16 delivers the fatal-error event as code `_FATAL` with `fatal()` false, so both are checked."""
     return bool(err.fatal()) or err.code() == KafkaError._FATAL
 
+
 # Throughput defaults a user can override with the standard keys in `kafka.config`.
 PRODUCER_DEFAULTS = {
     "linger.ms": "20",
@@ -39,8 +40,20 @@ def new_consumer(kafka: KafkaSettings, group: str, **overrides: Any) -> Consumer
     return Consumer({**kafka.client_config(), **CONSUMER_DEFAULTS, "group.id": group, **overrides})
 
 
+def producer_config(kafka: KafkaSettings, *, telemetry: bool = False, **overrides: Any) -> dict[str, Any]:
+    """A producer's librdkafka configuration: the defaults, the settings' connection and `kafka.config`, then for a
+    telemetry producer `kafka.telemetry` (its compression and linger), then the caller's `overrides`."""
+    chosen = kafka.telemetry.producer_config() if telemetry else {}
+    return {**PRODUCER_DEFAULTS, **kafka.client_config(), **chosen, **overrides}
+
+
 def new_producer(kafka: KafkaSettings, **overrides: Any) -> Producer:
-    return Producer({**PRODUCER_DEFAULTS, **kafka.client_config(), **overrides})
+    return Producer(producer_config(kafka, **overrides))
+
+
+def new_telemetry_producer(kafka: KafkaSettings, **overrides: Any) -> Producer:
+    """A telemetry producer's (dcgm, nvsmi, the simulator, the replay): `kafka.telemetry`'s compression and linger."""
+    return Producer(producer_config(kafka, telemetry=True, **overrides))
 
 
 def new_admin(kafka: KafkaSettings | Mapping[str, Any], **overrides: Any) -> AdminClient:

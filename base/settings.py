@@ -62,6 +62,27 @@ def _known_keys(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> li
 SUBJECT_PLACEHOLDERS = frozenset({"topic", "record"})
 
 
+class TelemetryProducerSettings(BaseModel):
+    """How the telemetry producers (dcgm, nvsmi, the simulator, the replay load generator) batch and compress:
+    they write the fleet's largest topic, `telemetry.device-samples`, a record a node a second.
+
+    The defaults are the measured case (docs/benchmarks.md, "The broker's cost per GPU against the producer's
+    settings"): zstd keeps a scrape in about half the bytes of lz4 on disk, on the network and in every replica (251
+    against 493), for ~2 us more of the exporter's CPU a scrape and ~35% more broker CPU (it validates compressed
+    batches); linger 100 ms did not cut the broker's CPU consistently and adds ~70 ms to every hop, so 20 ms stays.
+    The other producers keep `base.kafka.PRODUCER_DEFAULTS` (lz4): small topics, latency first. These keys win over
+    the same ones in `kafka.config` for the telemetry producers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "zstd"
+    linger_ms: int = Field(default=20, ge=0, le=900_000)
+
+    def producer_config(self) -> dict[str, str]:
+        """The librdkafka keys these settings set."""
+        return {"compression.type": self.compression_type, "linger.ms": str(self.linger_ms)}
+
+
 class KafkaSettings(BaseModel):
     """Kafka client configuration, passed through with the clients' standard keys."""
 
@@ -82,6 +103,9 @@ class KafkaSettings(BaseModel):
     # {topic} (the topic name, prefix included) and {record} (the value schema's full record name):
     # "{record}" is RecordNameStrategy, "{topic}-{record}" TopicRecordNameStrategy.
     schema_registry_subject: str = "{topic}-value"
+    # The telemetry producers' batching and compression (TOML `[kafka.telemetry]`, env
+    # `GPULEDGER_KAFKA__TELEMETRY__COMPRESSION_TYPE`); `base.kafka.new_telemetry_producer` applies it.
+    telemetry: TelemetryProducerSettings = Field(default_factory=TelemetryProducerSettings)
 
     @field_validator("schema_registry_subject")
     @classmethod
@@ -306,8 +330,6 @@ class BrokerSettings(BaseModel):
 NODE_PORT_STEP = 10
 
 
-
-
 class RegistrySettings(BaseModel):
     """The local Confluent-compatible schema registry (Apicurio Registry, stack/registry.py).
 
@@ -324,11 +346,11 @@ class RegistrySettings(BaseModel):
     # Apicurio Registry 3.x (3.0.x runs on Java 17; later 3.x need Java 21).
     version: str = "3.0.9"
     heap: str = "256m"
+
     @property
     def url(self) -> str:
         """The Confluent-compatible API of the local registry (what clients take as their registry URL)."""
         return f"http://{self.host}:{self.port}/apis/ccompat/v7"
-
 
 
 class MetricsSettings(BaseModel):
@@ -550,7 +572,11 @@ def _deprecated(section: str) -> None:
         _warned.add(section)
         logging.getLogger("gpuledger.settings").warning(
             "settings: [extra.%s] (env GPULEDGER_EXTRA__%s__...) is deprecated: use [%s] "
-            "(env GPULEDGER_%s__...), same keys", section, section.upper(), section, section.upper()
+            "(env GPULEDGER_%s__...), same keys",
+            section,
+            section.upper(),
+            section,
+            section.upper(),
         )
 
 

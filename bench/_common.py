@@ -161,14 +161,15 @@ class ScrapeTemplate:
 
 
 def scrape_producer(bootstrap: str) -> Producer:
-    """The project's producer (`base.kafka.new_producer`): above all its partitioner, Kafka's murmur2, so a
-    node's scrapes share a partition with its re-keyed allocations and inventory, as every producer of
+    """The project's telemetry producer (`base.kafka.new_telemetry_producer`): the telemetry producers'
+    compression and linger (`kafka.telemetry`, zstd and 20 ms by default), and above all the partitioner, Kafka's
+    murmur2, so a node's scrapes share a partition with its re-keyed allocations and inventory, as every producer of
     the project (and Java's) puts them. librdkafka's own default (CRC32) would put most nodes' scrapes on
     another partition than their jobs, and the node stage would see those devices unallocated."""
-    from base.kafka import new_producer
+    from base.kafka import new_telemetry_producer
     from base.settings import KafkaSettings
 
-    return new_producer(KafkaSettings(bootstrap_servers=bootstrap))
+    return new_telemetry_producer(KafkaSettings(bootstrap_servers=bootstrap))
 
 
 def produce_backlog(bootstrap: str, prefix: str, nodes: int, scrapes: int, start_ms: int) -> None:

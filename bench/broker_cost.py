@@ -38,8 +38,8 @@ from _common import cpu_s, machine  # noqa: E402
 from replay_load import Replay, record, topic_records  # noqa: E402
 
 SETTINGS: list[tuple[str, int, dict[str, str]]] = [
-    ("lz4, linger 20 ms (the default)", 4, {}),
-    ("zstd, linger 20 ms", 4, {"compression.type": "zstd"}),
+    ("lz4, linger 20 ms (the other producers' default)", 4, {}),
+    ("zstd, linger 20 ms (the telemetry producers' default)", 4, {"compression.type": "zstd"}),
     ("none, linger 20 ms", 4, {"compression.type": "none"}),
     ("lz4, linger 100 ms, batch 1 MiB", 4, {"linger.ms": "100", "batch.size": "1048576"}),
     ("zstd, linger 100 ms, batch 1 MiB", 4, {"compression.type": "zstd", "linger.ms": "100", "batch.size": "1048576"}),

@@ -76,8 +76,12 @@ def serve(port: int, nodes: range, ready: mp.synchronize.Event) -> None:  # type
                 n = int(path.split("/")[2])
                 hits[n] = hits.get(n, 0) + 1
                 body = bodies[n][hits[n] % VARIANTS]
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -118,7 +122,8 @@ def run_one(n_nodes: int, duration: float, servers: int, bootstrap: str, referen
         Target(f"http://127.0.0.1:{ports[n % servers]}/node/{n}/metrics", f"bench-node-{n:05d}", "4.4.2-4.7.1")
         for n in range(n_nodes)
     ]
-    publisher = RecordPublisher(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench{os.getpid()}."))
+    publisher = RecordPublisher(KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"bench{os.getpid()}."),
+                                telemetry=True)  # fmt: skip
     scraper = DcgmScraper(targets, publisher, "bench", timeout_s=0.9)
     if reference:
         scraper.parser.parse = parse_exposition  # type: ignore[method-assign]
@@ -164,17 +169,25 @@ def main() -> None:
 
             port, cport = free_ports(2)
             data = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            cfg = BrokerConfig(data_dir=data, port=port, controller_port=cport,
-                               kafka_version=Settings().broker.kafka_version)
+            cfg = BrokerConfig(
+                data_dir=data, port=port, controller_port=cport, kafka_version=Settings().broker.kafka_version
+            )
             bootstrap = stack.enter_context(LocalBroker(cfg)).bootstrap
-        print(f"producer_scrape: 8 GPUs/node, {len(default_fields())} metrics/GPU, broker {bootstrap}, "
-              f"parser {'reference' if args.reference_parser else 'cached-labels'}, {os.cpu_count()} CPUs")
-        print(f"{'nodes':>6} {'scrapes':>9} {'expected':>9} {'failed':>6} {'missed':>6} {'cpu s':>7} {'wall s':>7}"
-              f" {'nodes/core @1Hz':>16}")
+        print(
+            f"producer_scrape: 8 GPUs/node, {len(default_fields())} metrics/GPU, broker {bootstrap}, "
+            f"parser {'reference' if args.reference_parser else 'cached-labels'}, {os.cpu_count()} CPUs"
+        )
+        print(
+            f"{'nodes':>6} {'scrapes':>9} {'expected':>9} {'failed':>6} {'missed':>6} {'cpu s':>7} {'wall s':>7}"
+            f" {'nodes/core @1Hz':>16}"
+        )
         for n in (int(x) for x in args.nodes.split(",")):
             r = run_one(n, args.duration, args.servers, bootstrap, args.reference_parser)
-            print(f"{r['nodes']:>6} {r['ok']:>9} {r['expected']:>9.0f} {r['failed']:>6} {r['missed']:>6}"
-                  f" {r['cpu_s']:>7.2f} {r['wall_s']:>7.2f} {r['nodes_per_core']:>16.0f}", flush=True)
+            print(
+                f"{r['nodes']:>6} {r['ok']:>9} {r['expected']:>9.0f} {r['failed']:>6} {r['missed']:>6}"
+                f" {r['cpu_s']:>7.2f} {r['wall_s']:>7.2f} {r['nodes_per_core']:>16.0f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ telemetry repeats more than real telemetry does, so read the figure as a floor.
 
 Each choice gets a table of its own made `AS raw_samples` (same columns, key, compression and TTL): every second,
 and `sampled` (the scrapes `sinks.seconds_kept.SecondsKept` keeps, one second in `--every`); `minutes` stores
-none. With `--kafka`, the same records, encoded as the producers encode them, go through the project's producer
-(`base.kafka.new_producer`: lz4, its batching) into a 4-partition topic on a local broker, and the topic's log
-segments are measured on disk: what `telemetry.device-samples` holds per GPU-day, the cost of keeping seconds in
-Kafka's retention instead. CPU seconds (user + sys) of this process and of the ClickHouse server are printed
-beside the load average: the figures here are bytes and rows, which load does not change.
+none. With `--kafka`, the same records, encoded as the producers encode them, go through the project's telemetry
+producer (`base.kafka.new_telemetry_producer`: `kafka.telemetry`'s compression, its batching) into a 4-partition
+topic on a local broker, and the topic's log segments are measured on disk: what `telemetry.device-samples` holds
+per GPU-day, the cost of keeping seconds in Kafka's retention instead. CPU seconds (user + sys) of this process and
+of the ClickHouse server are printed beside the load average: the figures here are bytes and rows, which load does
+not change.
 """
 
 from __future__ import annotations
@@ -154,8 +155,11 @@ def main() -> None:
                         and f.suffix == ".log"]  # fmt: skip
                 size = sum(f.stat().st_size for f in logs)
                 assert gpu_s
-                print(f"\nKafka, {topic} (4 partitions, lz4 as the producers send it): {size / 1e6:,.2f} MB on disk "
-                      f"for {scrapes:,} scrapes ({size / scrapes:,.0f} B a scrape); per GPU-day "
+                from base.settings import KafkaSettings
+
+                packed = KafkaSettings().telemetry.compression_type
+                print(f"\nKafka, {topic} (4 partitions, {packed} as the producers send it): {size / 1e6:,.2f} MB "
+                      f"on disk for {scrapes:,} scrapes ({size / scrapes:,.0f} B a scrape); per GPU-day "
                       f"{size * DAY_S / gpu_s / 1e6:,.3f} MB; at 100,000 GPUs "
                       f"{size * DAY_S / gpu_s * 100_000 / 1e9:,.0f} GB a day, one replica")  # fmt: skip
             client.close()

@@ -12,8 +12,8 @@ time-shifted, into `telemetry.device-samples` at up to 12,500 node scrapes a sec
    `--rate` scrapes a second from a recording of fewer nodes, node `n` is also sent as `n~1`, `n~2` ... (its
    head rebuilt once, its key the new name's). The recording loops; each pass is shifted by its length, so event
    time only moves forward, and is paced to the wall clock: second `s` of the run is stamped `start + s` and sent
-   within that second (`--as-fast` sends without waiting). Through the project's producer (`base.kafka`: lz4,
-   linger 20 ms, murmur2), so partitions and batches are the real ones.
+   within that second (`--as-fast` sends without waiting). Through the project's telemetry producer (`base.kafka`,
+   `kafka.telemetry`: zstd, linger 20 ms; murmur2), so partitions and batches are the real ones.
 
 Reported: scrapes sent, wall time, seconds that overran, and the process's CPU seconds (user + sys, all threads,
 librdkafka's included, from `os.times`) per scrape, per 10,000 GPUs for a second at 1 Hz (x 1,250 scrapes), and as

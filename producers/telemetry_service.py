@@ -36,6 +36,14 @@ def read_source(source: str, timeout_s: float) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def telemetry_publisher(settings: Settings) -> Any:
+    """The publisher of every telemetry command here: the project's producer with `kafka.telemetry`'s compression
+    and linger (base.settings.TelemetryProducerSettings: zstd, 20 ms by default)."""
+    from streams.publish import RecordPublisher
+
+    return RecordPublisher(settings.kafka, telemetry=True)
+
+
 def metered(publisher: Any, settings: Settings, component: str) -> Any:
     """Count records out per topic and serve them on this process's /metrics (base/metrics.py)."""
     if not settings.metrics.enabled:
@@ -97,14 +105,15 @@ def sim_config(settings: Settings, *, seed: int, nodes: int, duration: int, star
 
 
 def simulate(settings: Settings, cfg: Any, *, realtime: bool, backfill: int, ledger: Path | None,
-             say: Callable[[str], None]) -> Any:  # fmt: skip
+             say: Callable[[str], None], clusters: int = 1) -> Any:  # fmt: skip
     """`simulate run`: the simulated clusters' inventory, job events and device samples published, the expected
     ledger written beside it (`ledger`, default <state-dir>/simulator/expected-ledger.json); with `backfill`, a
-    restart on the same state dir continues the run. `say`: progress lines. The run's counters."""
+    restart on the same state dir continues the run; with `clusters` > 1, every record also goes out as the
+    copies of producers/simulator/fleet.py (each copy's ledger is the one written). `say`: progress lines. The
+    run's counters."""
     import threading
 
     from producers.simulator import run, write_ledger
-    from streams.publish import RecordPublisher
 
     resume_s, on_flushed = 0, None
     if backfill:
@@ -129,7 +138,16 @@ def simulate(settings: Settings, cfg: Any, *, realtime: bool, backfill: int, led
         + f", {cfg.duration_s} s from "
         f"{datetime.fromtimestamp(cfg.start_ms / 1000, UTC).isoformat()}, expected ledger {path}"
     )
-    publisher = metered(RecordPublisher(settings.kafka), settings, "simulator")
+    publisher = telemetry_publisher(settings)
+    if clusters > 1:
+        from producers.simulator.fleet import FleetPublisher
+
+        if cfg.kube_nodes:
+            raise ConfigError("--clusters copies one Slurm-like cluster: give it without --kube-nodes")
+        publisher = FleetPublisher(publisher, cfg.cluster, clusters)
+        say(f"simulator: every record sent as {clusters} clusters ({cfg.cluster}, {cfg.cluster}-c1 ... "
+            f"{cfg.cluster}-c{clusters - 1}): {clusters * cfg.nodes * cfg.gpus_per_node:,} GPUs")  # fmt: skip
+    publisher = metered(publisher, settings, "simulator")
     stats = run(
         cfg,
         publisher,
@@ -183,11 +201,10 @@ def scrape_dcgm(settings: Settings, targets: list[Any], *, interval_s: float, ti
     import asyncio
 
     from producers.scraper import DcgmScraper
-    from streams.publish import RecordPublisher
 
     if not targets:
         raise ConfigError("no dcgm targets: give --targets FILE, --target URL, or dcgm.targets in settings")
-    publisher = metered(RecordPublisher(settings.kafka), settings, "dcgm")
+    publisher = metered(telemetry_publisher(settings), settings, "dcgm")
     scraper = DcgmScraper(targets, publisher, settings.cluster, interval_s=interval_s, timeout_s=timeout_s)
     try:
         stats = asyncio.run(scraper.run(duration_s))
@@ -204,9 +221,8 @@ def publish_nvsmi(settings: Settings, node: str, *, source: str | None, fields: 
 
     from producers.nvsmi import COMMAND, NvsmiReader
     from schemas.topics import DEVICE_SAMPLES, node_key
-    from streams.publish import RecordPublisher
 
-    publisher = RecordPublisher(settings.kafka)
+    publisher = telemetry_publisher(settings)
     reader = NvsmiReader(
         cluster=settings.cluster,
         node=node,
@@ -251,9 +267,7 @@ def inventory(kind: str, source: str, cluster: str) -> list[Any]:
 
 
 def publish_inventory(settings: Settings, recs: list[Any]) -> None:
-    from streams.publish import RecordPublisher
-
-    publisher = RecordPublisher(settings.kafka)
+    publisher = telemetry_publisher(settings)
     for topic, key, rec in recs:
         publisher.publish(topic, key, rec)
     publisher.flush()

@@ -7,7 +7,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from base.errors import ContractError, NotDelivered, ServiceError
-from base.kafka import is_fatal, new_producer
+from base.kafka import is_fatal, new_producer, new_telemetry_producer
 from base.settings import KafkaSettings
 from schemas.codec import AvroCodec
 from schemas.records import ContractRecord
@@ -49,12 +49,15 @@ class _Outcome:
 class RecordPublisher:
     """Encodes records with their topic's schema and produces them. Used by every producer."""
 
-    def __init__(self, kafka: KafkaSettings, codec: AvroCodec | None = None, **overrides: str) -> None:
+    def __init__(self, kafka: KafkaSettings, codec: AvroCodec | None = None, *, telemetry: bool = False,
+                 **overrides: str) -> None:  # fmt: skip
+        """`telemetry`: a telemetry producer's publisher (`kafka.telemetry`'s compression and linger)."""
         self._kafka = kafka
         # Confluent framing when a Schema Registry is configured, single-object encoding otherwise.
         self.codec = codec or AvroCodec.from_settings(kafka)
         self._outcome = _Outcome()
-        self._producer = new_producer(kafka, error_cb=self._outcome.on_error, **overrides)
+        build = new_telemetry_producer if telemetry else new_producer
+        self._producer = build(kafka, error_cb=self._outcome.on_error, **overrides)
 
     def publish(self, topic: Topic, key: bytes, record: ContractRecord | dict[str, Any]) -> None:
         """Encode `record` with `topic`'s schema and produce it.
@@ -89,6 +92,15 @@ class RecordPublisher:
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry
         self._producer.poll(0)
+
+    def poll(self, timeout_s: float) -> None:
+        """Serve the client's delivery reports for up to `timeout_s` (a producer paced to the clock waits here)."""
+        self._producer.poll(timeout_s)
+
+    @property
+    def queued(self) -> int:
+        """Records produced and not yet acknowledged: in the client's queue or in flight to the cluster."""
+        return len(self._producer)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         try:

@@ -9,8 +9,8 @@ into the embedded ClickHouse.
 
 Real work on both: a gang on each (a 2-GPU Slurm job; a Kueue Job of two 1-GPU pods), one person (`alice`: an
 interactive Slurm allocation under her uid, and the Kubernetes gang labelled as hers), a preemption on each (a QOS
-preemption on Slurm, which cancels the preempted job; a WorkloadPriorityClass preemption in Kueue, which requeues
-the Workload, whose Job gets new pods), a reclaim on each (`gpuledger reclaim exec --execute`:
+preemption on Slurm, which requeues the preempted job and runs it again; a WorkloadPriorityClass preemption in
+Kueue, which requeues the Workload, whose Job gets new pods), a reclaim on each (`gpuledger reclaim exec --execute`:
 an idle Slurm job cancelled, an idle pod's Workload deactivated as the gpuledger-reclaim user) and a correction
 (alice's Slurm job moved to another project). The expected ledger is worked from the engines' own accounting, not
 from any plan: sacct's Start/End of each run (`-D`: a requeued job's every run) and its GPU count, and each pod's own
@@ -260,12 +260,10 @@ def query(stack: Stack, sql: str) -> list[dict[str, Any]]:
 
 
 def slurm_setup(slurm: SlurmClient, s: str, person: str) -> tuple[str, str]:
-    """QOS low-S (preempted by high-S: cancelled) and the person's association (AccountingStorageEnforce=qos). Not
-    requeued: `slurm poll` misses a requeue it does not see as RUNNING -> PENDING between two polls (the job
-    passes through another state) and keeps the first run's allocation open (/work/coord/s4/twoengines.md)."""
+    """QOS low-S (preempted by high-S, requeued) and the person's association (AccountingStorageEnforce=qos)."""
     low, high = f"low-{s}", f"high-{s}"
     slurm.run("sacctmgr", "-i", "add", "qos", low)
-    slurm.run("sacctmgr", "-i", "add", "qos", high, "set", "Priority=1000", f"Preempt={low}", "PreemptMode=cancel")
+    slurm.run("sacctmgr", "-i", "add", "qos", high, "set", "Priority=1000", f"Preempt={low}", "PreemptMode=requeue")
     for user in {"root", person}:
         slurm.run("sacctmgr", "-i", "add", "user", user, "account=research", check=False)
         slurm.run("sacctmgr", "-i", "modify", "user", user, "set", f"qos+={low},{high}")
@@ -296,6 +294,12 @@ def salloc(slurm: SlurmClient, *args: str) -> str:
     raise AssertionError(f"salloc {' '.join(args)}: no allocation: {''.join(seen)}")
 
 
+def start_now(slurm: SlurmClient, job: str) -> None:
+    """A requeued job waits for its BeginTime (the credential's lifetime); StartTime=now+2 lets it start at once
+    (`now` would be the second its credential was revoked in: cf84fab)."""
+    slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now+2")
+
+
 def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_engines: Stack) -> None:
     st = two_engines
     s, ns, slurm, kube = st.suffix, st.namespace, st.slurm, st.kube
@@ -309,7 +313,7 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
         return slurm.submit(*common, *args, wrap=wrap)
 
     # Slurm (h100 0-1, a100 2-3): a gang of two H100; alice's interactive A100 allocation; a preemptible job
-    # preempted (cancelled) by a high-QOS one; later an idle job reclaimed by gpuledger.
+    # preempted by a high-QOS one, requeued by Slurm and run again; later an idle job reclaimed by gpuledger.
     # alice's allocation first, on the idle cluster: granted in the reply to salloc's request. Behind a pending job
     # (the gang, before its scheduling pass) it would wait for a later grant message, which salloc, become her,
     # cannot take (munge's socket is root's): slurmctld then kills it ("Communication connection failure"), as it
@@ -317,8 +321,8 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
     alice_s = salloc(slurm, f"--uid={person}", "--gres=gpu:a100:1", "--job-name=alice", "--account=research",
                      f"--comment=project=p-vision-{s}")  # fmt: skip
     gang = sbatch("--gres=gpu:h100:2", "--job-name=gang", f"--comment=project=p-ops-{s}", wrap="sleep 20")
-    low_job = sbatch("--gres=gpu:a100:1", "--job-name=low", f"--qos={low}", "--no-requeue",
-                     f"--comment=project=p-ops-{s}", wrap="sleep 60")  # fmt: skip
+    low_job = sbatch("--gres=gpu:a100:1", "--job-name=low", f"--qos={low}", "--requeue", f"--comment=project=p-ops-{s}",
+                     wrap="sleep 20")  # fmt: skip
     # Kubernetes (4 H100, quota 4): alice's gang of two 1-GPU pods; bob's low-priority 2-GPU job, preempted by a
     # high-priority one and admitted again; later an idle job reclaimed by gpuledger.
     kube.apply([
@@ -344,7 +348,8 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
     kube.apply([kube_job("urgent", ns, pods=1, gpus=2, run_s=10, user="root", project=f"p-ops-{s}", queue=queue,
                          priority=f"high-{s}")])  # fmt: skip
     slurm.wait_for_state(high_job, "RUNNING", timeout=60)
-    slurm.wait_for_state(low_job, "PREEMPTED", timeout=60)
+    eventually(lambda: slurm.state(low_job) == "PENDING", "the preemptible job requeued", timeout=60)
+    start_now(slurm, low_job)
     eventually(lambda: "urgent" in running_pods(kube, ns), "urgent runs", timeout=60)
     evicted = condition(workload_of(kube, ns, "tune"), "Evicted")  # Kueue's own word (once readmitted: "Previously")
     assert "Preempted to accommodate a workload" in evicted.get("message", ""), evicted
@@ -376,7 +381,7 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
 
     # Everything else to its end.
     slurm_jobs = [gang, alice_s, low_job, high_job, idle_s]
-    for job in (gang, high_job):
+    for job in (gang, low_job, high_job):
         slurm.wait_for_state(job, "COMPLETED", timeout=120)
 
     def kube_done() -> bool:
@@ -394,7 +399,7 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
 
     # What the engines ran: Slurm's accounting, each pod's own status.
     runs = sacct(slurm, slurm_jobs)
-    assert all(len(r) == 1 for r in runs.values()), runs
+    assert len(runs[low_job]) == 2 and all(len(r) == 1 for j, r in runs.items() if j != low_job), runs  # requeued
     expected_s: dict[tuple[str, str], int] = {}
     for job, spans in runs.items():
         expected_s[(clusters.slurm, job)] = sum(run.gpu_seconds for run in spans)
