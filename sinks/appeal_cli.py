@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import getpass
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
-from base.errors import ConfigError, ContractError
+from base.cli_common import STATE_DIR_OPTION, settings_for, start_service
+from base.errors import ConfigError
 from base.settings import Settings
 from schemas.governance_appeals import iso_minute as _iso
 from sinks.present import emit as _emit
 from sinks.warehouse import client as _client
+from sinks.warehouse import now_ms as _now_ms
 from sinks.warehouse import warehouse_errors as _warehouse_errors
+from streams import workflow
 
 appeal_app = typer.Typer(help="Appeals of idle warnings, reclaims and charges, and their decisions.",
                          no_args_is_help=True)  # fmt: skip
@@ -42,10 +43,6 @@ BY_OPTION = typer.Option(None, "--by", help="Who takes the step (default: the cu
 LIST_COLUMNS = ("appeal_id", "state", "cluster", "job_id", "alert_id", "team", "period", "filed_by", "filed_at",
                 "deadline", "decision", "credit", "decided_by", "note", "reason")  # fmt: skip
 log = logging.getLogger("gpuledger.appeals")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _policy(settings: Settings, path: Path | None) -> Any:
@@ -69,17 +66,9 @@ def _appeals(settings: Settings, policy: Any) -> dict[str, Any]:
 
 def publish_step(settings: Settings, event: dict[str, Any]) -> None:
     """Validate the step as every consumer will, then publish it (keyed by its job) and wait for delivery."""
-    from schemas.models import validate
     from schemas.topics import APPEALS, job_key
-    from streams.publish import RecordPublisher
 
-    try:
-        validate(APPEALS.subject, event)
-    except ContractError as exc:
-        raise ConfigError(str(exc).splitlines()[0][:300]) from exc
-    pub = RecordPublisher(settings.kafka)
-    pub.publish(APPEALS, job_key(event["cluster"], event["job_id"]), event)
-    pub.flush()
+    workflow.publish_steps(settings.kafka, APPEALS, [event], lambda e: job_key(e["cluster"], e["job_id"]))
 
 
 @appeal_app.command("file")
@@ -208,13 +197,8 @@ def appeal_run(
     whole each pass: appeals are few)."""
     settings = start_service(state_dir)
     policy = _policy(settings, policy_path)
-    stop = stop_signal("appeals")
-    while not stop():
-        for event in escalate_once(settings, policy, _now_ms()):
-            log.info("appeal %s escalated", event["appeal_id"])
-        deadline = time.monotonic() + every_s
-        while not stop() and time.monotonic() < deadline:
-            time.sleep(0.2)
+    workflow.run_passes("appeals", every_s, lambda: escalate_once(settings, policy, _now_ms()),
+                        lambda e: f"appeal {e['appeal_id']} escalated", log)  # fmt: skip
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:

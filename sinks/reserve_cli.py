@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import getpass
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
+from base.cli_common import STATE_DIR_OPTION, settings_for, start_service
 from base.errors import ConfigError
 from base.settings import Settings
-from schemas.governance_reservations import check_steps, list_row, request_steps, step_event, step_key
+from schemas.governance_reservations import list_row, request_steps, step_event, step_key
+from schemas.topics import RESERVATIONS
 from sinks.appeal_cli import BY_OPTION, POLICY_OPTION, _iso, _policy
 from sinks.present import emit as _emit
 from sinks.warehouse import client as _client
+from sinks.warehouse import now_ms as _now_ms
+from streams import workflow
 
 reserve_app = typer.Typer(help="Reservations of GPUs for a team, with expiry (onto Slurm and Kueue).",
                           no_args_is_help=True)  # fmt: skip
@@ -44,13 +46,8 @@ EVERY_OPTION = typer.Option(None, "--every-s", help="Seconds between passes (def
 log = logging.getLogger("gpuledger.reservations")
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
     from schemas.governance_reservations import fold
-    from schemas.topics import RESERVATIONS
     from streams.eventlog import read_steps
 
     events = read_steps(settings.kafka, RESERVATIONS)
@@ -58,16 +55,7 @@ def _reservations(settings: Settings, policy: Any) -> dict[str, Any]:
 
 
 def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
-    from schemas.topics import RESERVATIONS
-    from streams.publish import RecordPublisher
-
-    check_steps(events)
-    if not events:
-        return
-    pub = RecordPublisher(settings.kafka)
-    for event in events:
-        pub.publish(RESERVATIONS, step_key(event), event)
-    pub.flush()
+    workflow.publish_steps(settings.kafka, RESERVATIONS, events, step_key)
 
 
 @reserve_app.command("create")
@@ -167,19 +155,10 @@ def _engines(settings: Settings, policy: Any, names: list[str] | None, kubeconfi
     from sinks.reservations import KueueQuota, SlurmReservations
 
     service = settings.sinks.reservations
-    names = names or list(service.engines)
-    if not names:
-        raise ConfigError("no engine: pass --engine slurm|kueue or set sinks.reservations.engines")
-    kubeconfig = kubeconfig or service.kubeconfig
-    out: list[Any] = []
-    for name in dict.fromkeys(names):
-        if name == "slurm":
-            out.append(SlurmReservations(policy))
-        elif name == "kueue":
-            out.append(KueueQuota(policy, kubeconfig=str(kubeconfig) if kubeconfig else None))
-        else:
-            raise ConfigError(f"--engine must be slurm or kueue, got {name!r}")
-    return out
+    kube = kubeconfig or service.kubeconfig
+    makers = {"slurm": lambda: SlurmReservations(policy),
+              "kueue": lambda: KueueQuota(policy, kubeconfig=str(kube) if kube else None)}  # fmt: skip
+    return workflow.chosen_engines(names, service.engines, makers, "sinks.reservations.engines")
 
 
 def reconcile_once(settings: Settings, policy: Any, engines: list[Any],
@@ -232,16 +211,8 @@ def reserve_run(
     policy = _policy(settings, policy_path)
     engines = _engines(settings, policy, engine, kubeconfig)
     every_s = every_s if every_s is not None else settings.sinks.reservations.every_s
-    stop = stop_signal("reservations")
-    while not stop():
-        try:
-            for event in reconcile_once(settings, policy, engines):
-                log.info("%s %s %s", event["reservation_id"], event["event_type"], event["text"])
-        except Exception as exc:  # a pass that fails (broker away) is retried at the next one
-            log.warning("reservation pass failed: %s", exc)
-        deadline = time.monotonic() + every_s
-        while not stop() and time.monotonic() < deadline:
-            time.sleep(0.2)
+    workflow.run_passes("reservations", every_s, lambda: reconcile_once(settings, policy, engines),
+                        lambda e: f"{e['reservation_id']} {e['event_type']} {e['text']}", log)  # fmt: skip
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
