@@ -21,10 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from base.settings import ChatSettings
-from schemas.governance_appeals import Appeal, fold
+from schemas.governance_appeals import Appeal, Ignored, fold
 from schemas.policy import Policy
 from sinks.chat import (
     Deduper,
@@ -42,6 +42,8 @@ from sinks.chat import (
 
 log = logging.getLogger(__name__)
 POSTED = ("DECIDED", "ESCALATED")
+T = TypeVar("T")
+Fold = Callable[[list[dict[str, Any]]], tuple[dict[str, T], list[Ignored]]]  # a workflow's steps -> (items, refused)
 WarningPost = Callable[[str], tuple[str, str, str] | None]  # alert id -> (masked destination, channel, thread_ts)
 
 
@@ -51,27 +53,35 @@ def _when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-class AppealBook:
-    """The appeals as the rules see them: `appeals.v1` read whole (`read()`, as the commands read it) and folded
-    under the policy, read again only when asked about a step the last read did not hold."""
+class StepBook(Generic[T]):
+    """A workflow's topic as the rules see it: read whole (`read()`, as the commands read it) and folded by `fold`
+    (the workflow's pure fold under the policy), read again only when asked about a step the last read did not
+    hold. `key` names the workflow's id field (appeal_id, escalation_id)."""
 
-    def __init__(self, read: Callable[[], list[dict[str, Any]]], policy: Policy) -> None:
-        self._read = read
-        self._policy = policy
+    def __init__(self, read: Callable[[], list[dict[str, Any]]], fold: Fold[T], key: str) -> None:
+        self._read, self._fold, self._key = read, fold, key
         self._seen: set[str] = set()
         self._ignored: set[str] = set()
-        self._appeals: dict[str, Appeal] = {}
+        self._items: dict[str, T] = {}
 
-    def counted(self, event: dict[str, Any]) -> Appeal | None:
-        """The appeal as it stands when the rules count `event` (a valid decision, a due escalation), else None."""
+    def counted(self, event: dict[str, Any]) -> T | None:
+        """The item as it stands when the rules count `event` (a valid step), else None."""
         if event["event_id"] not in self._seen:
             events = self._read()
-            self._appeals, ignored = fold(events, self._policy)
+            self._items, ignored = self._fold(events)
             self._seen = {e["event_id"] for e in events}
             self._ignored = {i.event_id for i in ignored}
         if event["event_id"] not in self._seen or event["event_id"] in self._ignored:
             return None
-        return self._appeals.get(event["appeal_id"])
+        return self._items.get(event[self._key])
+
+
+class AppealBook(StepBook[Appeal]):
+    """The appeals as the rules see them (a valid decision, a due escalation): `appeals.v1` folded under the
+    policy."""
+
+    def __init__(self, read: Callable[[], list[dict[str, Any]]], policy: Policy) -> None:
+        super().__init__(read, lambda events: fold(events, policy), "appeal_id")
 
 
 def render_step(event: dict[str, Any], appeal: Appeal) -> tuple[str, str]:

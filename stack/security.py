@@ -501,11 +501,12 @@ def component_acls(
     topics(PRINCIPALS["web"], "WRITE", t.CORRECTIONS, t.APPEALS, t.RESERVATIONS, t.ESCALATIONS)
     topics(PRINCIPALS["web"], "READ", t.APPEALS, t.RESERVATIONS, t.ESCALATIONS)
     grants.append(Grant(PRINCIPALS["web"], "cluster", "kafka-cluster", "IDEMPOTENT_WRITE"))
-    # chat: appeals too (decisions into the warning's thread, escalations), and reservations (issue 41: an idle
-    # reservation's warning and early release, to the team); reclaim: appeals too (an exemption, or a resume asked on
-    # the job's page, resumes a reclaimed job: sinks/reclaim_resume.py)
+    # chat: appeals too (decisions into the warning's thread, escalations), reservations (issue 41: an idle
+    # reservation's warning and early release, to the team) and escalations (issue 41: a raise asked, decided,
+    # lapsed or ended, to the team; read whole too, to fold under the policy); reclaim: appeals too (an exemption,
+    # or a resume asked on the job's page, resumes a reclaimed job: sinks/reclaim_resume.py)
     for user, read, group in (
-        (chat, (t.ALERTS, t.APPEALS, t.RESERVATIONS), "chat"),
+        (chat, (t.ALERTS, t.APPEALS, t.RESERVATIONS, t.ESCALATIONS), "chat"),
         (reclaim, (t.RECLAIM_ACTIONS, t.APPEALS), "reclaim"),
     ):
         topics(user, "READ", *read)

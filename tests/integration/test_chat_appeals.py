@@ -6,7 +6,10 @@ the real local HTTP receiver, answering Slack-format posts as chat.postMessage d
    ops1 are on the topic too, and an appeal of job 99's charge filed 100 hours ago, escalated by the appeals
    service. The worker posts the credit as a reply in T's thread (`thread_ts` = T) in the vision channel, the
    escalation to the operators' channel, and nothing else: no filing, no refused or second decision.
-3. A fresh consumer group reads both topics again from the start: nothing is posted twice.
+3. With the appeals (issue 41), on escalations.v1: ana asks to raise job 4242 and ops1 grants it, and a "grant" by
+   mallory (not a decider) is on the topic too: the ask and the grant go to the vision channel as posts of their
+   own, mallory's not at all.
+4. A fresh consumer group reads the topics again from the start: nothing is posted twice.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from fixtures_cli import run_gpuledger
 
 from base.settings import ClickHouseSettings, KafkaSettings
 from schemas.governance_appeals import HOUR_MS, Subject, decide_event, escalations, file_event, fold
+from schemas.governance_escalations import Job, ask_event
+from schemas.governance_escalations import decide_event as decide_escalation
+from schemas.governance_escalations import fold as fold_escalations
 from schemas.policy import load_policy
-from schemas.topics import ALERTS, APPEALS, job_key
+from schemas.topics import ALERTS, APPEALS, ESCALATIONS, job_key
 from sinks.chat import WebhookReceiver
 from sinks.db import connect, migrate
 from streams.publish import RecordPublisher
@@ -39,6 +45,7 @@ tiers: [{name: research, priority: 100}]
 governance:
   operators: [ops1]
   appeals: {deadline_hours: 72, window_days: 30, max_credit: "100.00", max_exemption_hours: 48}
+  escalations: {tier: research, max_hours: 8}
 teams: [{name: vision, members: [ana]}]
 """
 ALERT_ID = "idle-c1-88-1"
@@ -71,12 +78,23 @@ def appeal_steps(policy_path: Path, now_ms: int) -> list[dict[str, Any]]:
     return [filed, credit, forged, second, late, escalated]
 
 
+def escalation_steps(policy_path: Path, now_ms: int) -> list[dict[str, Any]]:
+    """Asked by ana, granted by ops1 (the operators decide: no deciders named), and mallory's "grant" past the
+    commands, which the rules do not count."""
+    policy = load_policy(policy_path)
+    asked = ask_event({}, policy, Job("c1", "4242", "ana", "vision", 1), "ana", 2, "paper deadline", now_ms)
+    granted = decide_escalation(fold_escalations([asked], policy)[0], policy, asked["escalation_id"], "ops1", True,
+                                "go ahead", now_ms + 1)  # fmt: skip
+    forged = {**granted, "event_id": "forged-esc", "actor": "mallory", "ts_ms": now_ms + 2}
+    return [asked, forged, granted]
+
+
 def test_a_decision_is_a_reply_in_the_warnings_thread_and_posted_once(
     kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str, tmp_path: Path
 ) -> None:
     prefix = f"ca{uuid.uuid4().hex[:8]}."
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    names = [prefix + t.name + suffix for t in (ALERTS, APPEALS) for suffix in ("", ".dlq")]
+    names = [prefix + t.name + suffix for t in (ALERTS, APPEALS, ESCALATIONS) for suffix in ("", ".dlq")]
     for fut in admin.create_topics([NewTopic(n, 2, 1) for n in names]).values():
         fut.result(timeout=30)
     ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
@@ -122,12 +140,24 @@ def test_a_decision_is_a_reply_in_the_warnings_thread_and_posted_once(
         steps = appeal_steps(policy, now_ms)
         for step in steps:
             pub.publish(APPEALS, job_key(step["cluster"], step["job_id"]), step)
+        raise_steps = escalation_steps(policy, now_ms)
+        for step in raise_steps:
+            pub.publish(ESCALATIONS, job_key(step["cluster"], step["job_id"]), step)
         pub.flush()
         chat_run(prefix + "chat-a")
         posts = receiver.received[1:]
-        replies = [p for p in posts if p["path"].startswith("/slack/vision")]
+        raised = [p for p in posts if "Escalation esc-" in p["body"]["text"]]
+        replies = [p for p in posts if p["path"].startswith("/slack/vision") and p not in raised]
         ops = [p for p in posts if p["path"] == "/slack/ops"]
-        assert len(posts) == 2 and len(replies) == 1 and len(ops) == 1, posts
+        assert len(posts) == 4 and len(replies) == 1 and len(ops) == 1 and len(raised) == 2, posts
+        eid = raise_steps[0]["escalation_id"]
+        assert [(p["path"].split("?")[0], p["body"]["channel"], "thread_ts" in p["body"]) for p in raised] == [
+            ("/slack/vision", "#vision-gpu", False)] * 2  # fmt: skip
+        asked_text, granted_text = sorted((p["body"]["text"] for p in raised), key=lambda t: "granted" in t)
+        assert f"Escalation {eid} asked: job 4242 on c1 to research for 2 h" in asked_text
+        assert "asked by ana" in asked_text and "(ops1): gpuledger escalate decide" in asked_text
+        assert f"Escalation {eid} granted: job 4242 on c1 runs at research until" in granted_text
+        assert "granted by ops1: go ahead" in granted_text and "mallory" not in asked_text + granted_text
 
         (reply,) = replies
         assert reply["body"]["thread_ts"] == root["ts"] and reply["body"]["channel"] == "#vision-gpu"
@@ -143,10 +173,13 @@ def test_a_decision_is_a_reply_in_the_warnings_thread_and_posted_once(
 
         # Replayed from the start by a fresh group (as after a lost offset): nothing goes out twice.
         chat_run(prefix + "chat-b")
-        assert len(receiver.received) == 3
+        assert len(receiver.received) == 5
         rows = client.query("SELECT alert_id, status, channel, thread_ts, reply_to FROM chat_deliveries FINAL "
                             "ORDER BY ts_ms").result_rows  # fmt: skip
-        assert {r[0]: r[1:] for r in rows} == {
+        delivered = {r[0]: r[1:] for r in rows}
+        journalled = {delivered.pop(raise_steps[i]["event_id"]) for i in (0, 2)}  # the ask and the grant, not mallory's
+        assert journalled == {("sent", "#vision-gpu", p["ts"], "") for p in raised}
+        assert delivered == {
             ALERT_ID: ("sent", "#vision-gpu", root["ts"], ""),
             steps[1]["event_id"]: ("sent", "#vision-gpu", root["ts"], ALERT_ID),
             steps[5]["event_id"]: ("sent", "#gpu-ops", escalation["ts"], ""),

@@ -39,12 +39,14 @@ def test_only_processors_write_usage_alerts_and_actions_and_only_producers_write
     assert not any(governance & _may(grants, c, "WRITE") for c in PRINCIPALS if c not in ("producers", "web"))
     assert governance & _may(grants, "web", "WRITE") == governance - {"attribution.baseline.v1", "policy.applied.v1"}
     assert _may(grants, "sinks", "WRITE") == {f"{t}.dlq" for t in ledger | sources | governance}
-    # decisions into the warning's thread; issue 41: an idle reservation's warning and early release, to the team
-    assert _may(grants, "chat", "READ") == {"alerts.v1", "appeals.v1", "reservations.v1"}
+    # decisions into the warning's thread; issue 41: an idle reservation's warning and early release, to the team,
+    # and an escalation's steps, to the team (read, never written)
+    assert _may(grants, "chat", "READ") == {"alerts.v1", "appeals.v1", "reservations.v1", "escalations.v1"}
     # issue 41: an exemption, or a resume asked on the job's page, resumes a reclaimed job (read, never written)
     assert _may(grants, "reclaim", "READ") == {"actions.reclaim.v1", "appeals.v1"}
     assert _may(grants, "reclaim", "WRITE") == {"actions.reclaim.v1.dlq", "appeals.v1.dlq"}
-    assert _may(grants, "chat", "WRITE") == {"alerts.v1.dlq", "appeals.v1.dlq", "reservations.v1.dlq"}
+    assert _may(grants, "chat", "WRITE") == {"alerts.v1.dlq", "appeals.v1.dlq", "reservations.v1.dlq",
+                                             "escalations.v1.dlq"}  # fmt: skip
     groups = {(g.user, g.name, g.prefixed) for g in grants if g.resource == "group" and g.operation == "READ"}
     assert groups == {("gpuledger-processors", "gpuledger-processors", True),
                       ("gpuledger-sinks", "gpuledger-sinks", False), ("gpuledger-chat", "gpuledger-sinks-chat", False),
@@ -108,14 +110,16 @@ def test_the_chat_and_reclaim_agents_need_only_their_topic_their_group_and_its_d
     """`chat run` and `reclaim run` (one faust app each, `streams.agents.build_record_app`): the app id is
     the consumer group their principal may read as, and the app declares nothing (no topic creation, no
     Table, no leader-assignor topic), so READ on the topics and the group and WRITE on `<topic>.dlq` suffice.
-    The chat worker's agent reads alerts and appeals (its appeal steps: read whole too, with no group) and reservations
-    (issue 41: an idle reservation's warning and early release); the reclaim worker's actions and appeals, with a
+    The chat worker's agent reads alerts and appeals (its appeal steps: read whole too, with no group), reservations
+    (issue 41: an idle reservation's warning and early release) and escalations (issue 41: read whole too); the
+    reclaim worker's actions and appeals, with a
     policy (an exemption or a resume asked on the job's page resumes a reclaimed job)."""
     from base.settings import KafkaSettings
     from streams.agents import build_record_app
 
     grants = component_acls("staging.", sinks_group="s")
-    for component, topics, group in (("chat", ("alerts.v1", "appeals.v1", "reservations.v1"), "s-chat"),
+    for component, topics, group in (("chat", ("alerts.v1", "appeals.v1", "reservations.v1", "escalations.v1"),
+                                      "s-chat"),
                                      ("reclaim", ("actions.reclaim.v1", "appeals.v1"), "s-reclaim")):  # fmt: skip
         user = PRINCIPALS[component]
         assert {(g.name, g.prefixed) for g in grants if g.user == user and g.resource == "group"} == {(group, False)}
