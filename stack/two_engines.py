@@ -13,7 +13,7 @@ What runs (each started here, stopped by `stop`):
 - Producers: `slurm poll`, `kube watch` (as the gpuledger-watcher user), `kube podresources`, one `dcgm run` per
   cluster; the inventory of both nodes published once (`inventory publish --from static`).
 The pipeline (processors, sinks, ClickHouse) is the caller's: the test starts its processes, `gpuledger dev
-two-engines up` starts `gpuledger up`.
+two-engines` starts `gpuledger up`. The work both run on it is stack/two_engines_scenarios.py's.
 
 Job kinds: a job whose name starts with `idle` computes like the simulator's "poker" (2 busy seconds every 4
 minutes: idle to the classifier); every other job like its "batch".
@@ -44,7 +44,7 @@ from producers.simulator.telemetry import device_labels, exporter_profile, expor
 from stack.broker import _die_with_parent, free_ports, stop_process
 from stack.components import gpuledger_argv
 from stack.kube.build import KubeBinaries, ensure_controller_manager, ensure_kwok, kwok_stages
-from stack.kube.cluster import ADMIN, LocalKube
+from stack.kube.cluster import ADMIN, LocalKube, eventually
 from stack.kube.kubelet import FakeKubelet
 from stack.slurm.cluster import NODE as SLURM_NODE
 from stack.slurm.cluster import SlurmClient
@@ -474,8 +474,9 @@ class TwoEngines:
     def env_for(self, cluster: str, **extra: str) -> dict[str, str]:
         return {**self.env, **self.slurm.cfg.env, "GPULEDGER_CLUSTER": cluster, **extra}
 
-    def run_cli(self, cluster: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(gpuledger_argv(*args), env=self.env_for(cluster), capture_output=True, text=True,
+    def run_cli(self, cluster: str, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+        """`gpuledger ARGS` for `cluster` (more environment in `env`); a failure raises with its stderr's end."""
+        proc = subprocess.run(gpuledger_argv(*args), env=self.env_for(cluster, **env), capture_output=True, text=True,
                               timeout=timeout, check=False)  # fmt: skip
         if proc.returncode != 0:
             raise ServiceError(f"gpuledger {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
@@ -496,7 +497,7 @@ class TwoEngines:
                                   f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                                   f"--server-address=127.0.0.1:{self.kwok_port}", "--node-ip=127.0.0.1",
                                   "--cidr=10.244.0.0/16"])  # fmt: skip
-        self.wait("KWOK makes the node Ready", self._node_ready, timeout=60)
+        eventually(self._node_ready, "KWOK makes the node Ready", timeout=60)
 
     def _node_ready(self) -> bool:
         self.procs.check()
@@ -505,15 +506,6 @@ class TwoEngines:
             return False
         conds = json.loads(out.stdout).get("status", {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = probe()
-            if value:
-                return value
-            time.sleep(0.25)
-        raise ServiceError(f"not within {timeout:g} s: {what}")
 
     # -- devices, inventory, producers
 

@@ -15,16 +15,16 @@ local_kube      one control plane per session (stack.kube.cluster.LocalKube) on 
 kube_ns         a fresh namespace with its `default` ServiceAccount (there is no controller-manager).
 
 Helpers for tests: `run_pod` makes a created pod "run" (no kubelet: nodeName set at creation, status
-patched), `gpu_pod` builds a GPU pod manifest.
+patched), `gpu_pod` builds a GPU pod manifest; `eventually`, `workload_of` and `condition` are stack.kube.cluster's
+(stack/two_engines_scenarios.py waits with them too).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ import yaml
 from stack.kube import deploy_dir
 from stack.kube.build import KubeBinaries, ensure_binaries
 from stack.kube.cluster import ClusterConfig, LocalKube
+from stack.kube.cluster import condition as condition  # re-exported for the tests
+from stack.kube.cluster import eventually as eventually
+from stack.kube.cluster import workload_of as workload_of
 
 COMPONENT_ROLES = {"gpuledger-watcher": "watcher", "gpuledger-reclaim": "reclaim", "gpuledger-policy": "policy",
                    "gpuledger-policy-watch": "policy-watch", "gpuledger-escalations": "escalations"}  # fmt: skip
@@ -131,29 +134,6 @@ def get(kube: LocalKube, ns: str, kind: str, name: str) -> dict[str, Any]:
     """The object as JSON, {} when it does not exist."""
     out = kube.kubectl("-n", ns, "get", kind, name, "-o", "json", check=False)
     return json.loads(out.stdout) if out.returncode == 0 else {}
-
-
-def workload_of(kube: LocalKube, ns: str, job: str) -> dict[str, Any]:
-    """The Kueue Workload a Job owns, {} before Kueue made it."""
-    items = json.loads(kube.kubectl("-n", ns, "get", "workloads.kueue.x-k8s.io", "-o", "json").stdout)["items"]
-    mine = [w for w in items if any(o.get("name") == job for o in w["metadata"].get("ownerReferences", []))]
-    return mine[0] if mine else {}
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == ctype), {})
-
-
-def eventually(probe: Any, what: str, timeout: float = 120, explain: Callable[[], str] | None = None) -> Any:
-    """probe()'s first truthy value within `timeout` s (Kueue reacts in ~1 s idle, much later on a loaded CI);
-    on timeout the error carries explain()'s account of the state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"not within {timeout:g} s: {what}" + (f"\n{explain()}" if explain else ""))
 
 
 def kueue_story(kube: LocalKube, ns: str, log_lines: int = 40) -> str:

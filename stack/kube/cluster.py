@@ -419,6 +419,31 @@ class LocalKube(recorded.Harness):
         return revision
 
 
+def eventually(probe: Callable[[], Any], what: str, timeout: float = 120,
+               explain: Callable[[], str] | None = None) -> Any:  # fmt: skip
+    """probe()'s first truthy value within `timeout` s (Kueue reacts in ~1 s idle, much later on a loaded CI);
+    past it, TimeoutError naming `what`, with explain()'s account of the state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise TimeoutError(f"not within {timeout:g} s: {what}" + (f"\n{explain()}" if explain else ""))
+
+
+def workload_of(kube: LocalKube, ns: str, job: str) -> dict[str, Any]:
+    """The Kueue Workload a Job owns, {} before Kueue made it."""
+    items = json.loads(kube.kubectl("-n", ns, "get", "workloads.kueue.x-k8s.io", "-o", "json").stdout)["items"]
+    mine = [w for w in items if any(o.get("name") == job for o in w["metadata"].get("ownerReferences", []))]
+    return mine[0] if mine else {}
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    """An object's status condition of type `ctype`, {} when it has none."""
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == ctype), {})
+
+
 def stop_recorded(state_dir: Path) -> list[str]:
     """`gpuledger dev kube down`: stop the processes `up` recorded."""
     return recorded.stop_recorded(state_dir, PROCESSES)
