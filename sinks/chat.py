@@ -12,37 +12,36 @@ written before its post and its outcome (`sent`, ...) after. A kill between the 
 its record was not acked, so the next life handles it again and posts it again, with the same key. Every post of
 an apprise JSON route (`json://`, `jsons://`) carries an `Idempotency-Key` header (the IETF httpapi draft
 "The Idempotency-Key HTTP Header Field"), its value the alert id, so a receiver that honours it, as
-`WebhookReceiver` does, keeps the first and answers the repeat without recording it. A route that takes no key
-(Slack incoming webhooks, Teams, email, any other apprise scheme) stays at least once: at most one post per
-kill comes twice.
+`WebhookReceiver` does, keeps the first and answers the repeat without recording it. A route of format "slack"
+(Slack's Web API, which honours no such key) carries the key in the message's metadata instead, and a post in
+doubt is looked up in the channel's history before it is made again (`InDoubt`, sinks/chat_slack.py). A route
+that can do neither (a Slack incoming webhook, Teams, email, any other apprise scheme) stays at least once: at
+most one post per kill comes twice.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import re
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from base.errors import ServiceError
 from base.settings import ChatRoute, ChatSettings
+from sinks.chat_slack import SlackHistory, slack_post
+from sinks.chat_slack import mask_url as mask_url
+from sinks.chat_slack import slack_message as slack_message
 
 log = logging.getLogger(__name__)
-
-
-def mask_url(url: str) -> str:
-    """A webhook URL fit for logs: its scheme and a short digest, never the token it carries."""
-    scheme = url.split("://", 1)[0] if "://" in url else "?"
-    return f"{scheme}://<secret {hashlib.sha256(url.encode()).hexdigest()[:8]}>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,8 +199,8 @@ GangAlerts = Callable[[dict[str, Any]], tuple[bool, dict[str, Any] | None]]  # a
 
 
 Sender = Callable[[str, str, str], bool]  # (url, title, body) -> delivered
-# (route, title, body, thread_ts to reply in or "") -> (delivered, the post's ts or "")
-SlackSender = Callable[[ChatRoute, str, str, str], tuple[bool, str]]
+# (route, title, body, thread_ts to reply in or "", the post's key) -> (delivered, the post's ts or "")
+SlackSender = Callable[[ChatRoute, str, str, str, str], tuple[bool, str]]
 
 
 def apprise_send(url: str, title: str, body: str) -> bool:
@@ -212,47 +211,6 @@ def apprise_send(url: str, title: str, body: str) -> bool:
         log.error("not a usable apprise URL: %s", mask_url(url))
         return False
     return bool(app.notify(body=body, title=title))
-
-
-def slack_message(route: ChatRoute, title: str, body: str, thread_ts: str = "") -> dict[str, Any]:
-    """Slack's message JSON: the title in bold over the body; the channel when the route names one (the Web
-    API needs it; an incoming webhook posts to its own); `thread_ts` to reply in a thread."""
-    message: dict[str, Any] = {"text": f"*{title}*\n{body}", "unfurl_links": False}
-    if route.channel:
-        message["channel"] = route.channel
-    if thread_ts:
-        message["thread_ts"] = thread_ts
-    return message
-
-
-def slack_post(route: ChatRoute, title: str, body: str, thread_ts: str = "") -> tuple[bool, str]:
-    """POST `slack_message` to the route's endpoint (`Authorization: Bearer` with its token). Delivered when it
-    answers 2xx and not Slack's `{"ok": false}`; the post's `ts` when the answer carries one (chat.postMessage
-    does; an incoming webhook answers `ok` and gives none, so nothing can reply in its thread)."""
-    import httpx
-
-    url = route.url.get_secret_value()
-    headers = {"Content-Type": "application/json; charset=utf-8"}
-    if route.token is not None:
-        headers["Authorization"] = f"Bearer {route.token.get_secret_value()}"
-    try:
-        resp = httpx.post(url, json=slack_message(route, title, body, thread_ts), headers=headers, timeout=10.0)
-    except httpx.HTTPError as exc:
-        log.error("chat post to %s failed: %s", mask_url(url), type(exc).__name__)
-        return False, ""
-    if resp.status_code // 100 != 2:
-        log.error("chat post to %s: HTTP %d", mask_url(url), resp.status_code)
-        return False, ""
-    try:
-        answer = resp.json()
-    except ValueError:
-        return True, ""  # an incoming webhook's plain "ok"
-    if not isinstance(answer, dict):
-        return True, ""
-    if answer.get("ok") is False:
-        log.error("chat post to %s refused: %s", mask_url(url), str(answer.get("error", "?"))[:80])
-        return False, ""
-    return True, str(answer.get("ts") or "")
 
 
 # apprise schemes whose posts carry the Idempotency-Key header (apprise adds a `+Name=value` query item as a header)
@@ -290,16 +248,67 @@ def keyed_url(url: str, key: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{item}"
 
 
-def post(dest: Destination, title: str, body: str, thread_ts: str, sender: Sender,
-         slack_sender: SlackSender, key: str = "") -> tuple[bool, str]:  # fmt: skip
+class InDoubt:
+    """The posts a killed life began and never journalled (`ChatJournal.in_doubt_since`: key -> when its `posting`
+    row was written), shared by the notifiers of one chat worker. Each is taken once, by the next post of its key
+    (`post`): on a `slack` route the channel's history is read first (sinks/chat_slack.py), and a post found there
+    is not made again (`found`); elsewhere, or when the history cannot be read, it is posted again with the same
+    key (`reposted`). A post in doubt is not journalled as `posting` again: its first row says since when the
+    history is to be read, however many lives a kill cut short before it was settled."""
+
+    def __init__(self, since_ms: Mapping[str, int] | Iterable[str] = (), history: SlackHistory | None = None) -> None:
+        self._since = dict(since_ms) if isinstance(since_ms, Mapping) else dict.fromkeys(since_ms, 0)
+        self._history = history or SlackHistory()
+        self.found = 0
+        self.reposted = 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._since
+
+    def settle(self, dest: Destination, key: str, thread_ts: str) -> str | None:
+        """For a key in doubt (taken: asked once), the `ts` of its earlier post when the chat shows one; else None
+        (not in doubt, not found, or the chat cannot be asked: the caller posts)."""
+        since = self._since.pop(key, None) if key else None
+        if since is None:
+            return None
+        if dest.route.format == "slack":
+            try:
+                ts = self._history.posted(dest.route, dest.channel, key, thread_ts, since)
+            except ServiceError as exc:
+                log.warning("post %s in doubt, the history of %s not read (%s): posted again", key, dest.channel, exc)
+            else:
+                if ts is not None:
+                    self.found += 1
+                    log.info("post %s in doubt: found in %s (ts %s), not posted again", key, dest.channel, ts)
+                    return ts
+        self.reposted += 1
+        log.info("post %s in doubt (a kill cut it between post and journal): posted again, key %s", key, key)
+        return None
+
+
+def post(dest: Destination, title: str, body: str, thread_ts: str, sender: Sender, slack_sender: SlackSender,
+         key: str = "", doubt: InDoubt | None = None) -> tuple[bool, str]:  # fmt: skip
     """Send to `dest` the way its route's format wants: (delivered, the post's ts or ""). `key`: the post's
-    idempotency key (the alert's id), sent where the route's scheme can carry it (`keyed_url`)."""
+    idempotency key (the alert's id, a step's event id), sent where the route can carry it (`keyed_url`; a Slack
+    post's metadata). `doubt`: the worker's posts in doubt; one of them found already posted is not posted again."""
+    if doubt is not None and (found := doubt.settle(dest, key, thread_ts)) is not None:
+        return True, found
     if dest.route.format == "slack":
-        return slack_sender(dest.route, title, body, thread_ts)
+        return slack_sender(dest.route, title, body, thread_ts, key)
     return sender(keyed_url(dest.route.url.get_secret_value(), key), title, body), ""
 
 
 Intent = Callable[["Delivery"], None]  # journal a post as begun, before it goes out (`ChatJournal.begin`)
+
+
+def journalled_post(dest: Destination, title: str, body: str, thread_ts: str, key: str, *, sender: Sender,
+                    slack_sender: SlackSender, intent: Intent | None, doubt: InDoubt | None,
+                    reply_to: str = "") -> tuple[bool, str]:  # fmt: skip
+    """A notifier's post under the two-phase journal: its `posting` row (not again for a key in doubt: its first
+    row says since when), then `post`; the notifier journals the outcome."""
+    if intent is not None and (doubt is None or key not in doubt):
+        intent(Delivery(key, "posting", dest.masked, dest.channel, "", reply_to))
+    return post(dest, title, body, thread_ts, sender, slack_sender, key=key, doubt=doubt)
 
 
 class ChatNotifier:
@@ -313,15 +322,14 @@ class ChatNotifier:
         slack_sender: SlackSender = slack_post,
         gangs: GangAlerts | None = None,
         intent: Intent | None = None,
-        in_doubt: Iterable[str] = (),
+        in_doubt: InDoubt | Mapping[str, int] | Iterable[str] = (),
     ) -> None:
         self._chat = chat
         # two-phase journal: a `posting` row before each post (None: no journal, at least once across kills)
         self._intent = intent
-        # alerts a killed life began to post and never journalled (`ChatJournal.in_doubt`): posted again with the
-        # same idempotency key, so a receiver honouring it records them once
-        self._in_doubt = set(in_doubt)
-        self.in_doubt_reposted = 0
+        # posts a killed life began and never journalled (`ChatJournal.in_doubt_since`): found in the chat's history
+        # (a `slack` route) or posted again with the same idempotency key, so a receiver honouring it records once
+        self.doubt = in_doubt if isinstance(in_doubt, InDoubt) else InDoubt(in_doubt)
         # a gang member's idle alert -> the gang's alert it completes, or None (held): sinks/gang.py
         self._gangs = gangs
         self._clock_ms = clock_ms
@@ -331,6 +339,10 @@ class ChatNotifier:
         for alert_id in already_sent:  # remembered across restarts (chat_deliveries)
             self._dedupe.first_time(alert_id)
         self._limit = RateLimiter(chat.rate_limit_per_minute)
+
+    @property
+    def in_doubt_reposted(self) -> int:
+        return self.doubt.reposted
 
     def handle(self, alert: dict[str, Any]) -> Delivery:
         alert_id = str(alert.get("alert_id") or "")
@@ -361,14 +373,8 @@ class ChatNotifier:
             return Delivery(alert_id, "dry-run", dest.masked, dest.channel, members=members)
         for m in members:  # delivered in the gang's post
             self._dedupe.first_time(m)
-        if alert_id in self._in_doubt:
-            self._in_doubt.discard(alert_id)
-            self.in_doubt_reposted += 1
-            log.info("alert %s in doubt (a kill cut it between post and journal): posted again, key %s", alert_id,
-                     alert_id)  # fmt: skip
-        if self._intent is not None:
-            self._intent(Delivery(alert_id, "posting", dest.masked, dest.channel))
-        ok, ts = post(dest, title, body, "", self._send, self._slack_send, key=alert_id)
+        ok, ts = journalled_post(dest, title, body, "", alert_id, sender=self._send, slack_sender=self._slack_send,
+                                 intent=self._intent, doubt=self.doubt)  # fmt: skip
         log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
         return Delivery(alert_id, "sent" if ok else "failed", dest.masked, dest.channel, ts,
                         members=members if ok else ())  # fmt: skip
@@ -423,6 +429,15 @@ class ChatJournal:
 
     def end(self, delivery: Delivery) -> bool:
         return record_delivery(self._client, delivery, self._clock_ms())
+
+    def in_doubt_since(self, window: int) -> dict[str, int]:
+        """The last `window` posts left in doubt: key -> when their `posting` row was written (ms)."""
+        rows = self._client.query(
+            "SELECT alert_id, ts_ms FROM chat_deliveries FINAL WHERE status = {s:String} "
+            "ORDER BY ts_ms DESC LIMIT {n:UInt32}",
+            parameters={"s": IN_DOUBT, "n": window},
+        ).result_rows
+        return {str(row[0]): int(row[1]) for row in reversed(rows)}
 
     def in_doubt(self, window: int) -> list[str]:
         """The ids of the last `window` alerts left in doubt, oldest first."""

@@ -30,12 +30,13 @@ from sinks.chat import (
     Deduper,
     Delivery,
     Destination,
+    InDoubt,
     Intent,
     Sender,
     SlackSender,
     apprise_send,
     by_masked,
-    post,
+    journalled_post,
     resolve,
     slack_post,
 )
@@ -130,8 +131,10 @@ class AppealNotifier:
         slack_sender: SlackSender = slack_post,
         already_sent: Iterable[str] = (),
         intent: Intent | None = None,
+        doubt: InDoubt | None = None,
     ) -> None:
         self._chat = chat
+        self._doubt = doubt  # the worker's posts in doubt (sinks/chat.py `InDoubt`)
         self._intent = intent  # the journal's `posting` row before each post (sinks/chat.py `ChatJournal`)
         self._book = book
         self._warning_post = warning_post
@@ -178,16 +181,16 @@ class AppealNotifier:
         if self._chat.dry_run:
             log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
             return Delivery(event_id, "dry-run", dest.masked, dest.channel, "", reply_to)
-        if self._intent is not None:
-            self._intent(Delivery(event_id, "posting", dest.masked, dest.channel, "", reply_to))
-        ok, ts = post(dest, title, body, thread_ts, self._send, self._slack_send, key=event_id)
+        ok, ts = journalled_post(dest, title, body, thread_ts, event_id, sender=self._send,
+                                 slack_sender=self._slack_send, intent=self._intent, doubt=self._doubt,
+                                 reply_to=reply_to)  # fmt: skip
         log.info("chat %s to %s (%s)%s: %s", "sent" if ok else "FAILED", dest.channel, dest.masked,
                  f" in the thread of {reply_to}" if thread_ts else "", title)  # fmt: skip
         return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, thread_ts or ts, reply_to)
 
 
-def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy | None,
-                    already_sent: Iterable[str], intent: Intent | None = None) -> AppealNotifier:  # fmt: skip
+def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy | None, already_sent: Iterable[str],
+                    intent: Intent | None = None, doubt: InDoubt | None = None) -> AppealNotifier:  # fmt: skip
     """The chat worker's notifier of appeal steps: the warning posts from `chat_deliveries`, the appeals read
     from `appeals.v1` whole with the worker's own login (assigned partitions, no group)."""
     from schemas.topics import APPEALS
@@ -200,4 +203,4 @@ def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy 
 
     book = None if policy is None else AppealBook(read, policy)
     return AppealNotifier(chat, book=book, warning_post=lambda alert_id: delivered_post(client, alert_id),
-                          already_sent=already_sent, intent=intent)  # fmt: skip
+                          already_sent=already_sent, intent=intent, doubt=doubt)  # fmt: skip

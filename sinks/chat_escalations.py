@@ -32,7 +32,18 @@ from base.settings import ChatSettings
 from schemas.governance_appeals import iso_minute
 from schemas.governance_escalations import Escalation, deciders, fold
 from schemas.policy import Policy
-from sinks.chat import Deduper, Delivery, Intent, Sender, SlackSender, apprise_send, post, resolve, slack_post
+from sinks.chat import (
+    Deduper,
+    Delivery,
+    InDoubt,
+    Intent,
+    Sender,
+    SlackSender,
+    apprise_send,
+    journalled_post,
+    resolve,
+    slack_post,
+)
 from sinks.chat_appeals import StepBook
 
 log = logging.getLogger(__name__)
@@ -89,8 +100,9 @@ class EscalationNotifier:
 
     def __init__(self, chat: ChatSettings, *, book: EscalationBook | None, policy: Policy | None,
                  sender: Sender = apprise_send, slack_sender: SlackSender = slack_post,
-                 already_sent: Iterable[str] = (), intent: Intent | None = None) -> None:  # fmt: skip
-        self._chat, self._book, self._policy, self._intent = chat, book, policy, intent
+                 already_sent: Iterable[str] = (), intent: Intent | None = None,
+                 doubt: InDoubt | None = None) -> None:  # fmt: skip
+        self._chat, self._book, self._policy, self._intent, self._doubt = chat, book, policy, intent, doubt
         self._send, self._slack_send = sender, slack_sender
         self._dedupe = Deduper(chat.dedupe_window)
         for event_id in already_sent:  # remembered across restarts (chat_deliveries)
@@ -118,19 +130,18 @@ class EscalationNotifier:
         if self._chat.dry_run:
             log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
             return Delivery(event_id, "dry-run", dest.masked, dest.channel)
-        if self._intent is not None:
-            self._intent(Delivery(event_id, "posting", dest.masked, dest.channel))
-        ok, ts = post(dest, title, body, "", self._send, self._slack_send, key=event_id)
+        ok, ts = journalled_post(dest, title, body, "", event_id, sender=self._send, slack_sender=self._slack_send,
+                                 intent=self._intent, doubt=self._doubt)  # fmt: skip
         log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
         return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, ts)
 
 
 def escalation_notifier(chat: ChatSettings, kafka: Any, policy: Policy | None, already_sent: Iterable[str],
-                        intent: Intent | None = None) -> EscalationNotifier:  # fmt: skip
+                        intent: Intent | None = None, doubt: InDoubt | None = None) -> EscalationNotifier:  # fmt: skip
     """The chat worker's notifier of escalation steps: `escalations.v1` read whole with the worker's own login
     (assigned partitions, no group)."""
     from schemas.topics import ESCALATIONS
     from streams.eventlog import read_steps
 
     book = None if policy is None else EscalationBook(lambda: read_steps(kafka, ESCALATIONS), policy)
-    return EscalationNotifier(chat, book=book, policy=policy, already_sent=already_sent, intent=intent)
+    return EscalationNotifier(chat, book=book, policy=policy, already_sent=already_sent, intent=intent, doubt=doubt)

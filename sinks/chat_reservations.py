@@ -21,7 +21,18 @@ from typing import Any
 
 from base.settings import ChatSettings
 from schemas.governance_reservations import SERVICE_ACTOR
-from sinks.chat import Deduper, Delivery, Intent, Sender, SlackSender, apprise_send, post, resolve, slack_post
+from sinks.chat import (
+    Deduper,
+    Delivery,
+    InDoubt,
+    Intent,
+    Sender,
+    SlackSender,
+    apprise_send,
+    journalled_post,
+    resolve,
+    slack_post,
+)
 
 log = logging.getLogger(__name__)
 POSTED = ("IDLE_WARNED", "RELEASED")
@@ -38,12 +49,16 @@ def render_step(event: dict[str, Any]) -> tuple[str, str]:
     window = f"reserved: {gpus} for team {team}, {_when(event['start_ms'])} to {_when(event['end_ms'])}"
     if event["event_type"] == "IDLE_WARNED":
         title = f"[gpuledger] Reservation {rid} idle: {event['text']} (team {team}, {gpus})"
-        means = ("it is released early if the team's jobs do not use them before the policy's idle limit; until "
-                 "then it is charged on the team's statement as reserved capacity")
+        means = (
+            "it is released early if the team's jobs do not use them before the policy's idle limit; until "
+            "then it is charged on the team's statement as reserved capacity"
+        )
     else:
         title = f"[gpuledger] Reservation {rid} released early: {event['text']} (team {team}, {gpus})"
-        means = (f"the GPUs are free for others since {_when(event['ts_ms'])}; the team's statement charges the "
-                 "reservation up to then, not to its end")
+        means = (
+            f"the GPUs are free for others since {_when(event['ts_ms'])}; the team's statement charges the "
+            "reservation up to then, not to its end"
+        )
     return title, "\n".join([window, f"what happened: {event['text']} ({_when(event['ts_ms'])})",
                              f"what it means: {means}"])  # fmt: skip
 
@@ -52,8 +67,9 @@ class ReservationNotifier:
     """Posts the reservation service's idle steps to the team's route; `handle` returns what happened."""
 
     def __init__(self, chat: ChatSettings, *, sender: Sender = apprise_send, slack_sender: SlackSender = slack_post,
-                 already_sent: Iterable[str] = (), intent: Intent | None = None) -> None:  # fmt: skip
-        self._chat, self._intent = chat, intent
+                 already_sent: Iterable[str] = (), intent: Intent | None = None,
+                 doubt: InDoubt | None = None) -> None:  # fmt: skip
+        self._chat, self._intent, self._doubt = chat, intent, doubt
         self._send, self._slack_send = sender, slack_sender
         self._dedupe = Deduper(chat.dedupe_window)
         for event_id in already_sent:
@@ -73,8 +89,7 @@ class ReservationNotifier:
         if self._chat.dry_run:
             log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
             return Delivery(event_id, "dry-run", dest.masked, dest.channel)
-        if self._intent is not None:
-            self._intent(Delivery(event_id, "posting", dest.masked, dest.channel))
-        ok, ts = post(dest, title, body, "", self._send, self._slack_send, key=event_id)
+        ok, ts = journalled_post(dest, title, body, "", event_id, sender=self._send, slack_sender=self._slack_send,
+                                 intent=self._intent, doubt=self._doubt)  # fmt: skip
         log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
         return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, ts)

@@ -21,7 +21,7 @@ def run_chat(settings: Settings, local_receiver: int | None, stop: Any, max_idle
     `local_receiver`: with no route configured, post to `chat receiver` on this loopback port."""
     from schemas.policy import load_policy
     from schemas.topics import ALERTS, APPEALS, ESCALATIONS, RESERVATIONS
-    from sinks.chat import ChatJournal, ChatNotifier, local_receiver_routes, recently_delivered
+    from sinks.chat import ChatJournal, ChatNotifier, InDoubt, local_receiver_routes, recently_delivered
     from sinks.chat_appeals import appeal_notifier
     from sinks.chat_escalations import escalation_notifier
     from sinks.chat_reservations import ReservationNotifier
@@ -34,12 +34,14 @@ def run_chat(settings: Settings, local_receiver: int | None, stop: Any, max_idle
         chat = local_receiver_routes(chat, local_receiver)
     recent = recently_delivered(db, chat.dedupe_window)
     two_phase = ChatJournal(db, now_ms)
+    # posts a killed life began and never journalled, shared by the four notifiers (their keys share the journal)
+    doubt = InDoubt(two_phase.in_doubt_since(chat.dedupe_window))
     notifier = ChatNotifier(chat, clock_ms=now_ms, already_sent=recent, gangs=ClickHouseGangs(db).alert,
-                            intent=two_phase.begin, in_doubt=two_phase.in_doubt(chat.dedupe_window))  # fmt: skip
+                            intent=two_phase.begin, in_doubt=doubt)  # fmt: skip
     policy = None if settings.policy_path is None else load_policy(settings.policy_path)
-    appeals = appeal_notifier(chat, db, settings.kafka, policy, recent, two_phase.begin)
-    reservations = ReservationNotifier(chat, already_sent=recent, intent=two_phase.begin)
-    escalations = escalation_notifier(chat, settings.kafka, policy, recent, two_phase.begin)
+    appeals = appeal_notifier(chat, db, settings.kafka, policy, recent, two_phase.begin, doubt)
+    reservations = ReservationNotifier(chat, already_sent=recent, intent=two_phase.begin, doubt=doubt)
+    escalations = escalation_notifier(chat, settings.kafka, policy, recent, two_phase.begin, doubt)
 
     def journal(delivery: Any) -> None:
         log.info("%s %s %s", delivery.alert_id, delivery.status, delivery.channel)
@@ -54,7 +56,9 @@ def run_chat(settings: Settings, local_receiver: int | None, stop: Any, max_idle
         max_idle_s,
         metrics_component="chat",
         out_label="chat",
-        also={APPEALS: lambda record: journal(appeals.handle(record)),
-              RESERVATIONS: lambda record: journal(reservations.handle(record)),
-              ESCALATIONS: lambda record: journal(escalations.handle(record))},
+        also={
+            APPEALS: lambda record: journal(appeals.handle(record)),
+            RESERVATIONS: lambda record: journal(reservations.handle(record)),
+            ESCALATIONS: lambda record: journal(escalations.handle(record)),
+        },
     )

@@ -39,7 +39,7 @@ def notifier(chat: ChatSettings, events: list[dict[str, Any]], posted: dict[str,
         sent.append(("apprise", url, title, body))
         return True
 
-    def slack(route: ChatRoute, title: str, body: str, thread_ts: str) -> tuple[bool, str]:
+    def slack(route: ChatRoute, title: str, body: str, thread_ts: str, key: str = "") -> tuple[bool, str]:
         sent.append(("slack", route.url.get_secret_value(), title, thread_ts))
         return True, "200.000001"
 
