@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -309,6 +309,58 @@ def journalled_post(dest: Destination, title: str, body: str, thread_ts: str, ke
     if intent is not None and (doubt is None or key not in doubt):
         intent(Delivery(key, "posting", dest.masked, dest.channel, "", reply_to))
     return post(dest, title, body, thread_ts, sender, slack_sender, key=key, doubt=doubt)
+
+
+class StepNotifier:
+    """What the workflow steps' notifiers share (appeals, reservations, escalations: sinks/chat_*.py): the dedupe
+    seeded from the journal, the checks every step passes before its post (a kind posted, not a duplicate, a policy
+    to judge it by and the rules counting it) and the post under the two-phase journal, dry-run aside. Each
+    subclass keeps its workflow's own: which steps, where they go, what they say."""
+
+    def __init__(self, chat: ChatSettings, *, sender: Sender = apprise_send, slack_sender: SlackSender = slack_post,
+                 already_sent: Iterable[str] = (), intent: Intent | None = None,
+                 doubt: InDoubt | None = None) -> None:  # fmt: skip
+        self._chat, self._intent, self._doubt = chat, intent, doubt
+        self._send, self._slack_send = sender, slack_sender
+        self._dedupe = Deduper(chat.dedupe_window)
+        for event_id in already_sent:  # remembered across restarts (chat_deliveries)
+            self._dedupe.first_time(event_id)
+
+    def _unposted(self, event: dict[str, Any], kinds: Collection[str]) -> Delivery | None:
+        """Why the step is not posted when it is not of `kinds` or was already handled; None otherwise."""
+        event_id = str(event.get("event_id") or "")
+        if event.get("event_type") not in kinds:
+            return Delivery(event_id, "skipped-kind")
+        if not self._dedupe.first_time(event_id):
+            return Delivery(event_id, "duplicate")
+        return None
+
+    def _counted(self, event: dict[str, Any], book: Any, what: str, id_field: str) -> tuple[Any, Delivery | None]:
+        """(the workflow item as the rules count the step, None) or (None, why it is not posted): no policy to
+        judge it by (`book` None), or the rules do not count it (`book.counted` None)."""
+        event_id = str(event.get("event_id") or "")
+        if book is None:
+            log.warning("%s step %s not posted: no policy to judge it by (set policy_path)", what, event_id)
+            return None, Delivery(event_id, "no-policy")
+        item = book.counted(event)
+        if item is None:
+            log.info("%s step %s (%s of %s) not posted: the rules do not count it", what, event_id,
+                     event.get("event_type"), event.get(id_field))  # fmt: skip
+            return None, Delivery(event_id, "refused")
+        return item, None
+
+    def _post(self, event_id: str, dest: Destination, title: str, body: str, thread_ts: str = "",
+              reply_to: str = "") -> Delivery:  # fmt: skip
+        """The step posted to `dest` (in the thread of `thread_ts` when given), journalled; logged only in a dry run."""
+        if self._chat.dry_run:
+            log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
+            return Delivery(event_id, "dry-run", dest.masked, dest.channel, "", reply_to)
+        ok, ts = journalled_post(dest, title, body, thread_ts, event_id, sender=self._send,
+                                 slack_sender=self._slack_send, intent=self._intent, doubt=self._doubt,
+                                 reply_to=reply_to)  # fmt: skip
+        log.info("chat %s to %s (%s)%s: %s", "sent" if ok else "FAILED", dest.channel, dest.masked,
+                 f" in the thread of {reply_to}" if thread_ts else "", title)  # fmt: skip
+        return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, thread_ts or ts, reply_to)
 
 
 class ChatNotifier:

@@ -26,20 +26,7 @@ from typing import Any, Generic, TypeVar
 from base.settings import ChatSettings
 from schemas.governance_appeals import Appeal, Ignored, fold
 from schemas.policy import Policy
-from sinks.chat import (
-    Deduper,
-    Delivery,
-    Destination,
-    InDoubt,
-    Intent,
-    Sender,
-    SlackSender,
-    apprise_send,
-    by_masked,
-    journalled_post,
-    resolve,
-    slack_post,
-)
+from sinks.chat import Delivery, Destination, InDoubt, Intent, StepNotifier, by_masked, resolve
 
 log = logging.getLogger(__name__)
 POSTED = ("DECIDED", "ESCALATED")
@@ -118,31 +105,15 @@ def render_step(event: dict[str, Any], appeal: Appeal) -> tuple[str, str]:
     return title, "\n".join(body)
 
 
-class AppealNotifier:
+class AppealNotifier(StepNotifier):
     """Posts the appeal steps the rules count (see the module's docstring); `handle` returns what happened."""
 
-    def __init__(
-        self,
-        chat: ChatSettings,
-        *,
-        book: AppealBook | None,
-        warning_post: WarningPost,
-        sender: Sender = apprise_send,
-        slack_sender: SlackSender = slack_post,
-        already_sent: Iterable[str] = (),
-        intent: Intent | None = None,
-        doubt: InDoubt | None = None,
-    ) -> None:
-        self._chat = chat
-        self._doubt = doubt  # the worker's posts in doubt (sinks/chat.py `InDoubt`)
-        self._intent = intent  # the journal's `posting` row before each post (sinks/chat.py `ChatJournal`)
+    def __init__(self, chat: ChatSettings, *, book: AppealBook | None, warning_post: WarningPost,
+                 **kw: Any) -> None:  # fmt: skip
+        """`kw`: StepNotifier's (sender, slack_sender, already_sent, intent, doubt)."""
+        super().__init__(chat, **kw)
         self._book = book
         self._warning_post = warning_post
-        self._send = sender
-        self._slack_send = slack_sender
-        self._dedupe = Deduper(chat.dedupe_window)
-        for event_id in already_sent:  # remembered across restarts (chat_deliveries)
-            self._dedupe.first_time(event_id)
 
     def _where(self, appeal: Appeal, escalated: bool) -> tuple[Destination | None, str, str]:
         """(destination, thread_ts to reply in, the alert replied to)."""
@@ -161,32 +132,18 @@ class AppealNotifier:
 
     def handle(self, event: dict[str, Any]) -> Delivery:
         event_id = str(event.get("event_id") or "")
-        if event.get("event_type") not in POSTED:
-            return Delivery(event_id, "skipped-kind")
-        if not self._dedupe.first_time(event_id):
-            return Delivery(event_id, "duplicate")
-        if self._book is None:
-            log.warning("appeal step %s not posted: no policy to judge it by (set policy_path)", event_id)
-            return Delivery(event_id, "no-policy")
-        appeal = self._book.counted(event)
-        if appeal is None:
-            log.info("appeal step %s (%s of %s) not posted: the rules do not count it", event_id,
-                     event.get("event_type"), event.get("appeal_id"))  # fmt: skip
-            return Delivery(event_id, "refused")
+        unposted = self._unposted(event, POSTED)
+        if unposted is not None:
+            return unposted
+        appeal, refused = self._counted(event, self._book, "appeal", "appeal_id")
+        if refused is not None:
+            return refused
         dest, thread_ts, reply_to = self._where(appeal, event["event_type"] == "ESCALATED")
         if dest is None:
             log.warning("no chat route for appeal %s (%s)", appeal.appeal_id, event["event_type"])
             return Delivery(event_id, "no-route")
         title, body = render_step(event, appeal)
-        if self._chat.dry_run:
-            log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
-            return Delivery(event_id, "dry-run", dest.masked, dest.channel, "", reply_to)
-        ok, ts = journalled_post(dest, title, body, thread_ts, event_id, sender=self._send,
-                                 slack_sender=self._slack_send, intent=self._intent, doubt=self._doubt,
-                                 reply_to=reply_to)  # fmt: skip
-        log.info("chat %s to %s (%s)%s: %s", "sent" if ok else "FAILED", dest.channel, dest.masked,
-                 f" in the thread of {reply_to}" if thread_ts else "", title)  # fmt: skip
-        return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, thread_ts or ts, reply_to)
+        return self._post(event_id, dest, title, body, thread_ts, reply_to)
 
 
 def appeal_notifier(chat: ChatSettings, client: Any, kafka: Any, policy: Policy | None, already_sent: Iterable[str],

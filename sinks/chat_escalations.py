@@ -32,18 +32,7 @@ from base.settings import ChatSettings
 from schemas.governance_appeals import iso_minute
 from schemas.governance_escalations import Escalation, deciders, fold
 from schemas.policy import Policy
-from sinks.chat import (
-    Deduper,
-    Delivery,
-    InDoubt,
-    Intent,
-    Sender,
-    SlackSender,
-    apprise_send,
-    journalled_post,
-    resolve,
-    slack_post,
-)
+from sinks.chat import Delivery, InDoubt, Intent, StepNotifier, resolve
 from sinks.chat_appeals import StepBook
 
 log = logging.getLogger(__name__)
@@ -95,45 +84,30 @@ def render_step(event: dict[str, Any], esc: Escalation, policy: Policy) -> tuple
     return title, "\n".join(lines)
 
 
-class EscalationNotifier:
+class EscalationNotifier(StepNotifier):
     """Posts the counted escalation steps to the job's team route; `handle` returns what happened."""
 
     def __init__(self, chat: ChatSettings, *, book: EscalationBook | None, policy: Policy | None,
-                 sender: Sender = apprise_send, slack_sender: SlackSender = slack_post,
-                 already_sent: Iterable[str] = (), intent: Intent | None = None,
-                 doubt: InDoubt | None = None) -> None:  # fmt: skip
-        self._chat, self._book, self._policy, self._intent, self._doubt = chat, book, policy, intent, doubt
-        self._send, self._slack_send = sender, slack_sender
-        self._dedupe = Deduper(chat.dedupe_window)
-        for event_id in already_sent:  # remembered across restarts (chat_deliveries)
-            self._dedupe.first_time(event_id)
+                 **kw: Any) -> None:  # fmt: skip
+        """`kw`: StepNotifier's (sender, slack_sender, already_sent, intent, doubt)."""
+        super().__init__(chat, **kw)
+        self._book, self._policy = book, policy
 
     def handle(self, event: dict[str, Any]) -> Delivery:
         event_id = str(event.get("event_id") or "")
-        if event.get("event_type") not in POSTED:
-            return Delivery(event_id, "skipped-kind")
-        if not self._dedupe.first_time(event_id):
-            return Delivery(event_id, "duplicate")
-        if self._book is None or self._policy is None:
-            log.warning("escalation step %s not posted: no policy to judge it by (set policy_path)", event_id)
-            return Delivery(event_id, "no-policy")
-        esc = self._book.counted(event)
-        if esc is None:
-            log.info("escalation step %s (%s of %s) not posted: the rules do not count it", event_id,
-                     event.get("event_type"), event.get("escalation_id"))  # fmt: skip
-            return Delivery(event_id, "refused")
+        unposted = self._unposted(event, POSTED)
+        if unposted is not None:
+            return unposted
+        esc, refused = self._counted(event, None if self._policy is None else self._book, "escalation",
+                                     "escalation_id")  # fmt: skip
+        if refused is not None or self._policy is None:
+            return refused or Delivery(event_id, "no-policy")
         dest = resolve({"team": team_of(self._policy, esc.job.team)}, self._chat)
         if dest is None:
             log.warning("no chat route for escalation %s (%s)", esc.escalation_id, event["event_type"])
             return Delivery(event_id, "no-route")
         title, body = render_step(event, esc, self._policy)
-        if self._chat.dry_run:
-            log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
-            return Delivery(event_id, "dry-run", dest.masked, dest.channel)
-        ok, ts = journalled_post(dest, title, body, "", event_id, sender=self._send, slack_sender=self._slack_send,
-                                 intent=self._intent, doubt=self._doubt)  # fmt: skip
-        log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
-        return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, ts)
+        return self._post(event_id, dest, title, body)
 
 
 def escalation_notifier(chat: ChatSettings, kafka: Any, policy: Policy | None, already_sent: Iterable[str],

@@ -16,23 +16,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable
 from typing import Any
 
-from base.settings import ChatSettings
 from schemas.governance_reservations import SERVICE_ACTOR
-from sinks.chat import (
-    Deduper,
-    Delivery,
-    InDoubt,
-    Intent,
-    Sender,
-    SlackSender,
-    apprise_send,
-    journalled_post,
-    resolve,
-    slack_post,
-)
+from sinks.chat import Delivery, StepNotifier, resolve
 
 log = logging.getLogger(__name__)
 POSTED = ("IDLE_WARNED", "RELEASED")
@@ -63,33 +50,17 @@ def render_step(event: dict[str, Any]) -> tuple[str, str]:
                              f"what it means: {means}"])  # fmt: skip
 
 
-class ReservationNotifier:
+class ReservationNotifier(StepNotifier):
     """Posts the reservation service's idle steps to the team's route; `handle` returns what happened."""
-
-    def __init__(self, chat: ChatSettings, *, sender: Sender = apprise_send, slack_sender: SlackSender = slack_post,
-                 already_sent: Iterable[str] = (), intent: Intent | None = None,
-                 doubt: InDoubt | None = None) -> None:  # fmt: skip
-        self._chat, self._intent, self._doubt = chat, intent, doubt
-        self._send, self._slack_send = sender, slack_sender
-        self._dedupe = Deduper(chat.dedupe_window)
-        for event_id in already_sent:
-            self._dedupe.first_time(event_id)
 
     def handle(self, event: dict[str, Any]) -> Delivery:
         event_id = str(event.get("event_id") or "")
-        if event.get("event_type") not in POSTED or event.get("actor") != SERVICE_ACTOR:
-            return Delivery(event_id, "skipped-kind")
-        if not self._dedupe.first_time(event_id):
-            return Delivery(event_id, "duplicate")
+        unposted = self._unposted(event, POSTED if event.get("actor") == SERVICE_ACTOR else ())
+        if unposted is not None:
+            return unposted
         dest = resolve({"team": event.get("team")}, self._chat)
         if dest is None:
             log.warning("no chat route for reservation %s (%s)", event.get("reservation_id"), event["event_type"])
             return Delivery(event_id, "no-route")
         title, body = render_step(event)
-        if self._chat.dry_run:
-            log.info("dry-run chat to %s (%s): %s", dest.channel, dest.masked, title)
-            return Delivery(event_id, "dry-run", dest.masked, dest.channel)
-        ok, ts = journalled_post(dest, title, body, "", event_id, sender=self._send, slack_sender=self._slack_send,
-                                 intent=self._intent, doubt=self._doubt)  # fmt: skip
-        log.info("chat %s to %s (%s): %s", "sent" if ok else "FAILED", dest.channel, dest.masked, title)
-        return Delivery(event_id, "sent" if ok else "failed", dest.masked, dest.channel, ts)
+        return self._post(event_id, dest, title, body)
