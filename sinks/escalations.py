@@ -237,15 +237,22 @@ def reconcile(escalations: Mapping[str, Escalation], now_ms: int, engines: Itera
 def ledger_job(client: Any, cluster: str, job_id: str) -> Job | None:
     """The job's user, team (else its Slurm account, which the policy maps to a team) and GPUs from its latest
     event, or None when the ledger has no such job."""
+    return ledger_job_state(client, cluster, job_id)[0]
+
+
+def ledger_job_state(client: Any, cluster: str, job_id: str) -> tuple[Job | None, bool]:
+    """`ledger_job`, and whether the job's latest event in the ledger is its end (the job page, which holds no
+    engine credentials, refuses to ask for a job the ledger saw end; the service asks the engine again)."""
     rows = client.query(
         "SELECT argMax(user, ts_ms), argMax(coalesce(team, account), ts_ms), argMax(requested_devices, ts_ms), "
-        "count() FROM job_events WHERE cluster = {c:String} AND job_id = {j:String}",
+        "count(), argMax(event_type, ts_ms) FROM job_events WHERE cluster = {c:String} AND job_id = {j:String}",
         parameters={"c": cluster, "j": job_id},
     ).result_rows
     if not rows or not rows[0][3]:
-        return None
-    user, team, gpus, _ = rows[0]
-    return Job(cluster, job_id, str(user) if user else None, str(team) if team else None, max(0, int(gpus or 0)))
+        return None, False
+    user, team, gpus, _, last = rows[0]
+    job = Job(cluster, job_id, str(user) if user else None, str(team) if team else None, max(0, int(gpus or 0)))
+    return job, str(last) == "ENDED"
 
 
 def escalation_charges(policy: Policy, escalations: Iterable[Escalation], now_ms: int) -> list[Charge]:

@@ -45,8 +45,13 @@ def reservation_events(client: Any) -> list[dict[str, Any]]:
     return [dict(zip(RESERVATION_COLUMNS, row, strict=True)) for row in rows]
 
 
-def escalation_events(client: Any) -> list[dict[str, Any]]:
-    rows = client.query(f"SELECT {', '.join(ESCALATION_COLUMNS)} FROM escalation_events FINAL").result_rows
+def escalation_events(client: Any, job: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every escalation step the sink stored, or those of one (cluster, job_id): each step names its job."""
+    where, parameters = "", {}
+    if job is not None:
+        where, parameters = " WHERE cluster = {c:String} AND job_id = {j:String}", {"c": job[0], "j": job[1]}
+    rows = client.query(f"SELECT {', '.join(ESCALATION_COLUMNS)} FROM escalation_events FINAL{where}",
+                        parameters=parameters).result_rows  # fmt: skip
     return [dict(zip(ESCALATION_COLUMNS, row, strict=True)) for row in rows]
 
 

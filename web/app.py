@@ -348,6 +348,7 @@ def job(request: Request) -> Response:
     choices = _project_choices(viewer, ctx.registry, page.context["team"])
     _job_appeals(ctx, page, cluster, job_id)
     _job_resume(ctx, page, viewer, cluster, job_id, request.query_params.get("resume"))
+    _job_escalations(ctx, page, viewer, cluster, job_id, request.query_params.get("escalated"))
     return page_response(
         request, _with_form(page, viewer, ctx, choices, request.query_params.get("corrected"),
                             request.query_params.get("appealed")),
@@ -383,6 +384,43 @@ def _job_resume(ctx: WebContext, page: pages.Page, viewer: Viewer, cluster: str,
     _, reclaimed, refusal = resume_standing(client, ctx.policy, cluster, job_id, viewer.user)
     page.context.update(resume_on=True, resume_refusal=refusal, reclaimed=reclaimed,
                         resume_steps=resume_outcomes(client, cluster, job_id) if reclaimed else [])  # fmt: skip
+
+
+def _job_escalations(ctx: WebContext, page: pages.Page, viewer: Viewer, cluster: str, job_id: str,
+                     asked: str | None) -> None:  # fmt: skip
+    """The job's escalations (as the sink stored them) and the "ask for escalation" form, or the rules' one line
+    saying why this viewer may not ask (web/escalations.py)."""
+    from schemas.governance_escalations import fold
+    from web import escalations
+    from web.queries import escalation_job, job_escalation_events
+
+    page.context.update(escalate_on=False, escalate_refusal=None,
+                        escalated=asked if asked and re.fullmatch(r"esc-[0-9a-f]{12}", asked) else None)  # fmt: skip
+    if ctx.escalations is None or ctx.policy is None:
+        return
+    client = ctx.warehouse().client
+    mine = fold(job_escalation_events(client, cluster, job_id), ctx.policy)[0].values()
+    page.add(escalations.table("escalations", "Escalations of this job", mine))
+    job, ended = escalation_job(client, cluster, job_id)
+    page.context.update(escalate_on=True, escalation_rules=ctx.policy.governance.escalations,
+                        escalate_refusal=escalations.ask_refusal(ctx.policy, job, ended, viewer.user, cluster,
+                                                                 job_id))  # fmt: skip
+
+
+async def escalation_ask(request: Request) -> Response:
+    return await _form_action(request, ("cluster", "job_id", "hours", "reason", "token", "period"), _escalation_ask,
+                              need="escalations")  # fmt: skip
+
+
+def _escalation_ask(request: Request, ctx: WebContext, viewer: Viewer, values: dict[str, str]) -> Response:
+    """Ask to raise the job from its page: the REQUESTED step on escalations.v1, as `escalate ask` publishes it."""
+    from web.queries import escalation_job
+
+    cluster, job_id = params.cluster(values["cluster"]), params.job_id(values["job_id"])
+    job, ended = escalation_job(ctx.warehouse().client, cluster, job_id)
+    event = ctx.escalations.ask(viewer, values, job, ended, ctx.now_ms())
+    period = params.period(values["period"], ctx.now_ms())
+    return RedirectResponse(pages.job_url(cluster, job_id, period, escalated=event["escalation_id"]), status_code=303)
 
 
 async def resume(request: Request) -> Response:
@@ -676,6 +714,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/appeals/decide", appeal_decide, methods=["POST"]),
         Route("/escalations", escalations_page),
         Route("/escalations/decide", escalation_decide, methods=["POST"]),
+        Route("/escalations/ask", escalation_ask, methods=["POST"]),
         Route("/reservations", reservations_page),
         Route("/reservations/request", reservation_request, methods=["POST"]),
         Route("/reservations/act", reservation_act, methods=["POST"]),

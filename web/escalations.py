@@ -1,5 +1,6 @@
-"""Escalations in the browser (issue 41 item 5, `schemas/governance_escalations.py`): the deciders' page, the same
-rules as `gpuledger escalate decide` (`sinks/escalate_cli.py`), never a second copy of them.
+"""Escalations in the browser (issue 41 item 5, `schemas/governance_escalations.py`): the deciders' page and the job
+page's "ask for escalation" form, the same rules as `gpuledger escalate ask|decide` (`sinks/escalate_cli.py`), never
+a second copy of them.
 
 - Shown: the escalations the steps on escalations.v1 describe (read whole and folded under the policy, as the
   commands do): those to decide (undecided, before their deadline), those in force, and the ones that are over.
@@ -8,6 +9,11 @@ rules as `gpuledger escalate decide` (`sinks/escalate_cli.py`), never a second c
   service, which holds the engine credentials this app never has) or denied. Anyone else gets 403 naming the
   deciders. Each step is checked against the topic read whole, validated against the contract and published
   keyed by its job.
+- Asked (the job page): by whoever the policy lets ask (`governance.escalations.askers`: the job's user, its team's
+  members or leads, the operators; `may_ask` decides, and its one line is the 403 for anyone else), for a job the
+  ledger knows and has not seen end, for 1..max_hours hours with a reason; one open or in force per job. The page
+  holds no scheduler credentials: where `escalate ask` also asks the engine, the page goes by the ledger, and the
+  escalation service asks the engine again before it raises anything (a job that ended is never raised).
 """
 
 from __future__ import annotations
@@ -40,6 +46,19 @@ def table(name: str, title: str, escalations: Iterable[Any], note: str = "") -> 
     return Table(name, title, COLUMNS, [list_row(e) for e in ordered], note=note)
 
 
+def ask_refusal(policy: Any, job: Any, ended: bool, asker: str, cluster: str, job_id: str) -> str | None:
+    """Why `asker` may not ask to raise the job from its page (the rules' one line), or None: shown in place of the
+    form, and the POST's answer."""
+    from schemas.governance_escalations import may_ask
+
+    if job is None:
+        return f"no job {job_id} on {cluster} in the ledger"
+    refusal = may_ask(policy, job, asker)
+    if refusal is not None:
+        return refusal
+    return f"job {job_id} on {cluster} has ended (the ledger's last event): nothing to raise" if ended else None
+
+
 def deciders(policy: Any) -> tuple[str, ...]:
     from schemas.governance_escalations import deciders as named
 
@@ -63,11 +82,39 @@ class EscalationService:
 
         return fold(self.read_events(), self.policy)[0]
 
-    def decide(self, viewer: Viewer, values: dict[str, str], now_ms: int) -> dict[str, Any]:
+    def ask(self, viewer: Viewer, values: dict[str, str], job: Any, ended: bool, now_ms: int) -> dict[str, Any]:
+        """The REQUESTED step from the job page's form, published; 403 (one line) for someone the policy does not
+        let ask, 400 (the rules' one line) for the rest."""
+        from schemas.governance_escalations import ask_event, may_ask
+
+        cluster, job_id = params.cluster(values.get("cluster")), params.job_id(values.get("job_id"))
+        denied = None if job is None else may_ask(self.policy, job, viewer.user)
+        if denied is not None:
+            raise Forbidden(denied)
+        refusal = ask_refusal(self.policy, job, ended, viewer.user, cluster, job_id)
+        if refusal is not None:
+            raise params.BadRequest(refusal)
+        hours = values.get("hours") or ""
+        if not hours.isdigit() or len(hours) > 4:
+            raise params.BadRequest("hours: a whole number of hours")
+        reason = params.reason(values.get("reason"))
+        event = _checked(lambda: ask_event(self.current(), self.policy, job, viewer.user, int(hours), reason, now_ms))
+        return self._publish(event)
+
+    def _publish(self, event: dict[str, Any]) -> dict[str, Any]:
         from base.errors import ContractError
-        from schemas.governance_escalations import decide_event
         from schemas.models import validate
         from schemas.topics import ESCALATIONS
+
+        try:
+            validate(ESCALATIONS.subject, event)
+        except ContractError as exc:
+            raise params.BadRequest(str(exc).splitlines()[0][:300]) from exc
+        self.publish(event)
+        return event
+
+    def decide(self, viewer: Viewer, values: dict[str, str], now_ms: int) -> dict[str, Any]:
+        from schemas.governance_escalations import decide_event
 
         if viewer.user not in deciders(self.policy):
             raise Forbidden(f"{viewer.user} does not decide escalations (policy governance.escalations.deciders: "
@@ -81,9 +128,4 @@ class EscalationService:
         note = params.reason(values.get("note"))
         event = _checked(lambda: decide_event(self.current(), self.policy, escalation_id, viewer.user,
                                               decision == "grant", note, now_ms))  # fmt: skip
-        try:
-            validate(ESCALATIONS.subject, event)
-        except ContractError as exc:
-            raise params.BadRequest(str(exc).splitlines()[0][:300]) from exc
-        self.publish(event)
-        return event
+        return self._publish(event)

@@ -607,6 +607,21 @@ def appeal_events(client: Any) -> list[dict[str, Any]]:
     return stored(client)
 
 
+def job_escalation_events(client: Any, cluster: str, job_id: str) -> list[dict[str, Any]]:
+    """The escalation steps of one job the sink has stored (`sinks.governance`)."""
+    from sinks.governance import escalation_events
+
+    return escalation_events(client, (cluster, job_id))
+
+
+def escalation_job(client: Any, cluster: str, job_id: str) -> tuple[Any, bool]:
+    """(the job as the escalation rules see it, or None when the ledger has none; whether the ledger saw it end)
+    (`sinks.escalations.ledger_job_state`, what `escalate ask` reads)."""
+    from sinks.escalations import ledger_job_state
+
+    return ledger_job_state(client, cluster, job_id)
+
+
 def alert_subject(client: Any, alert_id: str) -> Any:
     """The job behind an idle warning or reclaim notice, or None (`sinks.governance`)."""
     from sinks.governance import alert_subject as subject

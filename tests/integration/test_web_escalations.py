@@ -7,6 +7,7 @@ post without the decider's form token is refused."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 import re
 import time
@@ -15,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_web import make_client, web_ledger
+from fixtures_web import PERIOD, make_client, small_ledger, web_ledger
 
 from base.settings import BrokerSettings, ClickHouseSettings, KafkaSettings, Settings, SinksSettings, WebSettings
 from producers.simulator import SimConfig
 
 pytestmark = pytest.mark.integration
-__all__ = ["web_ledger"]
+__all__ = ["small_ledger", "web_ledger"]
 DECIDER, MEMBER, FINANCE = "ops00", "vis01", "fin00"  # producers/simulator/org.py
 POLICY = """\
 version: 1
@@ -110,3 +111,77 @@ def test_a_decider_grants_an_escalation_on_the_page_and_nobody_else_may(
     live = client.get("/escalations?csv=live", headers=who(DECIDER))
     assert [(r["escalation_id"], r["state"], r["decided_by"]) for r in csv.DictReader(io.StringIO(live.text))] == [
         (eid, "GRANTED", DECIDER)]  # fmt: skip
+
+
+def test_the_job_page_asks_for_escalation_for_whoever_the_policy_lets_ask(
+    small_ledger: ClickHouseSettings, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The job page's form (issue 41): the job's user asks (the step on escalations.v1 as `escalate ask` publishes
+    it, the job's team and GPUs from the ledger); a teammate who is not its user, a lead or an operator sees the
+    rules' one line instead of the form and gets 403 with it; a form without the asker's token, too many hours and a
+    second request are refused with nothing published; a job the ledger saw end is refused on its page."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from schemas.topics import ESCALATIONS
+    from sinks.db import connect
+    from streams.eventlog import read_events
+    from web.access import csrf_token
+
+    ch = small_ledger
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY, encoding="utf-8")
+    settings = Settings(
+        state_dir=tmp_path, cluster="sim", clickhouse=ch, broker=BrokerSettings(enabled=False),
+        policy_path=policy_file, kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap,
+                                                     topic_prefix=f"t{uuid.uuid4().hex[:8]}."),
+        sinks=SinksSettings(group_id=f"web-esc-{uuid.uuid4().hex[:8]}"), web=WebSettings(demo=False),
+    )  # fmt: skip
+    topic = settings.kafka.topic(ESCALATIONS.name)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # held: a dropped client ends its requests
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    # The test's own small ledger: its last vision job (1009, vis03's 2 GPUs) has not ended as far as the ledger knows
+    # (its ENDED event taken out: the ledger read mid-run); 1010 (vis02's) ended.
+    job_id, user, gpus, ended_id = "1009", "vis03", 2, "1010"
+    writer = connect(ch)
+    try:
+        writer.command("ALTER TABLE job_events DELETE WHERE cluster = 'sim' AND job_id = {j:String} AND "
+                       "event_type = 'ENDED' SETTINGS mutations_sync = 2", parameters={"j": job_id})  # fmt: skip
+    finally:
+        writer.close()
+    mate = next(u for u in ("vis00", "vis01", "vis02", "vis03") if u != user)
+    client = make_client(settings, now_ms=int(time.time() * 1000))
+    url = f"/jobs/sim/{job_id}?period={PERIOD}"
+
+    def ask(by: str, hours: str = "2", token: str | None = None) -> Any:
+        form = {"cluster": "sim", "job_id": job_id, "hours": hours, "reason": "the demo is at noon",
+                "period": PERIOD, "token": token or csrf_token(client.app.state.ctx.secret, by)}  # fmt: skip
+        return client.post("/escalations/ask", data=form, headers=who(by))
+
+    page = client.get(url, headers=who(user))
+    assert page.status_code == 200 and 'id="escalate-form"' in page.text
+    assert "Run at tier urgent for (hours)" in text(page) and 'max="8"' in page.text
+    refusal = (f"'{mate}' may not ask to raise job {job_id}: it is '{user}''s, team vision (policy "
+               "governance.escalations.askers: its user, the team's leads, the operators may)")
+    other = client.get(url, headers=who(mate))
+    assert 'id="escalate-form"' not in other.text and refusal in html.unescape(text(other))
+    denied = ask(mate)
+    assert denied.status_code == 403 and refusal in html.unescape(text(denied))
+    assert ask(user, token="x" * 64).status_code == 403  # not the asker's form
+    too_long = ask(user, hours="9")
+    assert too_long.status_code == 400 and "must be 1..8 (policy governance.escalations.max_hours)" in text(too_long)
+    assert read_events(settings.kafka, ESCALATIONS)[0] == []  # nothing published by any of those
+
+    asked = ask(user)
+    assert asked.status_code == 303
+    (event,) = read_events(settings.kafka, ESCALATIONS)[0]
+    assert asked.headers["location"].endswith(f"escalated={event['escalation_id']}")
+    assert (event["event_type"], event["actor"], event["user"], event["team"], event["gpus"], event["tier"],
+            event["hours"]) == ("REQUESTED", user, user, "vision", gpus, "urgent", 2)  # fmt: skip
+    again = ask(user)
+    assert again.status_code == 400 and "nothing asked twice" in text(again)
+    assert len(read_events(settings.kafka, ESCALATIONS)[0]) == 1
+    shown = client.get(asked.headers["location"], headers=who(user))
+    assert f"Escalation {event['escalation_id']} asked" in text(shown)
+    # an operator may ask, not for a job that ended
+    ended = client.get(f"/jobs/sim/{ended_id}?period={PERIOD}", headers=who(DECIDER))
+    assert 'id="escalate-form"' not in ended.text and f"job {ended_id} on sim has ended" in text(ended)
