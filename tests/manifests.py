@@ -3,12 +3,17 @@
 `kube_docs` is every object of `deploy/kubernetes/gpuledger/` (or of the paths given), `workloads` its
 Deployments, DaemonSets, StatefulSets, Jobs and CronJobs, `pod_spec` the pod a workload runs. `rbac_table` reads
 the table of rights in docs/deployment.md ("What each service account may do"). `COMPOSE`/`SERVICES` are
-docker-compose.yml, `compose_env` a service's environment as compose gives it.
+docker-compose.yml, `compose_env` a service's environment as compose gives it. `install_processes` is every
+workload of the install as a plain process (`kube_process`), its gpuledger.toml with a site's values
+(`site_settings`); `Process.start` runs one.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +21,10 @@ from typing import Any
 
 import yaml
 
+from stack.components import SIM_POLICY
+
 ROOT = Path(__file__).resolve().parents[1]
+CLI = "from gpuledger.cli import main; main()"
 KUBE = ROOT / "deploy" / "kubernetes"
 MANIFESTS = KUBE / "gpuledger"
 # Everything an install applies: the workloads and settings, the ClusterRoles, the podresources DaemonSet.
@@ -125,6 +133,14 @@ class Process:
     env: dict[str, str]
     state_dir: Path
 
+    def start(self, log: Path, args: list[str] | None = None) -> subprocess.Popen[bytes]:
+        """`gpuledger ARGS` (default: the container's own) with the container's environment, output to `log`."""
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.state_dir), **self.env}
+        argv = [sys.executable, "-c", CLI, *(self.args if args is None else args)]
+        with log.open("ab") as out:
+            return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)  # fmt: skip
+
 
 def _expand_vars(value: str, env: dict[str, str]) -> str:
     """`$(VAR)` as the kubelet expands it from the variables defined before; `$$` is a literal `$`."""
@@ -194,3 +210,39 @@ def kube_process(workload: dict[str, Any], root: Path, *, config_maps: dict[str,
             raise ManifestGap(f"{name}: {var} comes from {sorted(ref)}, which this harness does not read")
     args = [_expand_vars(a, env) for a in [*container.get("command", [])[1:], *container.get("args", [])]]
     return Process(name, workload["kind"], args, env, state_dir)
+
+
+def _toml_value(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def site_settings(text: str, site: dict[str, Any]) -> str:
+    """gpuledger.toml with a site's values (`site`: "section.key" -> value; None removes the key), as a site
+    edits the ConfigMap: nothing else changes."""
+    doc = tomllib.loads(text)
+    for dotted, value in site.items():
+        section, key = dotted.split(".", 1)
+        if value is None:
+            doc[section].pop(key, None)
+        else:
+            doc.setdefault(section, {})[key] = value
+    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    for section, values in ((k, v) for k, v in doc.items() if isinstance(v, dict)):
+        lines += [f"[{section}]", *(f"{k} = {_toml_value(v)}" for k, v in values.items())]
+    return "\n".join(lines) + "\n"
+
+
+def install_processes(root: Path, *, secrets: dict[str, dict[str, str]], site: dict[str, Any]) -> dict[str, Process]:
+    """Every workload of the install (`INSTALL`) as a plain process under `root`: the ConfigMaps as the manifests
+    give them (gpuledger.toml with `site`'s values), the operator's policy ConfigMap (the simulator's policy) and
+    the Secrets given; the downward API's node name and host IP those of this machine's one node."""
+    docs = kube_docs(INSTALL)
+    config_maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    config_maps["gpuledger-policy"] = {"policy.yaml": SIM_POLICY.read_text(encoding="utf-8")}  # the operator's
+
+    def edit(config_map: str, key: str, text: str) -> str:
+        return site_settings(text, site) if (config_map, key) == ("gpuledger-settings", "gpuledger.toml") else text
+
+    fields = {"spec.nodeName": "gpu-node-1", "status.hostIP": "127.0.0.1"}
+    return {w["metadata"]["name"]: kube_process(w, root, config_maps=config_maps, secrets=secrets, fields=fields,
+                                                edit_file=edit) for w in workloads(docs)}  # fmt: skip

@@ -15,71 +15,35 @@ the setting named.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-import tomllib
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from fixtures_clickhouse import ClickHouseServer
-from manifests import INSTALL, ManifestGap, Process, kube_docs, kube_process, workloads
+from manifests import INSTALL, ManifestGap, Process, install_processes, kube_docs, kube_process, workloads
 
-from stack.components import SIM_POLICY
-
-REPO = Path(__file__).resolve().parents[2]
-CLI = "from gpuledger.cli import main; main()"
 JOBS = ("gpuledger-topics", "gpuledger-db-migrate", "gpuledger-ratecard")
 SERVING = ("gpuledger-processors", "gpuledger-sinks", "gpuledger-chat", "gpuledger-reclaim")
 STAYING = ("gpuledger-agents", "gpuledger-appeals")  # no /metrics: up and still running
 
 
-def _toml_value(value: Any) -> str:
-    return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _edit_settings(text: str, bootstrap: str, ch_url: str) -> str:
-    """gpuledger.toml with this machine's addresses, as a site edits the ConfigMap (nothing else changes)."""
-    doc = tomllib.loads(text)
-    doc["kafka"]["bootstrap_servers"] = bootstrap
-    del doc["kafka"]["schema_registry_url"]  # no registry in this test: Avro single-object encoding
-    doc["kafka"]["replication_factor"] = 1  # one test broker
-    doc["clickhouse"]["url"] = ch_url
-    doc["metrics"]["base_port"] = 0
-    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
-    for section, values in ((k, v) for k, v in doc.items() if isinstance(v, dict)):
-        lines += [f"[{section}]", *(f"{k} = {_toml_value(v)}" for k, v in values.items())]
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture
 def install(kafka_bootstrap: str, clickhouse_server: ClickHouseServer, tmp_path: Path) -> dict[str, Process]:
-    docs = kube_docs(INSTALL)
-    config_maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
-    config_maps["gpuledger-policy"] = {"policy.yaml": SIM_POLICY.read_text(encoding="utf-8")}  # the operator's
+    """The install's workloads as processes; gpuledger.toml with this machine's addresses (no schema registry here:
+    Avro single-object encoding; one test broker)."""
+    database = f"install_{tmp_path.name[-8:]}".replace("-", "_")
+    site = {"kafka.bootstrap_servers": kafka_bootstrap, "kafka.schema_registry_url": None,
+            "kafka.replication_factor": 1, "clickhouse.url": clickhouse_server.url, "clickhouse.database": database,
+            "metrics.base_port": 0}  # fmt: skip
     secrets = {"gpuledger-clickhouse": {"password": clickhouse_server.password,
                                         "analyst-password": clickhouse_server.analyst_password}}  # fmt: skip
-    database = f"install_{tmp_path.name[-8:]}".replace("-", "_")
-    ch_url = f"{clickhouse_server.url}"
-
-    def edit(config_map: str, key: str, text: str) -> str:
-        if (config_map, key) != ("gpuledger-settings", "gpuledger.toml"):
-            return text
-        edited = _edit_settings(text, kafka_bootstrap, ch_url)
-        return edited.replace('database = "gpuledger"', f'database = "{database}"')
-
-    fields = {"spec.nodeName": "gpu-node-1", "status.hostIP": "127.0.0.1"}
-    return {w["metadata"]["name"]: kube_process(w, tmp_path, config_maps=config_maps, secrets=secrets, fields=fields,
-                                                edit_file=edit) for w in workloads(docs)}  # fmt: skip
+    return install_processes(tmp_path, secrets=secrets, site=site)
 
 
 def _popen(proc: Process, log: Path) -> subprocess.Popen[bytes]:
     assert "/var/lib/" not in (Path(proc.env["GPULEDGER_CONFIG"])).read_text(), proc.workload  # nothing outside tmp
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(proc.state_dir), **proc.env}
-    with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-c", CLI, *proc.args], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    return proc.start(log)
 
 
 def _run_job(proc: Process, log: Path, timeout_s: float = 120) -> None:
