@@ -41,13 +41,19 @@ def _read_from(agent: RecordAgent, topic: str, committed: int) -> Consumer:
     return consumer
 
 
-def test_a_batch_is_handled_dead_lettered_delivered_then_acked(tmp_path) -> None:
+def _chat_agent(tmp_path: Any) -> tuple[KafkaSettings, str, list[Any], Any, RecordAgent]:
+    """A record agent on alerts.v1 (topic prefix `t.`) whose handler notes each record it handles in the trail."""
     kafka = KafkaSettings(topic_prefix="t.")
     topic = kafka.topic(ALERTS.name)
     trail: list[Any] = []
     app, agent = build_record_app(
         kafka, "g-chat", topic, lambda r: trail.append(("handled", r["alert_id"])), datadir=str(tmp_path)
     )
+    return kafka, topic, trail, app, agent
+
+
+def test_a_batch_is_handled_dead_lettered_delivered_then_acked(tmp_path) -> None:
+    kafka, topic, trail, app, agent = _chat_agent(tmp_path)
 
     class Producer:
         async def delivered(self) -> None:
@@ -153,12 +159,7 @@ def test_the_lag_per_topic_is_the_high_watermarks_less_the_fetch_positions(tmp_p
 def test_a_skipped_record_is_neither_handled_nor_acked_and_comes_again(tmp_path) -> None:
     """faust delivers offsets 5-6, then 9 (7 and 8 dropped): 9 waits, unhandled and unacked, the partition is
     sought back to 7, the agent counts as busy (input still to come), and 7-9 are handled once they come."""
-    kafka = KafkaSettings(topic_prefix="t.")
-    topic = kafka.topic(ALERTS.name)
-    trail: list[Any] = []
-    app, agent = build_record_app(
-        kafka, "g-chat", topic, lambda r: trail.append(("handled", r["alert_id"])), datadir=str(tmp_path)
-    )
+    kafka, topic, trail, app, agent = _chat_agent(tmp_path)
 
     class Producer:
         async def delivered(self) -> None:
