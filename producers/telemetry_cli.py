@@ -89,6 +89,14 @@ def simulate_run(
         min=0,
         help="Real time only: start this many seconds in the past and publish that history at once.",
     ),
+    clusters: int = typer.Option(
+        1,
+        "--clusters",
+        min=1,
+        max=65536,
+        help="Send every record as this many clusters (<cluster>, <cluster>-c1, ...; GPU UUIDs their own): a "
+        "fleet for load tests at the cost of simulating one cluster. Each copy's ledger is the expected one.",
+    ),
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Publish a simulated cluster's inventory, job events and device samples to Kafka."""
@@ -98,7 +106,7 @@ def simulate_run(
     if backfill and (not realtime or start is not None):
         raise ConfigError("--backfill goes with --realtime and no --start (it starts in the past itself)")
     err = Console(stderr=True)
-    stats = service.simulate(settings, cfg, realtime=realtime, backfill=backfill, ledger=ledger,
+    stats = service.simulate(settings, cfg, realtime=realtime, backfill=backfill, ledger=ledger, clusters=clusters,
                              say=lambda line: err.print(line, highlight=False))  # fmt: skip
     err.print(f"simulator: published {stats.records} in {stats.wall_s:.1f}s")
 
