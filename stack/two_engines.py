@@ -43,6 +43,7 @@ from producers.simulator.model import Person, SimDevice, SimJob
 from producers.simulator.telemetry import device_labels, exporter_profile, exporter_samples, render_exposition, truth
 from stack.broker import _die_with_parent, free_ports, stop_process
 from stack.components import gpuledger_argv
+from stack.kube import rbac_manifests, user_binding
 from stack.kube.build import KubeBinaries, ensure_controller_manager, ensure_kwok, kwok_stages
 from stack.kube.cluster import ADMIN, LocalKube, eventually
 from stack.kube.kubelet import FakeKubelet
@@ -437,17 +438,8 @@ def kube_node(devices: Sequence[SimDevice]) -> dict[str, Any]:
 
 def component_rbac(component: str, user: str | None = None) -> list[dict[str, Any]]:
     """deploy/kubernetes/rbac/<component>.yaml, and its ClusterRole bound to the token user `gpuledger-<component>`."""
-    from stack.kube import deploy_dir
-
-    path = deploy_dir() / "rbac" / f"{component}.yaml"
-    docs = [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
     name = f"gpuledger-{component}"
-    return [*docs, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": f"two-engines-{user or name}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user or name}],
-    }]  # fmt: skip
+    return [*rbac_manifests(component), user_binding(user or name, name, f"two-engines-{user or name}")]
 
 
 class TwoEngines:
@@ -481,6 +473,15 @@ class TwoEngines:
         if proc.returncode != 0:
             raise ServiceError(f"gpuledger {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
         return proc
+
+    def slurm_polled_since(self, ms: int) -> bool:
+        """Whether `slurm poll` has listed the jobs, and published what it saw, since `ms` (epoch ms): its state file
+        (written after each cycle's events are flushed) holds the cycle's start."""
+        path = Path(self.env["GPULEDGER_STATE_DIR"]) / "slurm-poller.json"
+        try:
+            return int(json.loads(path.read_text(encoding="utf-8"))["last_poll_ms"]) > ms
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     # -- Kubernetes: the Job controller, KWOK and the node
 

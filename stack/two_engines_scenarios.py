@@ -33,32 +33,15 @@ from typing import Any
 
 import yaml
 
+from stack.cards import one_dollar_a_second
+from stack.kube import namespace
 from stack.kube.cluster import LocalKube, condition, eventually, workload_of
 from stack.slurm.cluster import ACCOUNT, SlurmClient
 from stack.two_engines import KUBE_NODE, SACCT_FIELDS, Run, TwoEngines, pod_run, sacct_runs
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PERSON = "alice"  # one person on both clusters: a Linux account here (Slurm runs her job as her), a Kubernetes user
-CARD = """\
-card_version = "two-engines"
-currency = "USD"
-hours_per_year = 8760
-preemptible_discount = "0.40"
-""" + "".join(
-    f"""
-[[onprem]]
-generation = "{g}"
-effective_from = 2020-01-01
-purchase_price_usd = "31536000"
-depreciation_years = 1
-power_draw_w = 0
-facility_usd_per_kwh = "0"
-pue = "1"
-shared_infra_ratio = "0"
-billable_fraction = "1"
-"""
-    for g in ("hopper", "ampere")
-)  # 1 $ a GPU-second on both generations (31,536,000 $ over the 8,760 h of one year)
+CARD = one_dollar_a_second("two-engines", ("hopper", "ampere"), discount="0.40")  # a charge = its GPU-seconds
 
 
 def _quiet(_: str) -> None:
@@ -205,8 +188,7 @@ def kueue_setup(kube: LocalKube, ns: str, s: str) -> str:
     """The namespace, a ClusterQueue of the node's 4 GPUs (preemption within it by priority), its LocalQueue."""
     cq = f"cq-{s}"
     kube.apply([
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}},
+        *namespace(ns),
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": f"h100-{s}"}},
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
          "spec": {"namespaceSelector": {}, "preemption": {"withinClusterQueue": "LowerPriority"},
@@ -311,6 +293,11 @@ def run_scenarios(engines: TwoEngines, s: str, *, person: str = PERSON, progress
                          priority=f"high-{s}")])  # fmt: skip
     slurm.wait_for_state(high_job, "RUNNING", timeout=60)
     eventually(lambda: slurm.state(low_job) == "PENDING", "the preemptible job requeued", timeout=60)
+    # The producer lists it requeued, with Slurm's end of the preempted run, before start_now gives the pending job
+    # a new begin (and expected end) time: `slurm poll` stamps the requeue with the listing's end time when it lies
+    # within the run, else with its poll's time (a second or more late on a loaded machine).
+    requeued_ms = int(time.time() * 1000)
+    eventually(lambda: engines.slurm_polled_since(requeued_ms), "slurm poll listed the requeued job", timeout=30)
     start_now(slurm, low_job)
     eventually(lambda: "urgent" in running_pods(kube, ns), "urgent runs", timeout=60)
     evicted = condition(workload_of(kube, ns, "tune"), "Evicted")  # Kueue's own word (once readmitted: "Previously")
@@ -417,6 +404,19 @@ LEDGER_SQL = ("SELECT cluster, job_id, toInt64(sum(allocated_s)) AS s FROM v_cha
 def ledger_seconds(client: Any) -> dict[tuple[str, str], int]:
     """Every job's GPU-seconds as the ledger holds them (the analysts' view), from a ClickHouse client."""
     return {(str(r["cluster"]), str(r["job_id"])): int(r["s"]) for r in client.query(LEDGER_SQL).named_results()}
+
+
+def job_story(client: Any, cluster: str, job: str) -> list[str]:
+    """A job's events and device-minutes as the warehouse holds them: what to read when its seconds differ."""
+    where = {"cluster": cluster, "job": job}
+    events = client.query(
+        "SELECT event_type, ts_ms, start_ts_ms, end_ts_ms, exit_state, allocations FROM job_events "
+        "WHERE cluster = {cluster:String} AND job_id = {job:String} ORDER BY ts_ms", parameters=where)  # fmt: skip
+    minutes = client.query(
+        "SELECT device_uuid, minute_start_ms, allocated_s, dark_s FROM device_minutes FINAL "
+        "WHERE cluster = {cluster:String} AND job_id = {job:String} ORDER BY device_uuid, minute_start_ms",
+        parameters=where)  # fmt: skip
+    return [f"{cluster} {job}: {r}" for r in events.named_results()] + [f"  {r}" for r in minutes.named_results()]
 
 
 def dollars(seconds: int) -> str:

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from stack.kube import deploy_dir
+from stack.kube import namespace, user_binding
+from stack.kube import rbac_manifests as rbac_manifests  # re-exported for the tests
 from stack.kube.build import KubeBinaries, ensure_binaries
 from stack.kube.cluster import ClusterConfig, LocalKube
 from stack.kube.cluster import condition as condition  # re-exported for the tests
@@ -43,18 +43,8 @@ COMPONENT_ROLES = {"gpuledger-watcher": "watcher", "gpuledger-reclaim": "reclaim
 NODE = "gpu-node-1"
 
 
-def rbac_manifests(component: str) -> list[dict[str, Any]]:
-    path = deploy_dir() / "rbac" / f"{component}.yaml"
-    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
-
-
 def bind_user(kube: LocalKube, user: str, cluster_role: str) -> None:
-    kube.apply([{
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": f"test-{user}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }])  # fmt: skip
+    kube.apply([user_binding(user, cluster_role, f"test-{user}")])
 
 
 @pytest.fixture(scope="session")
@@ -77,10 +67,7 @@ def local_kube(kube_binaries: KubeBinaries, tmp_path_factory: pytest.TempPathFac
 
 def make_namespace(kube: LocalKube, prefix: str = "t") -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    kube.apply([
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}},
-    ])  # fmt: skip
+    kube.apply(namespace(name))
     return name
 
 

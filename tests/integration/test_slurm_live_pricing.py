@@ -49,27 +49,14 @@ from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, job_key, node_
 from sinks.db import connect, migrate
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
+from stack.cards import one_dollar_a_second
 from stack.slurm.cluster import NODE, SlurmClient
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 UUIDS = [f"GPU-{i:08d}-5117-4000-8000-000000000000" for i in range(4)]  # indices 0-1 h100, 2-3 a100
-CARD = """\
-card_version = "live-pricing"
-currency = "USD"
-hours_per_year = 8760
-[[onprem]]
-generation = "hopper"
-effective_from = 2020-01-01
-purchase_price_usd = "31536000"
-depreciation_years = 1
-power_draw_w = 0
-facility_usd_per_kwh = "0"
-pue = "1"
-shared_infra_ratio = "0"
-billable_fraction = "1"
-"""
+CARD = one_dollar_a_second("live-pricing")  # the preemptible discount is the policy's
 
 
 def rate_micro(price: str, years: int, hours: int, discount: str = "0") -> int:

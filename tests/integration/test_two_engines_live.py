@@ -45,6 +45,7 @@ from stack.two_engines_scenarios import (
     SiteFiles,
     dollars,
     expected,
+    job_story,
     ledger_seconds,
     person_account,
     run_scenarios,
@@ -186,19 +187,12 @@ def test_two_live_engines_feed_one_ledger_that_matches_their_own_accounting(two_
         """Each disagreeing job's events and device-minutes, as the warehouse holds them."""
         got = ledger()
         lines = [f"ledger {got}", f"expected {expected_s}"]
-        for cluster, job in sorted(k for k in expected_s if got.get(k) != expected_s[k]):
-            rows = query(
-                st,
-                f"SELECT event_type, ts_ms, start_ts_ms, end_ts_ms, exit_state, allocations "
-                f"FROM job_events WHERE cluster = '{cluster}' AND job_id = '{job}' ORDER BY ts_ms",
-            )
-            lines += [f"{cluster} {job}: {r}" for r in rows]
-            mins = query(
-                st,
-                f"SELECT device_uuid, minute_start_ms, allocated_s, dark_s FROM device_minutes FINAL "
-                f"WHERE cluster = '{cluster}' AND job_id = '{job}' ORDER BY device_uuid, minute_start_ms",
-            )
-            lines += [f"  {r}" for r in mins]
+        client = connect(st.ch, analyst=True)
+        try:
+            for cluster, job in sorted(k for k in expected_s if got.get(k) != expected_s[k]):
+                lines += job_story(client, cluster, job)
+        finally:
+            client.close()
         return "\n".join(lines)
 
     eventually(complete, "the ledger holds every job's GPU-seconds as the engines ran them", timeout=150, explain=story)
