@@ -1,13 +1,18 @@
 """The pure parts of stack/two_engines.py: who holds which GPU as each engine says, what each engine says ran, and
-the simulated exporter's scrape read back by the real dcgm parser (no engine, no broker)."""
+the simulated exporter's scrape read back by the real dcgm parser (no engine, no broker); of
+stack/two_engines_scenarios.py, the expected ledger's sums and its side-by-side print; stack/cards.py's card."""
 
 from __future__ import annotations
 
+import tomllib
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
 
 from producers.dcgm import normalize_text
 from producers.devicemap import iter_dcgm_labels
+from sinks.ratecard import parse_card
+from stack.cards import one_dollar_a_second
 from stack.kube.cluster import LocalKube
 from stack.kube.kubelet import FakeKubelet
 from stack.two_engines import (
@@ -22,6 +27,7 @@ from stack.two_engines import (
     slurm_devices,
     slurm_holders,
 )
+from stack.two_engines_scenarios import Expected, dollars, side_by_side
 
 SCONTROL = """\
 JobId=7 JobName=gang UserId=root(0) JobState=RUNNING Nodes=gpu-node-1 CPU_IDs=0 Mem=0 GRES=gpu:h100:2(IDX:0-1)
@@ -99,3 +105,32 @@ def test_the_simulated_exporter_is_read_by_the_dcgm_parser_with_the_holders_labe
     finally:
         kube.stop()
     assert {(lab["namespace"], lab["pod"], lab["gpu"]) for lab in labels} == {("ns", "p-1", "1")}
+
+
+def test_the_one_dollar_card_prices_a_gpu_second_at_exactly_one_dollar() -> None:
+    """stack/cards.py's card as the rate card's own parser reads it: 3,600 $ a GPU-hour on each generation, the
+    preemptible tier at the card's discount (the live pricing tests' card has none: the policy's applies)."""
+    card = parse_card(tomllib.loads(one_dollar_a_second("t", ("hopper", "ampere"), discount="0.40")))
+    prices = {(r.generation, r.preemptible): r.per_gpu_hour for r in card.rates()}
+    assert prices == {("hopper", False): Decimal(3600), ("ampere", False): Decimal(3600),
+                      ("hopper", True): Decimal(2160), ("ampere", True): Decimal(2160)}  # fmt: skip
+    assert parse_card(tomllib.loads(one_dollar_a_second("t")), policy_discount=Decimal("0.5")).preemptible_discount == (
+        Decimal("0.5")
+    )
+
+
+def test_the_expected_ledger_adds_up_per_team_cluster_and_project_and_prints_beside_the_ledger() -> None:
+    want = Expected(
+        seconds={("s", "1"): 19, ("s", "2"): 44, ("k", "ns/train-a"): 25, ("k", "ns/tune-b"): 12},
+        who={("s", "1"): ("vision", "p-nlp"), ("s", "2"): ("ops", "p-ops"), ("k", "ns/train-a"): ("vision", "p-vision"),
+             ("k", "ns/tune-b"): ("nlp", "p-nlp")},
+        runs={}, users={}, pods={},
+    )  # fmt: skip
+    assert want.by_team() == {("vision", "s"): 19, ("vision", "k"): 25, ("vision", "ALL"): 44, ("ops", "s"): 44,
+                              ("ops", "ALL"): 44, ("nlp", "k"): 12, ("nlp", "ALL"): 12}  # fmt: skip
+    assert want.by_project() == {"p-nlp": 31, "p-ops": 44, "p-vision": 25}
+    assert want.total() == 100 and dollars(100) == "100.00"
+    lines = side_by_side(want, {("s", "1"): 19, ("s", "2"): 45, ("k", "ns/train-a"): 25})
+    assert [line.split()[:2] for line in lines[1:]] == [["k", "ns/train-a"], ["k", "ns/tune-b"], ["s", "1"], ["s", "2"]]
+    assert [line.split()[4:] for line in lines[1:]] == [["25", "25"], ["12", "-", "<-", "differs"], ["19", "19"],
+                                                       ["44", "45", "<-", "differs"]]  # fmt: skip
