@@ -9,7 +9,8 @@ ledger path and of the alerts stay up and answer /metrics. Not started here: the
 this test), the producers (dcgm needs an exporter, kube watch and podresources a control plane), the
 reservation service, policy watch and escalation service (Kueue: tests/integration/test_kube_manifests.py checks
 their workloads' settings and rights), web. A Secret key a manifest forgets fails with the workload and
-the setting named.
+the setting named. The ledger the ledger path gives from the manifests' own commands is compared in the fault
+suite (tests/fault/test_fault_compose.py: a simulated backlog, the simulator's per-job ledger).
 """
 
 from __future__ import annotations
