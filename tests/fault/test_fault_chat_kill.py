@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
-from fault_harness import PipelineRun, Stack, log, wait_until
+from fault_harness import PipelineRun, Stack, committed_total, log, wait_until
 from fixtures_slack import SlackStandIn
 
 from schemas.topics import ALERTS, job_key
@@ -80,14 +79,7 @@ class ChatRun(PipelineRun):
 
     def chat_committed(self) -> int:
         """Records of alerts.v1 the chat group has committed, over all partitions."""
-        topic = self.topic(ALERTS)
-        consumer = Consumer({"bootstrap.servers": self.stack.bootstrap, "group.id": f"{self.sink_group}-chat"})
-        try:
-            meta = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            tps = consumer.committed([TopicPartition(topic, p) for p in meta], timeout=10)
-            return sum(max(tp.offset, 0) for tp in tps)
-        finally:
-            consumer.close()
+        return committed_total(self.stack.bootstrap, f"{self.sink_group}-chat", self.topic(ALERTS))
 
 
 def _posted(receiver: WebhookReceiver) -> Counter[str]:

@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from contract_records import job_event
-from fault_harness import PipelineRun, Stack, log, wait_until
+from fault_harness import PipelineRun, Stack, committed_total, log, wait_until
 
 from schemas import topics
 from schemas.topics import RECLAIM_ACTIONS, job_key
@@ -121,14 +120,8 @@ class ReclaimRun(PipelineRun):
         return [(" ".join(c[:-1]), c[-1]) for c in lines if c]
 
     def reclaim_committed(self) -> int:
-        topic = self.topic(RECLAIM_ACTIONS)
-        consumer = Consumer({"bootstrap.servers": self.stack.bootstrap, "group.id": f"{self.sink_group}-reclaim"})
-        try:
-            meta = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            tps = consumer.committed([TopicPartition(topic, p) for p in meta], timeout=10)
-            return sum(max(tp.offset, 0) for tp in tps)
-        finally:
-            consumer.close()
+        """Records of reclaim.actions the reclaim group has committed, over all partitions."""
+        return committed_total(self.stack.bootstrap, f"{self.sink_group}-reclaim", self.topic(RECLAIM_ACTIONS))
 
 
 def _job_id(i: int) -> str:
