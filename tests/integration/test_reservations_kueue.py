@@ -51,6 +51,23 @@ def nominal(kube: LocalKube, cq: str) -> str:
     return str(obj["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"])  # 5 or "5"
 
 
+def stage(kube: LocalKube, kafka_bootstrap: str, tmp_path: Path, tag: str) -> tuple[str, str, str, Path]:
+    """(suffix, namespace, topic prefix, policy file) of a test: a namespace of its own, the reservations topics
+    under a prefix of its own, the policy written, the reservation service's rights applied."""
+    s = uuid.uuid4().hex[:6]
+    ns = make_namespace(kube, tag)
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    names = (topics.RESERVATIONS.name, topics.RESERVATIONS.dlq)
+    for fut in admin.create_topics([NewTopic(prefix + n, 1, 1) for n in names]).values():
+        fut.result(timeout=30)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text(s, ns))
+    kube.apply(rbac_manifests("reservations"))
+    bind_user(kube, "gpuledger-reservations", "gpuledger-reservations")
+    return s, ns, prefix, policy
+
+
 @pytest.fixture(autouse=True)
 def _stamp_removed_after(local_kube: LocalKube) -> Iterator[None]:
     """`policy apply --engine kueue` also installs the submitter stamp, cluster-wide: removed after each test
@@ -61,18 +78,8 @@ def _stamp_removed_after(local_kube: LocalKube) -> Iterator[None]:
 
 def test_a_reservation_bumps_the_team_quota_while_it_lasts(local_kube: LocalKube, kafka_bootstrap: str,
                                                            tmp_path: Path) -> None:  # fmt: skip
-    s = uuid.uuid4().hex[:6]
-    ns = make_namespace(local_kube, "rv")
-    prefix = f"t{uuid.uuid4().hex[:8]}."
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    names = (topics.RESERVATIONS.name, topics.RESERVATIONS.dlq)
-    for fut in admin.create_topics([NewTopic(prefix + n, 1, 1) for n in names]).values():
-        fut.result(timeout=30)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text(s, ns))
+    s, ns, prefix, policy = stage(local_kube, kafka_bootstrap, tmp_path, "rv")
     kubeconfig = str(local_kube.cfg.kubeconfig("gpuledger-policy"))
-    local_kube.apply(rbac_manifests("reservations"))
-    bind_user(local_kube, "gpuledger-reservations", "gpuledger-reservations")
     service = str(local_kube.cfg.kubeconfig("gpuledger-reservations"))
     env = {**os.environ, "GPULEDGER_CONFIG": str(tmp_path / "none.toml"), "GPULEDGER_POLICY_PATH": str(policy),
            "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix}  # fmt: skip
@@ -119,17 +126,7 @@ def test_the_service_holds_the_quota_alone_and_resumes_after_a_restart(local_kub
     """`reserve run` as `up` and the Deployment run it (engine and kubeconfig from the settings): it puts a new
     reservation on without anyone calling a pass, stops on SIGTERM, and once restarted neither renders it twice
     nor needs anyone to take it off at its end."""
-    s = uuid.uuid4().hex[:6]
-    ns = make_namespace(local_kube, "rs")
-    prefix = f"t{uuid.uuid4().hex[:8]}."
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    names = (topics.RESERVATIONS.name, topics.RESERVATIONS.dlq)
-    for fut in admin.create_topics([NewTopic(prefix + n, 1, 1) for n in names]).values():
-        fut.result(timeout=30)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text(s, ns))
-    local_kube.apply(rbac_manifests("reservations"))
-    bind_user(local_kube, "gpuledger-reservations", "gpuledger-reservations")
+    s, _, prefix, policy = stage(local_kube, kafka_bootstrap, tmp_path, "rs")
     env = {**os.environ, "GPULEDGER_CONFIG": str(tmp_path / "none.toml"), "GPULEDGER_POLICY_PATH": str(policy),
            "GPULEDGER_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "GPULEDGER_KAFKA__TOPIC_PREFIX": prefix,
            "GPULEDGER_STATE_DIR": str(tmp_path / "state"), "GPULEDGER_SINKS__RESERVATIONS__ENGINES": '["kueue"]',

@@ -34,7 +34,7 @@ from schemas.policy import parse_policy
 from schemas.topics import job_key
 from sinks.chat import WebhookReceiver
 from sinks.consumer import LedgerSink
-from sinks.db import connect, migrate
+from sinks.db import connect
 from sinks.ratecard import RATE_CARD_COLUMNS
 from sinks.reservations import KueueQuota, reservation_charges
 from sinks.reserve_cli import reconcile_once
@@ -68,20 +68,15 @@ def nominal(kube: LocalKube, cq: str) -> str:
 
 
 @pytest.fixture
-def stage(local_kube: LocalKube, kafka_bootstrap: str, clickhouse_server: Any, clickhouse_database: str,
+def stage(local_kube: LocalKube, kafka_bootstrap: str, ledger_database: tuple[Any, ClickHouseSettings],
           tmp_path: Path) -> Iterator[tuple[Settings, str, str]]:  # fmt: skip
     prefix = f"t{uuid.uuid4().hex[:8]}."
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     names = [prefix + t.name + suffix for t in TOPICS for suffix in ("", ".dlq")]
     for fut in admin.create_topics([NewTopic(n, 2, 1) for n in names]).values():
         fut.result(timeout=30)
-    ch = ClickHouseSettings(url=clickhouse_server.url, database=clickhouse_database,
-                            password=clickhouse_server.password,
-                            analyst_password=clickhouse_server.analyst_password)  # fmt: skip
-    client = connect(ch)
-    migrate(client, ch)
+    client, ch = ledger_database
     client.insert("rate_card", card("card-1", 2_000_000, 1), column_names=RATE_CARD_COLUMNS)
-    client.close()
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix), clickhouse=ch,
                         sinks=SinksSettings(group_id=f"sink-{uuid.uuid4().hex[:6]}", batch_max_records=500,
                                             batch_max_wait_s=0.3), cluster="c1")  # fmt: skip
@@ -138,7 +133,8 @@ def test_a_reservation_left_idle_past_the_limit_is_released_early_on_kueue(
     client = connect(settings.clickhouse)
     try:
         LedgerSink(settings.kafka, settings.sinks, LedgerWriter(client), topics=[t.name for t in TOPICS]).run(
-            lambda: False, max_idle_s=3.0)
+            lambda: False, max_idle_s=3.0
+        )
     finally:
         client.close()
 
@@ -173,8 +169,10 @@ def test_a_reservation_left_idle_past_the_limit_is_released_early_on_kueue(
         receiver.stop()
     assert [(p["channel"], p["text"].splitlines()[0].strip("*")) for p in posts] == [  # Slack's bold title
         (f"#{team}", f"[gpuledger] Reservation {rid} idle: its GPUs idle for 3 min (team {team}, 2 hopper GPUs)"),
-        (f"#{team}", f"[gpuledger] Reservation {rid} released early: idle 5 min: released early (team {team}, 2 "
-                     "hopper GPUs)"),
+        (
+            f"#{team}",
+            f"[gpuledger] Reservation {rid} released early: idle 5 min: released early (team {team}, 2 hopper GPUs)",
+        ),
     ], (posts, [line for text in logs for line in text.splitlines() if "rsv-" in line or "chat" in line])
 
     # On the team's statement: the reserved GPUs up to the release, less the team's own minute.
