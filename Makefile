@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: up down status test lint setup bench fault kube repeat
+.PHONY: up down status test lint setup bench fault fault-scale kube repeat
 
 $(STAMP): pyproject.toml schemas/_leanavro.c schemas/_avroread.h processors/_window.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuledger needs Python >= 3.11; run make PYTHON=python3.11 ...")'
@@ -57,6 +57,13 @@ test: $(STAMP)
 FAULT_WORKERS ?= 2
 fault: $(STAMP)
 	$(VENV)/bin/pytest -n $(FAULT_WORKERS) --dist loadgroup -m fault tests/fault --durations=0
+
+# The fault suite at scale (tests/fault/scale, marker `fault_scale`, excluded from `make test` and `make fault`):
+# 10,000 GPUs replayed at 1 Hz on three brokers, three processes of each processor kind, under broker kills, two
+# brokers down at once, a ClickHouse outage and a rolling restart; one stack, the scenarios one after another.
+# -rP prints each scenario's figures (GPULEDGER_FAULT_SCALE_FIGURES=file.jsonl keeps them).
+fault-scale: $(STAMP)
+	$(VENV)/bin/pytest -n0 -m fault_scale tests/fault/scale --durations=0 -rP
 
 # Runs a set of tests RUNS times, each on a clean state, and prints each test's pass rate and slowest run
 # (tests/repeat.py): SET=live (the live Slurm and Kubernetes), faust (the agents on a real broker), fault.

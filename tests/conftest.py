@@ -93,13 +93,13 @@ def xdist_group_of(item: pytest.Item) -> str | None:
 # fault suite runs alone (make fault) on 2 workers for 8 minutes. Printed after every run; over budget is said,
 # never failed on.
 PART_BUDGETS_S = {"unit": 360, "integration": 3060, "live Slurm": 540, "live Kubernetes": 540, "browser": 120,
-                  "two engines": 180, "fault": 960}  # fmt: skip
+                  "two engines": 180, "fault": 960, "fault at scale": 1800}  # fmt: skip
 
 
 def suite_part(item: pytest.Item, group: str | None) -> str:
     parts = item.path.parts
     if "fault" in parts:
-        return "fault"
+        return "fault at scale" if "scale" in parts else "fault"
     if group == "slurm" and "kube_binaries" in getattr(item, "fixturenames", ()):
         return "two engines"
     if group == "slurm":

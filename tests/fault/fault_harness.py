@@ -56,7 +56,7 @@ from schemas.topics import (
     all_topics,
 )
 from sinks.rows import DEFAULT_TOPICS
-from stack.broker import BrokerConfig, LocalBroker, free_ports
+from stack.broker import BrokerConfig, LocalBroker, LocalCluster, cluster_on_free_ports, free_ports
 from streams.publish import RecordPublisher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -604,6 +604,26 @@ class PipelineRun:
         self.kill(proc, signal.SIGTERM)
         assert proc.popen.returncode == 0, self.tail(proc)
 
+    def restart(self, name: str) -> None:
+        """Stop one running process as an operator would (SIGTERM, it must exit 0) and start it again: "sink",
+        "processors" or "agents" (the first of each kind), or "processors-K" / "agents-K" (process K of a kind)."""
+        if name == "sink":
+            self.kill(self.sink, signal.SIGTERM)
+            assert self.sink is not None and self.sink.popen.returncode == 0, self.tail(self.sink)
+            self.start_sink()
+        elif name == "processors":
+            self._stop(self.processors, self.root / "processors-stats.json")
+            self.start_processors()
+        elif name == "agents":
+            self._stop(self.agents, self.agents_stats)
+            self.start_agents()
+        else:
+            kind, _, k = name.rpartition("-")
+            running = [p for p in self.more if p.name == name and self.alive(p)]
+            assert kind in ("processors", "agents") and k.isdigit() and running, f"no running process {name}"
+            self._stop(running[0], self._stats(name))
+            self.start_more(kind, int(k))
+
     def start_pipeline(self) -> None:
         """Start sink, simulator, processors and the job-stage agents (what every test does first)."""
         self.start_sink()
@@ -716,3 +736,54 @@ def run_baseline(stack: Stack, root: Path) -> Baseline:
         run.start_pipeline()
         led = finish_and_read(run)
         return Baseline(led, expected_jobs(), run.expected_from_cli(), run.dlq_counts(), run.late_count())
+
+
+# ------------------------------------------------------------------------------------------------
+# A replicated broker: three KRaft nodes, three processes of each processor kind
+
+
+class ReplicatedStack(Stack):
+    """The harness's stack with a three-node cluster in place of the single broker."""
+
+    def __init__(self, root: Path) -> None:  # the harness's fields, a cluster for its broker
+        self.root = root
+        kafka_version = Settings().broker.kafka_version
+        self.cluster = LocalCluster(cluster_on_free_ports(root / "kafka", kafka_version, heap="384m"), logs=root)
+        (self.ch_port,) = free_ports(1)
+        self.ch_path = root / "clickhouse" / "data"
+        self.ch_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ch = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def start(self) -> ReplicatedStack:
+        self.cluster.start(timeout=240)
+        self.start_clickhouse()
+        return self
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop_clickhouse()
+        self.cluster.stop()
+
+    def stop_broker(self) -> None:
+        self.cluster.stop()
+
+    def start_broker(self) -> None:
+        self.cluster.start(timeout=240)
+
+
+INSTANCES = 3
+
+
+class ReplicatedRun(PipelineRun):
+    """A pipeline run whose topics (and the job stage's changelog) get three replicas, min ISR 2, with three
+    processes of each processor kind."""
+
+    def __init__(self, stack: Stack, name: str, root: Path, **options: Any) -> None:
+        super().__init__(stack, name, root, instances=INSTANCES, **options)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return super().env(GPULEDGER_KAFKA__REPLICATION_FACTOR="3", **extra)

@@ -20,19 +20,19 @@ Run: `.venv/bin/pytest -m fault tests/fault/test_fault_replicated.py`.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
 from fault_harness import (
+    INSTANCES,
     SIM,
     Baseline,
     PipelineRun,
-    Stack,
+    ReplicatedRun,
+    ReplicatedStack,
     assert_same_ledger,
     check_consistent,
     finish_and_read,
@@ -40,62 +40,13 @@ from fault_harness import (
     wait_until,
 )
 
-from base.settings import Settings
 from producers.simulator import simulate
 from schemas.topics import DEVICE_SAMPLES
-from stack.broker import LocalCluster, cluster_on_free_ports, free_ports
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(900)]
 
 DOWN_S = 15.0  # longer than the controller's broker session timeout (9 s): the node is fenced, leaders move
 REBALANCING_S = 4.0  # a joining process is imported and asking to join by then: the groups are rebalancing
-
-
-class ReplicatedStack(Stack):
-    """The harness's stack with a three-node cluster in place of the single broker."""
-
-    def __init__(self, root: Path) -> None:  # the harness's fields, a cluster for its broker
-        self.root = root
-        kafka_version = Settings().broker.kafka_version
-        self.cluster = LocalCluster(cluster_on_free_ports(root / "kafka", kafka_version, heap="384m"), logs=root)
-        (self.ch_port,) = free_ports(1)
-        self.ch_path = root / "clickhouse" / "data"
-        self.ch_path.parent.mkdir(parents=True, exist_ok=True)
-        self.ch = None
-
-    @property
-    def bootstrap(self) -> str:
-        return self.cluster.bootstrap
-
-    def start(self) -> ReplicatedStack:
-        self.cluster.start(timeout=240)
-        self.start_clickhouse()
-        return self
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop_clickhouse()
-        self.cluster.stop()
-
-    def stop_broker(self) -> None:
-        self.cluster.stop()
-
-    def start_broker(self) -> None:
-        self.cluster.start(timeout=240)
-
-
-INSTANCES = 3
-
-
-class ReplicatedRun(PipelineRun):
-    """A pipeline run whose topics (and the job stage's changelog) get three replicas, min ISR 2, with three
-    processes of each processor kind."""
-
-    def __init__(self, stack: Stack, name: str, root: Path) -> None:
-        super().__init__(stack, name, root, instances=INSTANCES)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return super().env(GPULEDGER_KAFKA__REPLICATION_FACTOR="3", **extra)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,109 @@
+"""Faults at scale (issue 44 item 5): 10,000 GPUs (a simulated cluster of 125 nodes of 8 GPUs sent as 10 clusters,
+recorded once and replayed at 1 Hz, `scale_harness`), three KRaft nodes (every topic three replicas,
+min.insync.replicas 2), three processes of `processors run` (the node stage split over its consumer group) and of
+`processors agents`, one sink, the embedded ClickHouse server.
+
+One undisturbed run at scale (`conftest.scale_baseline`) is checked against the simulator's own ledger, cluster by
+cluster. Each
+scenario then gets its own run under the same load and must leave in ClickHouse exactly the undisturbed ledger
+(`fault_harness.assert_same_ledger`: per job seconds, every device-, job- and coverage-minute row, the alert ids),
+with nothing dead-lettered, nothing late and no re-emitted record that differs from its first copy:
+
+a. one broker (the samples topic's first leader) killed -9 a third of the way in, started again 15 s later;
+
+Each scenario's figures (records the load's publisher held, time below min ISR, catch-up) are logged and appended
+to GPULEDGER_FAULT_SCALE_FIGURES when set.
+
+Run: `make fault-scale`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from fault_harness import (
+    LEDGER_FIELDS,
+    Baseline,
+    Ledger,
+    ReplicatedStack,
+    assert_same_ledger,
+    check_consistent,
+    finish_and_read,
+    log,
+    wait_until,
+)
+from scale_harness import (
+    SCALE_SECONDS,
+    Recording,
+    ScaleRun,
+    figures_line,
+    per_cluster_jobs,
+    under_replicated,
+)
+
+from schemas.topics import DEVICE_SAMPLES
+
+pytestmark = [pytest.mark.fault_scale, pytest.mark.timeout(1500)]
+
+AT_S = SCALE_SECONDS // 3  # the run second a fault begins at
+DOWN_S = 15.0  # longer than the controller's broker session timeout (9 s): the node is fenced, leaders move
+
+
+def _assert_clean(run: ScaleRun, led: Ledger, base: Baseline) -> None:
+    assert run.dlq_counts() == {}, "records were dead-lettered"
+    assert run.late_count() == 0
+    run.assert_reemitted_identical()
+    assert_same_ledger(led, base.ledger)
+
+
+def _held_between(run: ScaleRun, t0: float, t1: float) -> int:
+    """The most records the load's publisher held between `t0` and `t1` (monotonic clock)."""
+    assert run.load is not None
+    start = run.load.started_at
+    return max((held for at, held in run.load.figures.queued if t0 - start <= at <= t1 - start), default=0)
+
+
+def test_undisturbed_run_at_scale_matches_the_simulator(scale_baseline: Baseline, recording: Recording) -> None:
+    led = scale_baseline.ledger
+    check_consistent(led)
+    assert per_cluster_jobs(led) == dict.fromkeys(recording.clusters, recording.expected)
+    assert scale_baseline.dlq == {} and scale_baseline.late == 0
+    gpus = recording.copies * recording.config.nodes * recording.config.gpus_per_node
+    assert len({(r[0], r[2]) for r in led.device_minutes}) == gpus == 10_000
+    totals = led.totals()
+    assert totals["allocated_s"] == sum(totals[f] for f in LEDGER_FIELDS[1:])
+    assert totals["dark_s"] > 0  # the dead exporter's nodes
+
+
+def test_one_broker_killed_9_and_back_at_scale(
+    scale_stack: ReplicatedStack, scale_baseline: Baseline, recording: Recording, tmp_path: Any
+) -> None:
+    with ScaleRun(scale_stack, "scale-kill1", tmp_path, recording) as run:
+        run.start_pipeline()
+        run.wait_second(AT_S)
+        samples = run.topic(DEVICE_SAMPLES)
+        admin = AdminClient({"bootstrap.servers": scale_stack.bootstrap})
+        victim = admin.list_topics(samples, timeout=10).topics[samples].partitions[0].leader
+        t0 = time.monotonic()
+        scale_stack.cluster.kill(victim)
+        log(f"scale-kill1: node {victim} killed -9 at run second {run.second}")
+        time.sleep(DOWN_S)
+        run.check_alive(run.sink, run.processors, run.agents, *run.more)  # two nodes serve: nobody noticed
+        scale_stack.cluster.start_node(victim)
+        t1 = time.monotonic()
+        topics = run.run_topics()
+        wait_until(lambda: under_replicated(scale_stack.bootstrap, topics, 3) == 0, 240, "every replica in sync", 0.5)
+        t2 = time.monotonic()
+        log(f"scale-kill1: node {victim} back at run second {run.second}, every replica in sync {t2 - t1:.1f} s later")
+        led = finish_and_read(run)
+        assert run.load is not None
+        figures_line("a one broker killed and back", {
+            "down_s": round(t1 - t0, 1), "in_sync_after_s": round(t2 - t1, 1),
+            "held_most_while_down": _held_between(run, t0, t1), "held_most": run.load.figures.most_queued,
+            "overran_s": run.load.figures.overran, "load_cpu_s": round(run.load.figures.cpu_s, 2),
+            "records": run.load.figures.sent, "timings": run.timings,
+        })  # fmt: skip
+        _assert_clean(run, led, scale_baseline)
