@@ -111,7 +111,7 @@ def simulate(settings: Settings, cfg: Any, *, realtime: bool, backfill: int, led
     restart on the same state dir continues the run; with `clusters` > 1, every record also goes out as the
     copies of producers/simulator/fleet.py (each copy's ledger is the one written). `say`: progress lines. The
     run's counters."""
-    import threading
+    import multiprocessing
 
     from producers.simulator import run, write_ledger
 
@@ -129,8 +129,11 @@ def simulate(settings: Settings, cfg: Any, *, realtime: bool, backfill: int, led
             position.save(where, position.position_of(cfg, through_ms))
 
     path = ledger or settings.state_dir / "simulator" / "expected-ledger.json"
-    # The ledger of a long run takes a while: write it beside the publishing, not before it.
-    writer = threading.Thread(target=write_ledger, args=(cfg, path), name="expected-ledger", daemon=True)
+    # The ledger of a long run takes a while: write it beside the publishing, not before it, and in a process of
+    # its own: a thread would hold the interpreter for seconds at a time and real-time publishing would fall behind.
+    # Forked before the Kafka client starts its threads.
+    writer = multiprocessing.get_context("fork").Process(target=write_ledger, args=(cfg, path), name="expected-ledger",
+                                                         daemon=True)  # fmt: skip
     writer.start()
     say(
         f"simulator: {cfg.cluster} ({cfg.nodes} nodes)"
@@ -158,6 +161,8 @@ def simulate(settings: Settings, cfg: Any, *, realtime: bool, backfill: int, led
         progress=lambda t, s: say(f"  t={t}s {sum(s.records.values())} records") if not realtime else None,
     )
     writer.join()
+    if writer.exitcode:
+        raise ServiceError(f"simulator: the expected ledger was not written (its process exited {writer.exitcode})")
     return stats
 
 
