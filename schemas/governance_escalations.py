@@ -141,20 +141,6 @@ def may_ask(policy: Policy, job: Job, asker: str) -> str | None:
             f"{job.team or '?'} (policy governance.escalations.askers: {', '.join(allowed)} may)")  # fmt: skip
 
 
-def tier_refusal(policy: Policy, job: Job, engine: str) -> str | None:
-    """On Slurm a job runs raised only under a QOS its association may use, and `policy apply` gives a team's
-    association exactly the team's tiers (`teams[].tiers`, all when none are named): a job of a team whose tiers
-    leave the escalation tier out cannot be raised there, so asking is refused with the one line that says so (Slurm
-    would refuse the service's `scontrol update` at every pass). Kueue has no such list. None: nothing in the way."""
-    rules = rules_of(policy)
-    team = next((t for t in policy.teams if job.team in (t.name, t.account)), None)
-    if engine != "SLURM" or team is None or rules.tier in policy.team_tiers(team):
-        return None
-    return (f"job {job.job_id} runs on Slurm under team {team.name}'s account {team.account}, whose tiers "
-            f"({', '.join(policy.team_tiers(team))}; policy teams[].tiers) leave out the escalation tier "
-            f"{rules.tier}: Slurm would refuse that QOS for it")  # fmt: skip
-
-
 # -- the fold -------------------------------------------------------------------------------------------------
 
 
@@ -225,13 +211,12 @@ def fold(events: Iterable[Mapping[str, Any]], policy: Policy) -> tuple[dict[str,
 
 
 def ask_event(escalations: Mapping[str, Escalation], policy: Policy, job: Job, asker: str, hours: int, reason: str,
-              now_ms: int, engine: str = "") -> dict[str, Any]:  # fmt: skip
-    """The REQUESTED step, or a one-line ConfigError: not allowed (who may), a Slurm job whose team may not run at
-    the tier (`tier_refusal`; `engine`: SLURM or KUEUE, "" unknown), too long, or one already open or in force for
-    the job (a repeated request asks nothing twice). That the job exists and is still running is the engine's
-    answer, asked by the caller first."""
+              now_ms: int) -> dict[str, Any]:  # fmt: skip
+    """The REQUESTED step, or a one-line ConfigError: not allowed (who may), too long, or one already open or in
+    force for the job (a repeated request asks nothing twice). That the job exists and is still running is the
+    engine's answer, asked by the caller first."""
     rules = rules_of(policy)
-    refusal = may_ask(policy, job, asker) or tier_refusal(policy, job, engine)
+    refusal = may_ask(policy, job, asker)
     if refusal:
         raise ConfigError(refusal)
     if not 1 <= hours <= rules.max_hours:

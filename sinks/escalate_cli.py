@@ -105,7 +105,7 @@ def escalate_ask(
     state_dir: Path | None = STATE_DIR_OPTION,
 ) -> None:
     """Ask that a job run at the policy's escalation tier for some hours; a decider grants or denies it."""
-    from schemas.governance_escalations import ask_event, may_ask, rules_of, tier_refusal
+    from schemas.governance_escalations import ask_event, may_ask, rules_of
     from sinks.escalations import SlurmPriority, engine_of, kueue_engine, ledger_job
 
     settings = settings_for(state_dir)
@@ -121,7 +121,7 @@ def escalate_ask(
         client.close()
     if found is None:
         raise ConfigError(f"no job {job} on cluster {cluster} in the ledger")
-    refusal = may_ask(policy, found, asker) or tier_refusal(policy, found, engine)
+    refusal = may_ask(policy, found, asker)
     if refusal:
         raise ConfigError(refusal)
     kubeconfig = kubeconfig or settings.sinks.escalations.kubeconfig
@@ -129,7 +129,7 @@ def escalate_ask(
     where = scheduler.standing(job)
     if where.status != "ok":
         raise ConfigError(f"{where.detail}: nothing to raise")
-    event = ask_event(_escalations(settings, policy), policy, found, asker, hours, reason, _now_ms(), engine)
+    event = ask_event(_escalations(settings, policy), policy, found, asker, hours, reason, _now_ms())
     publish_steps(settings, [event])
     typer.echo(f"escalation {event['escalation_id']}: job {job} to {event['tier']} for {hours} h, decide by "
                f"{_iso(event['deadline_ms'])}")  # fmt: skip

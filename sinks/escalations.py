@@ -5,8 +5,9 @@ this module asks the engines and changes them.
 - **Slurm** (`SlurmPriority`): the tier is the QOS `policy apply --engine slurm` made for it (`tier_qos`: the
   tier's own name): raised by `scontrol update jobid=<job> QOS=<tier's QOS>`, fallen back by the same with the QOS
   it had. Under
-  priority/multifactor the QOS weight moves the job's priority at once (`scontrol show job` Priority=). Slurm
-  itself refuses a QOS the job's association may not use: the team's association must list the tier.
+  priority/multifactor the QOS weight moves the job's priority at once (`scontrol show job` Priority=). The team's
+  association need not list the tier: Slurm checks the association's QOS for the job's user, not for an operator,
+  whose rights the service runs with (tests/integration/test_slurm_live_escalation.py moves such a job as root).
 - **Kueue** (`KueuePriority`): the tier is the WorkloadPriorityClass `policy apply --engine kueue` made for it
   (`tier_priority_class`). Kueue takes a Workload's priority from its Job's label `kueue.x-k8s.io/priority-class`
   and follows a change of it (Kueue's own UpdateWorkloadPriority), so the Job's label is set, and put back (or

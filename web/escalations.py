@@ -49,12 +49,11 @@ def table(name: str, title: str, escalations: Iterable[Any], note: str = "") -> 
 def ask_refusal(policy: Any, job: Any, ended: bool, asker: str, cluster: str, job_id: str) -> str | None:
     """Why `asker` may not ask to raise the job from its page (the rules' one line), or None: shown in place of the
     form, and the POST's answer."""
-    from schemas.governance_escalations import may_ask, tier_refusal
-    from web.queries import job_engine
+    from schemas.governance_escalations import may_ask
 
     if job is None:
         return f"no job {job_id} on {cluster} in the ledger"
-    refusal = may_ask(policy, job, asker) or tier_refusal(policy, job, job_engine(job_id))
+    refusal = may_ask(policy, job, asker)
     if refusal is not None:
         return refusal
     return f"job {job_id} on {cluster} has ended (the ledger's last event): nothing to raise" if ended else None
@@ -87,7 +86,6 @@ class EscalationService:
         """The REQUESTED step from the job page's form, published; 403 (one line) for someone the policy does not
         let ask, 400 (the rules' one line) for the rest."""
         from schemas.governance_escalations import ask_event, may_ask
-        from web.queries import job_engine
 
         cluster, job_id = params.cluster(values.get("cluster")), params.job_id(values.get("job_id"))
         denied = None if job is None else may_ask(self.policy, job, viewer.user)
@@ -100,8 +98,7 @@ class EscalationService:
         if not hours.isdigit() or len(hours) > 4:
             raise params.BadRequest("hours: a whole number of hours")
         reason = params.reason(values.get("reason"))
-        event = _checked(lambda: ask_event(self.current(), self.policy, job, viewer.user, int(hours), reason, now_ms,
-                                           job_engine(job_id)))  # fmt: skip
+        event = _checked(lambda: ask_event(self.current(), self.policy, job, viewer.user, int(hours), reason, now_ms))
         return self._publish(event)
 
     def _publish(self, event: dict[str, Any]) -> dict[str, Any]:

@@ -614,17 +614,6 @@ def job_escalation_events(client: Any, cluster: str, job_id: str) -> list[dict[s
     return escalation_events(client, (cluster, job_id))
 
 
-def job_engine(job_id: str) -> str:
-    """SLURM or KUEUE by the job id's form, "" for neither (`sinks.escalations.engine_of`)."""
-    from base.errors import ConfigError
-    from sinks.escalations import engine_of
-
-    try:
-        return engine_of(job_id)
-    except ConfigError:
-        return ""
-
-
 def escalation_job(client: Any, cluster: str, job_id: str) -> tuple[Any, bool]:
     """(the job as the escalation rules see it, or None when the ledger has none; whether the ledger saw it end)
     (`sinks.escalations.ledger_job_state`, what `escalate ask` reads)."""

@@ -23,7 +23,6 @@ from schemas.governance_escalations import (
     due,
     fold,
     may_ask,
-    tier_refusal,
 )
 from schemas.models import validate
 from schemas.policy import PolicyError, parse_policy
@@ -97,21 +96,6 @@ def test_a_request_is_a_valid_record_bounded_by_max_hours_and_never_asked_twice(
     assert ask_event(state(first), POLICY, other, "alice", 1, "x", T0)["job_id"] == "4243"
     # once the first lapsed, the job may be asked for again
     assert ask_event(state(first), POLICY, JOB, "alice", 1, "x", T0 + 5 * HOUR_MS)["event_type"] == "REQUESTED"
-
-
-def test_a_slurm_job_of_a_team_whose_tiers_leave_out_the_escalation_tier_is_refused_in_one_line() -> None:
-    """`policy apply` gives a team's Slurm association exactly its tiers: Slurm would refuse the tier's QOS for a job
-    of a team that does not list it, so asking is refused; on Kueue (no such list), or with every tier, it is not."""
-    narrow = parse_policy(TEXT.replace("leads: [carol]}", "leads: [carol], slurm_account: acct-v, tiers: [std]}"))
-    job = Job("c1", "4242", "alice", "acct-v", 2)  # the ledger knows the Slurm account
-    assert tier_refusal(narrow, job, "SLURM") == (
-        "job 4242 runs on Slurm under team vision's account acct-v, whose tiers (std; policy teams[].tiers) leave out "
-        "the escalation tier production: Slurm would refuse that QOS for it")
-    with pytest.raises(ConfigError, match=r"^job 4242 runs on Slurm under team vision's account acct-v"):
-        ask_event({}, narrow, job, "alice", 2, "x", T0, "SLURM")
-    assert tier_refusal(narrow, job, "KUEUE") is None and tier_refusal(POLICY, JOB, "SLURM") is None
-    assert ask_event({}, narrow, Job("c1", "ns/w", "alice", "vision", 1), "alice", 2, "x", T0, "KUEUE")
-    assert may_ask(narrow, job, "mallory") is not None  # who may ask is still asked first
 
 
 def test_only_a_decider_who_did_not_ask_decides_once_and_before_the_deadline() -> None:
