@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import getpass
 import logging
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from base.cli_common import STATE_DIR_OPTION, settings_for, start_service, stop_signal
-from base.errors import ConfigError, ContractError
+from base.cli_common import STATE_DIR_OPTION, settings_for, start_service
+from base.errors import ConfigError
 from base.settings import Settings
+from schemas.topics import ESCALATIONS
 from sinks.appeal_cli import BY_OPTION, POLICY_OPTION, _client, _emit, _iso, _policy
+from sinks.warehouse import now_ms as _now_ms
+from streams import workflow
 
 escalate_app = typer.Typer(help="Raise a job's priority for a while: asked, decided, applied on the engine, "
                            "reverted when it expires.", no_args_is_help=True)  # fmt: skip
@@ -40,13 +43,8 @@ LIST_COLUMNS = ("escalation_id", "state", "cluster", "job_id", "user", "team", "
 log = logging.getLogger("gpuledger.escalations")
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _escalations(settings: Settings, policy: Any) -> dict[str, Any]:
     from schemas.governance_escalations import fold
-    from schemas.topics import ESCALATIONS
     from streams.eventlog import read_steps
 
     events = read_steps(settings.kafka, ESCALATIONS)
@@ -56,21 +54,8 @@ def _escalations(settings: Settings, policy: Any) -> dict[str, Any]:
 def publish_steps(settings: Settings, events: list[dict[str, Any]]) -> None:
     """Validate every step as each consumer will, then publish them (keyed by the job) and wait for delivery."""
     from schemas.governance_escalations import step_key
-    from schemas.models import validate
-    from schemas.topics import ESCALATIONS
-    from streams.publish import RecordPublisher
 
-    for event in events:
-        try:
-            validate(ESCALATIONS.subject, event)
-        except ContractError as exc:
-            raise ConfigError(str(exc).splitlines()[0][:300]) from exc
-    if not events:
-        return
-    pub = RecordPublisher(settings.kafka)
-    for event in events:
-        pub.publish(ESCALATIONS, step_key(event), event)
-    pub.flush()
+    workflow.publish_steps(settings.kafka, ESCALATIONS, events, step_key)
 
 
 def _engines(settings: Settings, names: list[str] | None, kubeconfig: Path | None) -> list[Any]:
@@ -78,19 +63,10 @@ def _engines(settings: Settings, names: list[str] | None, kubeconfig: Path | Non
     from sinks.escalations import SlurmPriority, kueue_engine
 
     service = settings.sinks.escalations
-    names = names or list(service.engines)
-    if not names:
-        raise ConfigError("no engine: pass --engine slurm|kueue or set sinks.escalations.engines")
-    kubeconfig = kubeconfig or service.kubeconfig
-    out: list[Any] = []
-    for name in dict.fromkeys(names):
-        if name == "slurm":
-            out.append(SlurmPriority())
-        elif name == "kueue":
-            out.append(kueue_engine(str(kubeconfig) if kubeconfig else None))
-        else:
-            raise ConfigError(f"--engine must be slurm or kueue, got {name!r}")
-    return out
+    kube = kubeconfig or service.kubeconfig
+    makers: dict[str, Callable[[], Any]] = {"slurm": SlurmPriority,
+                                             "kueue": lambda: kueue_engine(str(kube) if kube else None)}  # fmt: skip
+    return workflow.chosen_engines(names, service.engines, makers, "sinks.escalations.engines")
 
 
 @escalate_app.command("ask")
@@ -219,16 +195,8 @@ def escalate_run(
     policy = _policy(settings, policy_path)
     engines = _engines(settings, engine, kubeconfig)
     every_s = every_s if every_s is not None else settings.sinks.escalations.every_s
-    stop = stop_signal("escalations")
-    while not stop():
-        try:
-            for event in reconcile_once(settings, policy, engines):
-                log.info("%s %s %s", event["escalation_id"], event["event_type"], event["text"])
-        except Exception as exc:  # a pass that fails (broker away) is retried at the next one
-            log.warning("escalation pass failed: %s", exc)
-        deadline = time.monotonic() + every_s
-        while not stop() and time.monotonic() < deadline:
-            time.sleep(0.2)
+    workflow.run_passes("escalations", every_s, lambda: reconcile_once(settings, policy, engines),
+                        lambda e: f"{e['escalation_id']} {e['event_type']} {e['text']}", log)  # fmt: skip
 
 
 def register(app: typer.Typer, inspect_app: typer.Typer) -> None:
