@@ -9,7 +9,11 @@ request for a job that has ended are one line each and publish nothing. Granted,
 waiting job in the tier's QOS and Slurm's own priority for it rises above the job queued ahead of it; a second pass
 applies nothing twice. A pass past the grant's end (its clock moved, not waited for) puts the QOS back and Slurm's
 priority falls back. The raise is priced on the team's statement (the policy's price per GPU-hour). Names carry a
-suffix: the cluster is shared by the session's tests."""
+suffix: the cluster is shared by the session's tests.
+
+Last, Slurm's own answer for a team whose tiers leave out the escalation tier (its association, as `policy apply`
+made it, lacks the tier's QOS): the service's change, made with the service's rights (root here, an operator on a
+site), is accepted all the same. So no policy or ask-time check refuses such a team (issue 41's question)."""
 
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ governance:
                  price_per_gpu_hour: "2.00"}}
 teams:
   - {{name: esc-{s}, members: [root], leads: [dana], tiers: [prod-{s}, std-{s}], quota: {{hopper: 2}}}}
+  - {{name: narrow-{s}, members: [root], tiers: [std-{s}]}}
 """
 
 
@@ -200,3 +205,13 @@ def test_an_escalation_granted_on_the_live_slurm_raises_the_job_and_it_falls_bac
     slurm.wait_for_state(job, "CANCELLED", timeout=60)
     assert stage.cli(*ask, "--by", "root", code=2).endswith(f"job {job} has ended (CANCELLED): nothing to raise")
     assert len(read_events(stage.settings.kafka, topics.ESCALATIONS)[0]) == 4
+
+    # A team whose tiers leave out the escalation tier: its association lacks the tier's QOS (AccountingStorageEnforce
+    # has qos), yet the service's own change, with an operator's rights, is accepted: the job is at the tier.
+    narrow = f"narrow-{s}"
+    other = slurm.submit(f"--account={narrow}", f"--qos=std-{s}", "--gres=gpu:h100:1", "--hold")
+    allowed = slurm.run("sacctmgr", "-n", "-P", "show", "assoc", f"account={narrow}", "user=root", "format=qos").stdout
+    assert f"std-{s}" in allowed and f"prod-{s}" not in allowed, allowed
+    assert SlurmPriority().set(other, f"prod-{s}") == f"scontrol update jobid={other} QOS=prod-{s}"
+    assert slurm.show_job(other)["QOS"] == f"prod-{s}"
+    slurm.run("scancel", other)
