@@ -114,9 +114,9 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
     minutes: dict[Key, list[dict[str, Any]]] = {}
     jobs: dict[Key, dict[str, Any]] = {}
     spans: dict[Key, tuple[int, int, int]] = {}
+    window = "FROM " + minutes_between(params, "from", "end")
     # jobs with a minute in the month; rows before it only for them (a HAVING, not an IN: an IN over (cluster,
     # job_id) costs more than reading the lookback's rows)
-    window = "FROM job_minutes FINAL WHERE minute_start_ms >= {from:Int64} AND minute_start_ms < {end:Int64}"
     month_jobs = "GROUP BY cluster, job_id HAVING max(minute_start_ms) >= {start:Int64}"
     if run_classes is None:
         _minutes_one_by_one(client, params, f"{window} {month_jobs}", firsts, (jobs, spans, minutes))
@@ -125,6 +125,29 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
                          (jobs, spans, minutes))  # fmt: skip
     _flags(client, params, jobs)
     return Month(period, start, end, minutes, jobs, _idle_alerts(client, params), appeal_events(client), spans)
+
+
+def minutes_between(params: dict[str, Any], start: str, end: str, where: str = "") -> str:
+    """`job_minutes` as `FINAL` reads it in [params[start], params[end]) (and `where`, a condition on its columns),
+    `day` included, a subquery: one branch per calendar month, each `FINAL` over its own partition (`_partition_id`,
+    parameters added to `params`).
+
+    The table is `PARTITION BY toYYYYMM(day)` (migration 001; `day` the date of `minute_start_ms`, a column of the
+    key), so rows that `FINAL` folds together never lie in two partitions and each month can be folded alone. Left
+    to the engine, `FINAL` over a table whose partition column is not in its sorting key reads every partition
+    (`defer_partition_pruning_after_final`) and merges them into one stream: a month with the month before it
+    stored cost 3x its server CPU, and every further month stored would add its own. The analyst may not change
+    settings (`do_not_merge_across_partitions_select_final`), so the query says it itself."""
+    first = dt.datetime.fromtimestamp(params[start] / 1000, dt.UTC).date().replace(day=1)
+    branches: list[str] = []
+    while int(dt.datetime(first.year, first.month, 1, tzinfo=dt.UTC).timestamp() * 1000) < params[end]:
+        name = f"{start}_{end}_partition_{len(branches)}"
+        params[name] = f"{first.year:04d}{first.month:02d}"
+        branches.append(f"SELECT *, day FROM job_minutes FINAL WHERE _partition_id = {{{name}:String}} "
+                        f"AND minute_start_ms >= {{{start}:Int64}} AND minute_start_ms < {{{end}:Int64}}"
+                        f"{f' AND ({where})' if where else ''}")  # fmt: skip
+        first = (first + dt.timedelta(days=32)).replace(day=1)
+    return f"({' UNION ALL '.join(branches)})" if branches else "(SELECT * FROM job_minutes WHERE false)"
 
 
 Found = tuple[dict[Key, dict[str, Any]], dict[Key, tuple[int, int, int]], dict[Key, list[dict[str, Any]]]]
@@ -137,7 +160,7 @@ def _minutes_one_by_one(client: Any, params: dict[str, Any], source: str, firsts
     cols = ", ".join(c for c in RUN_COLUMNS if c != "minutes")
     for row in client.query(
         f"SELECT cluster, job_id, {firsts}, min(minute_start_ms), max(minute_start_ms), max(device_count), "
-        f"groupArray(({cols})) {source}",
+        f"arraySort(m -> m.1, groupArray(({cols}))) {source}",
         parameters=params,
     ).result_rows:
         key = (str(row[0]), str(row[1]))
@@ -182,8 +205,7 @@ def _minutes_as_runs(client: Any, period: str, params: dict[str, Any], parts: tu
         "d != 60000, arrayEnumerate(im), arrayDifference(im)) AS br, arrayMax(arrayDifference(arrayPushBack(br, "
         "length(im) + 1))) AS longest, arrayFilter((i, dm, dk) -> dm != 60000 OR dk != 0, arrayEnumerate(ms), "
         "arrayDifference(ms), arrayDifference(k)) AS idx FROM (SELECT *, arraySort((i, x) -> x, arrayEnumerate("
-        f"ms0), ms0) AS p, arrayMap(i -> ms0[i], p) AS ms, arrayMap(i -> k0[i], p) AS k FROM ({per_job}))) "
-        "SETTINGS optimize_aggregation_in_order = 1"
+        f"ms0), ms0) AS p, arrayMap(i -> ms0[i], p) AS ms, arrayMap(i -> k0[i], p) AS k FROM ({per_job})))"
     )
     signs = {}  # per class code, the first sign pattern of it in the table: (active_s, starved_s, idle_s)
     for bits in reversed(range(8)):
@@ -201,8 +223,7 @@ def _minutes_as_runs(client: Any, period: str, params: dict[str, Any], parts: tu
 def _flags(client: Any, params: dict[str, Any], jobs: dict[Key, dict[str, Any]]) -> None:
     """Each month job's flags from its first STARTED event (else its first event): the job stage's
     `JobInfo.from_event`."""
-    in_month = "SELECT DISTINCT cluster, job_id FROM job_minutes WHERE minute_start_ms >= {start:Int64} " \
-               "AND minute_start_ms < {end:Int64}"  # fmt: skip
+    in_month = f"SELECT DISTINCT cluster, job_id FROM {minutes_between(params, 'start', 'end')}"
     picks = ", ".join(f"argMin({c}, (event_type != 'STARTED', ts_ms)) AS {c}" for c in FLAG_COLUMNS)
     for row in client.query(
         f"SELECT cluster, job_id, {picks} FROM job_events FINAL WHERE (cluster, job_id) IN ({in_month}) "
@@ -583,15 +604,20 @@ def released_after(client: Any, month: Month, at: Mapping[Key, int]) -> dict[Key
     if not at:
         return {}
     out: dict[Key, dict[dt.date, tuple[int, int]]] = defaultdict(dict)
+    params = {"first": min(at.values()), "end": month.end_ms, "clusters": [k[0] for k in at],
+              "jobs": [k[1] for k in at], "at": list(at.values())}  # fmt: skip
+    # the jobs' own rows only: an IN on the key's first columns, which the primary key narrows to their granules
+    jobs = "(cluster, job_id) IN (SELECT r.1, r.2 FROM (SELECT arrayJoin(arrayZip({clusters:Array(String)}, " \
+           "{jobs:Array(String)})) AS r))"  # fmt: skip
     rows = client.query(
-        "SELECT m.cluster, m.job_id, m.day, sum(m.allocated_s), sum(m.idle_s) FROM job_minutes AS m FINAL "
+        "SELECT m.cluster, m.job_id, m.day, sum(m.allocated_s), sum(m.idle_s) "
+        f"FROM {minutes_between(params, 'first', 'end', jobs)} AS m "
         "INNER JOIN (SELECT r.1 AS cluster, r.2 AS job_id, r.3 AS at FROM (SELECT arrayJoin(arrayZip("
         "{clusters:Array(String)}, {jobs:Array(String)}, {at:Array(Int64)})) AS r)) AS r "
         "ON m.cluster = r.cluster AND m.job_id = r.job_id "
-        "WHERE m.minute_start_ms >= r.at AND m.minute_start_ms < {end:Int64} GROUP BY m.cluster, m.job_id, m.day",
-        parameters={"end": month.end_ms, "clusters": [k[0] for k in at], "jobs": [k[1] for k in at],
-                    "at": list(at.values())},
-    ).result_rows  # fmt: skip
+        "WHERE m.minute_start_ms >= r.at GROUP BY m.cluster, m.job_id, m.day",
+        parameters=params,
+    ).result_rows
     for cluster, job_id, day, alloc_s, idle_s in rows:
         out[(str(cluster), str(job_id))][day] = (int(alloc_s), int(idle_s))
     return dict(out)
