@@ -388,9 +388,8 @@ class WebSettings(BaseModel):
     operator_groups: list[str] = Field(default_factory=lambda: ["gpuledger-operators"])
     finance_groups: list[str] = Field(default_factory=lambda: ["gpuledger-finance"])
     query_timeout_s: float = Field(default=30.0, gt=0, le=600)
-    # The fleet page's what-if form (issue 43): off unless set. It prices a proposal in a scratch database it
-    # creates and drops, so it runs on the `clickhouse.user` login, not the read-only analyst's. The proposals
-    # offered to pick: the policy in force and the *.yaml files of `whatif_proposals` (uploads too).
+    # The fleet page's what-if form (issue 43): off unless set. It reads as the read-only analyst, as the pages do.
+    # The proposals offered to pick: the policy in force and the *.yaml files of `whatif_proposals` (uploads too).
     whatif: bool = False
     whatif_proposals: Path | None = None
 

@@ -3,7 +3,7 @@
 Wiring only: the month comes from the warehouse (`sinks.whatif.load_month`), is replayed through the live idle
 state machine under the proposal's idle rules (`processors.whatif.replay`), priced by the live views over the
 proposal's rate card (`sinks.whatif.proposed_prices`) and put beside the month as stored (`sinks.whatif.compare`).
-Nothing is enforced and nothing is written to the ledger (the pricing's scratch database is dropped).
+Nothing is enforced and nothing is written: every query is a read.
 """
 
 from __future__ import annotations

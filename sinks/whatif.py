@@ -4,12 +4,12 @@ This module reads the month from the warehouse (`load_month`), prices it under a
 the actual month beside a replayed one (`compare`). The replay itself (the idle state machine over the month's
 job-minutes) is `processors.whatif`, handed in by the command: the components do not import each other.
 
-Charges are the warehouse's own SQL, never restated here. `prices` under a proposed card builds a scratch
-database holding a `rate_card` table with the proposed rows and, for every other table of the ledger, a
-`Merge` table reading the ledger's own (no copy, `FINAL` still works), then creates the views from
-`sinks/views` there and reads `v_usage_priced`: the live views' arithmetic (rate in force per day, MIG share,
-preemptible rate, corrected project) over the proposed rates. The scratch database is dropped afterwards;
-nothing is written to the ledger. Lines are cent-allocated as `v_chargeback` does (`ratecard.allocate_cents`).
+Charges are the warehouse's own SQL, never restated here. Under a proposed card the month is read through
+`v_usage_priced`'s own text (`sinks/views`) with a `v_rate_card` of the proposed rows in front of it, bound as
+parameters: the live view's arithmetic (rate in force per day, MIG share, preemptible rate, corrected project) over
+the proposed rates, in one read. Everything here reads: the fleet page runs it as the read-only analyst, whose
+writes the engine refuses; nothing is written to the ledger. Lines are cent-allocated as `v_chargeback` does
+(`ratecard.allocate_cents`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 import tomllib
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -50,7 +48,6 @@ from sinks.view_files import load_views
 BY_CHOICES = ("team", "project", "generation")
 IDLE_KINDS = ("IDLE_WARNING", "RECLAIM_NOTICE")  # the alerts compared (a resolution is not an event people act on)
 LOOKBACK_MS = 31 * 24 * 3600 * 1000  # a job running into the month is replayed from at most this far back
-SCRATCH_PREFIX = "gpuledger_whatif_"
 IDENTITY_COLUMNS = ("user", "project", "team", "cost_centre", "preemptible", "pricing_tier")  # of a job's minutes
 RUN_COLUMNS = ("minute_start_ms", "minutes", "active_s", "starved_s", "idle_s", "allocated_s", "generation",
                "device_count")  # a run of alike job-minutes: its first minute, how many, what each holds  # fmt: skip
@@ -304,14 +301,17 @@ class PricedDay:
 Priced = dict[Key, dict[dt.date, PricedDay]]
 
 
-def _priced(client: Any, database: str, period: str) -> Priced:
+def _priced(client: Any, database: str, period: str, priced: str | None = None,
+            params: Mapping[str, Any] | None = None) -> Priced:  # fmt: skip
+    """The month's rows of `v_usage_priced` in `database`, or of `priced` (a query: `WITH ... SELECT ...` of the
+    view's own text, its parameters `params`) read in the client's database."""
+    source = f"{check_identifier(database)}.v_usage_priced" if priced is None else f"({priced})"
     out: Priced = defaultdict(dict)
     rows = client.query(
         f"SELECT cluster, job_id, day, any(team), any(project), any(generation), sum(allocated_s), sum(idle_s), "
         f"sum(charge_num), sum(idle_charge_num), max(rate_micro), min(job_start_ms) "
-        f"FROM {check_identifier(database)}.v_usage_priced WHERE period = {{period:String}} "
-        f"GROUP BY cluster, job_id, day",
-        parameters={"period": period},
+        f"FROM {source} WHERE period = {{period:String}} GROUP BY cluster, job_id, day",
+        parameters={**(params or {}), "period": period},
     ).result_rows
     for row in rows:
         rec = dict(zip(PRICED_COLUMNS, row, strict=True))
@@ -327,59 +327,15 @@ def actual_prices(client: Any, database: str, period: str) -> Priced:
     return _priced(client, database, period)
 
 
-def _read_final(statements: Iterable[str]) -> set[str]:
-    """Tables some view reads with FINAL (`FROM t FINAL`, `FROM t AS x FINAL`): a view cannot stand in for them."""
-    found: set[str] = set()
-    for text in statements:
-        found |= {m.group(1) for m in _FINAL.finditer(text)}
-    return found
-
-
-_FINAL = re.compile(r"\b(?:FROM|JOIN)\s+([A-Za-z_][A-Za-z0-9_]*)\s+(?:AS\s+[A-Za-z_][A-Za-z0-9_]*\s+)?FINAL\b", re.I)
-
-
-@contextmanager
-def scratch_database(client: Any, database: str, card_rows: Sequence[Sequence[Any]]) -> Iterator[str]:
-    """A scratch database: `rate_card` holding `card_rows` (`ratecard.rate_card_rows`), the ledger's other tables
-    as plain views over its own (a table some view reads with FINAL is copied instead: a view has no FINAL; those
-    are the small ones, events and corrections), and every view of `sinks/views`; dropped on leaving."""
-    source = check_identifier(database)
-    scratch = check_identifier(SCRATCH_PREFIX + uuid.uuid4().hex[:16])
-    views = load_views()
-    final = _read_final(v.statement for v in views)
-    columns: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for table, name, kind in client.query(
-        "SELECT c.table, c.name, c.default_kind FROM system.columns AS c INNER JOIN system.tables AS t "
-        "ON c.database = t.database AND c.table = t.name WHERE c.database = {db:String} AND NOT t.is_temporary "
-        "AND t.engine NOT IN ('View', 'MaterializedView', 'LiveView', 'Dictionary') AND t.name NOT LIKE '.inner%' "
-        "ORDER BY c.table, c.position",
-        parameters={"db": source},
-    ).result_rows:
-        columns[str(table)].append((check_identifier(str(name)), str(kind)))
-    before = client.database
-    client.command(f"CREATE DATABASE {scratch}")
-    try:
-        # identifiers: the checked names of the ledger's own tables and columns (DDL takes no bound parameters)
-        for table, cols in columns.items():
-            name = check_identifier(table)
-            if name == "rate_card" or name in final:
-                client.command(f"CREATE TABLE {scratch}.{name} AS {source}.{name}")
-                if name != "rate_card":
-                    stored = ", ".join(c for c, kind in cols if kind not in ("MATERIALIZED", "ALIAS", "EPHEMERAL"))
-                    client.command(f"INSERT INTO {scratch}.{name} ({stored}) SELECT {stored} FROM {source}.{name}")
-            else:
-                client.command(f"CREATE VIEW {scratch}.{name} AS SELECT {', '.join(c for c, _ in cols)} "
-                               f"FROM {source}.{name}")  # fmt: skip
-        if card_rows:
-            client.insert(f"{scratch}.rate_card", [list(r) for r in card_rows], column_names=RATE_CARD_COLUMNS)
-        client.database = scratch  # unqualified names in the views resolve to the scratch database
-        for view in views:
-            client.command(view.statement)
-        client.database = before
-        yield scratch
-    finally:
-        client.database = before
-        client.command(f"DROP DATABASE IF EXISTS {scratch} SYNC")
+# The proposal's card in place of the warehouse's: `v_usage_priced` reads the card only through `v_rate_card` (the
+# latest load of `rate_card`), and a query's own `WITH v_rate_card AS (...)` is what that name means inside it. The
+# rows are one load of one parsed card (a key once), which is all `v_rate_card` would select of them.
+_PROPOSED_CARD = (
+    "WITH v_rate_card AS (SELECT c.1 AS generation, c.2 AS pricing_tier, c.3 AS preemptible, c.4 AS effective_from, "
+    "c.5 AS rate_micro_per_gpu_hour FROM (SELECT arrayJoin(arrayZip({card_generation:Array(String)}, "
+    "{card_tier:Array(String)}, {card_preemptible:Array(Bool)}, {card_from:Array(Date)}, "
+    "{card_rate:Array(UInt64)})) AS c)) "
+)
 
 
 def proposed_card(path: Path | None, proposal: Policy) -> RateCard:
@@ -398,9 +354,25 @@ def proposed_card(path: Path | None, proposal: Policy) -> RateCard:
 
 
 def proposed_prices(client: Any, database: str, period: str, card_rows: Sequence[Sequence[Any]]) -> Priced:
-    """The month priced by the live views over the proposed card's rows."""
-    with scratch_database(client, database, card_rows) as scratch:
-        return _priced(client, scratch, period)
+    """The month priced by the live view's own text over the proposed card's rows (`ratecard.rate_card_rows`):
+    `v_usage_priced`'s statement as `sinks/views` defines it, in one read with the card bound as parameters
+    (`_PROPOSED_CARD`). A read only: the read-only analyst may run it, and nothing is created or written."""
+    columns = dict(zip(RATE_CARD_COLUMNS, zip(*card_rows, strict=True), strict=False)) if card_rows else {}
+    keys = list(zip(*(columns.get(c, ()) for c in RATE_CARD_COLUMNS[:4]), strict=True))
+    if len(set(keys)) != len(keys):
+        raise ConfigError("the proposed rate card names a rate twice")
+    view = next(v for v in load_views() if v.name == "v_usage_priced")
+    head = _VIEW_HEAD.match(view.statement)
+    if head is None:
+        raise ConfigError(f"{view.path}: not the CREATE OR REPLACE VIEW v_usage_priced AS statement it should be")
+    body = view.statement[head.end() :]
+    names = {"card_generation": "generation", "card_tier": "pricing_tier", "card_preemptible": "preemptible",
+             "card_from": "effective_from", "card_rate": "rate_micro_per_gpu_hour"}  # fmt: skip
+    params = {name: list(columns.get(column, ())) for name, column in names.items()}
+    return _priced(client, database, period, f"{_PROPOSED_CARD}SELECT * FROM ({body})", params)
+
+
+_VIEW_HEAD = re.compile(r"^\s*CREATE OR REPLACE VIEW v_usage_priced AS\b")
 
 
 # -- quota ------------------------------------------------------------------------------------------------------
@@ -708,7 +680,7 @@ def whatif(
     run_classes: Sequence[int] | None = None,
 ) -> Comparison:
     """`period` as stored beside the same month under `proposal`: the one comparison `policy whatif` prints and the
-    fleet page shows. `client` may create and drop a scratch database (`scratch_database`); nothing else is written.
+    fleet page shows. Every query is a read (`client` may be the read-only analyst's).
     `now_ms` stamps the proposed card's rows (`rate_card_rows`' load time; the caller's clock)."""
     current = load_policy(settings.policy_path) if settings.policy_path is not None else None
     base = base_idle if base_idle is not None else settings.processor.idle

@@ -641,14 +641,12 @@ def job_subject(client: Any, cluster: str, job_id: str, period: str) -> Any:
 
 def whatif_comparison(settings: Any, proposal: Any, period: str, by: str, now_ms: int) -> Any:
     """`policy whatif`'s comparison (`sinks.whatif.whatif` with `processors.whatif.replay_month`, the command's own
-    call) for the fleet page. It runs on its own client of the configured ClickHouse login, not the analyst's: the
-    proposal is priced by the live views in a scratch database it creates and drops, which a read-only login
-    cannot; nothing is written to the ledger's database. Closed when done."""
+    call) for the fleet page, on a client of its own logged in as the read-only analyst (`connect_analyst`): every
+    query of it is a read, and the engine refuses the analyst anything else. Closed when done."""
     from processors.whatif import replay_month, run_classes
     from sinks import whatif
-    from sinks.db import connect
 
-    client = connect(settings.clickhouse, send_receive_timeout=int(settings.web.query_timeout_s))
+    client = connect_analyst(settings.clickhouse, settings.web.query_timeout_s)
     try:
         return whatif.whatif(client, settings, period, proposal, by, replay_month, now_ms, None, run_classes())
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from fixtures_web import PERIOD, POLICY, Published, make_client, simulated_database
+from pydantic import SecretStr
 
 from base.settings import BrokerSettings, ClickHouseSettings, Settings, WebSettings
 from producers.simulator.org import sim_policy_text
@@ -102,7 +103,9 @@ def test_an_operator_picks_a_proposal_and_downloads_the_commands_comparison(sett
 
 
 def test_an_upload_is_compared_and_a_bad_one_gets_the_commands_line(settings: Settings) -> None:
-    app = make_client(settings, Published())
+    # the writer's password wrong: the comparison still comes, so the page never logs in as the writer
+    wrong = settings.clickhouse.model_copy(update={"password": SecretStr("not-the-writers")})
+    app = make_client(settings.model_copy(update={"clickhouse": wrong}), Published())
     token = _token(app.get(f"/fleet/whatif?period={PERIOD}", headers=OPS).text)
     form = {"token": token, "period": PERIOD, "by": "project"}
     good = app.post("/fleet/whatif", headers=OPS, data=form,
@@ -144,3 +147,34 @@ def test_a_team_member_cannot_open_it(settings: Settings) -> None:
     off = make_client(settings.model_copy(update={"web": WebSettings(demo=False)}), Published())
     assert off.get(f"/fleet/whatif?period={PERIOD}", headers=OPS).status_code == 400
     assert 'id="whatif-link"' not in off.get(f"/fleet?period={PERIOD}", headers=OPS).text  # off: no link
+
+
+def test_the_pages_login_is_refused_writes_by_the_engine(settings: Settings, tmp_path: Path) -> None:
+    """The page reads as the analyst (`web.queries.whatif_comparison`). Through the server, the analyst's writes
+    are refused on the engine's parse of them; under that, the handle the server opens for a read-only user
+    (`readonly = 1`, its limits fixed first) is refused a write by the engine itself."""
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    from sinks.db import connect
+    from stack.clickhouse.engine import Engine, QueryFailed
+    from stack.clickhouse.server import AnalystLimits
+
+    analyst = connect(settings.clickhouse, analyst=True)
+    try:
+        for statement in ("INSERT INTO rate_card (generation) VALUES ('x')", "CREATE DATABASE gpuledger_whatif_x",
+                          "DROP TABLE rate_card", "SELECT 1 SETTINGS readonly = 0"):  # fmt: skip
+            with pytest.raises(DatabaseError):
+                analyst.command(statement)
+    finally:
+        analyst.close()
+    engine = Engine(tmp_path / "engine", readonly_limits=AnalystLimits().settings())
+    try:
+        engine.open_handle().run("CREATE TABLE default.t (a UInt8) ENGINE = MergeTree ORDER BY a")
+        handle = engine.open_handle(readonly=1)
+        for statement in ("INSERT INTO default.t VALUES (1)", "CREATE DATABASE gpuledger_whatif_x",
+                          "SET readonly = 0"):  # fmt: skip
+            with pytest.raises(QueryFailed) as err:
+                handle.run(statement)
+            assert err.value.name == "READONLY", statement
+    finally:
+        engine.close()
