@@ -278,6 +278,14 @@ def release_event(existing: Mapping[str, Reservation], policy: Policy, rid: str,
 # -- what the service must do now ------------------------------------------------------------------
 
 
+def idle_minutes_at(r: Reservation, last_active_ms: int | None, now_ms: int) -> int:
+    """Minutes `r`'s GPUs have been idle at `now_ms`: since the last minute its team computed on them inside its
+    window (`last_active_ms`, that minute's start; None: none yet), or since its start. The service's measure
+    (`sinks.reservations.idle_minutes`) and the what-if's replay of it (`sinks.whatif`) both take it from here."""
+    since = r.start_ms if last_active_ms is None else max(r.start_ms, last_active_ms + MINUTE_MS)
+    return max(0, (now_ms - since) // MINUTE_MS)
+
+
 @dataclass(frozen=True, slots=True)
 class Due:
     """The service's work at `now`: reservations to put on an engine, to take off, and steps to publish."""

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 from base.errors import ServiceError
 from base.kube import load_credentials
 from schemas.governance_reservations import (
-    MINUTE_MS,
     Reservation,
     due,
+    idle_minutes_at,
     month_windows,
     removed_event,
     rendered_event,
@@ -271,23 +271,38 @@ def reconcile(existing: Mapping[str, Reservation], policy: Policy, now_ms: int, 
 # -- idle and the charge (ClickHouse) --------------------------------------------------------------
 
 
+# the minutes a reservation's team computed on its generation (on its nodes, when known) from {s}
+_ACTIVE_MINUTES = (
+    "FROM device_minutes FINAL WHERE cluster = {c:String} AND team = {t:String} AND generation = {g:String} "
+    "AND minute_start_ms >= {s:Int64} AND active_s + starved_s > 0 "
+    "AND (length({n:Array(String)}) = 0 OR has({n:Array(String)}, node))"
+)
+
+
+def _active_parameters(r: Reservation) -> dict[str, Any]:
+    return {"c": r.cluster, "t": r.team, "g": r.generation, "s": r.start_ms, "n": list(r.rendered_nodes)}
+
+
 def idle_minutes(client: Any, reservations: Iterable[Reservation], now_ms: int) -> dict[str, int]:
     """Per active reservation: minutes since its team last computed on the reserved generation (on its nodes,
-    when known) within the window, or since its start."""
+    when known) within the window, or since its start (`idle_minutes_at`)."""
     out = {}
     for r in reservations:
         if not r.active(now_ms):
             continue
-        rows = client.query(
-            "SELECT max(minute_start_ms) FROM device_minutes FINAL WHERE cluster = {c:String} AND team = {t:String} "
-            "AND generation = {g:String} AND minute_start_ms >= {s:Int64} AND active_s + starved_s > 0 "
-            "AND (length({n:Array(String)}) = 0 OR has({n:Array(String)}, node))",
-            parameters={"c": r.cluster, "t": r.team, "g": r.generation, "s": r.start_ms, "n": list(r.rendered_nodes)},
-        ).result_rows
-        last = rows[0][0] if rows and rows[0][0] else None
-        since = r.start_ms if last is None else max(r.start_ms, int(last) + MINUTE_MS)
-        out[r.reservation_id] = max(0, (now_ms - since) // MINUTE_MS)
+        rows = client.query(f"SELECT max(minute_start_ms) {_ACTIVE_MINUTES}", parameters=_active_parameters(r))
+        last = rows.result_rows[0][0] if rows.result_rows and rows.result_rows[0][0] else None
+        out[r.reservation_id] = idle_minutes_at(r, None if last is None else int(last), now_ms)
     return out
+
+
+def active_minutes(client: Any, r: Reservation, end_ms: int) -> list[int]:
+    """The minutes (starts, ascending) before `end_ms` that `idle_minutes` counts as `r`'s GPUs computing."""
+    rows = client.query(
+        f"SELECT DISTINCT minute_start_ms {_ACTIVE_MINUTES} AND minute_start_ms < {{e:Int64}} ORDER BY 1",
+        parameters={**_active_parameters(r), "e": end_ms},
+    ).result_rows
+    return [int(row[0]) for row in rows]
 
 
 def _used_inside(client: Any, r: Reservation, start_ms: int, end_ms: int) -> int:

@@ -14,6 +14,7 @@ writes the engine refuses; nothing is written to the ledger. Lines are cent-allo
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import re
 import tomllib
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 from base.errors import ConfigError
 from base.processor_settings import IdlePolicy
 from base.settings import Settings
+from schemas.governance_reservations import MINUTE_MS, SERVICE_ACTOR, Reservation, due, idle_minutes_at
 from schemas.governance_reservations import fold as fold_reservations
 from schemas.policy import Policy, load_policy
 from sinks.db import check_identifier
@@ -43,6 +45,7 @@ from sinks.ratecard import (
     parse_card,
     rate_card_rows,
 )
+from sinks.reservations import active_minutes
 from sinks.view_files import load_views
 
 BY_CHOICES = ("team", "project", "generation")
@@ -62,6 +65,9 @@ ASSUMPTIONS = (
     "a job running into the month is replayed from at most 31 days before it; appeals keep the decisions made",
     "queued jobs: each team's jobs admitted in the month's own start order against its quota plus borrowing "
     "limit per generation; a job that would not fit waits for the earliest ends (no preemption, no backfill)",
+    "reservations: under other idle limits, an idle warning or early release falls at the first moment the "
+    "reservation service's own rule could take it (its passes come every few seconds and see a minute once it is "
+    "stored, so the live step falls a little later); under the limits in force, the steps the service took",
 )
 Key = tuple[str, str]  # (cluster, job_id)
 
@@ -621,21 +627,89 @@ RESERVATION_COLUMNS = ("reservation_id", "cluster", "team", "generation", "gpus"
                        "whatif", "why")  # fmt: skip
 
 
+def idle_rules_differ(in_force: Policy, proposal: Policy) -> bool:
+    """Whether the proposal changes when the reservation service warns about or releases an idle reservation."""
+    a, b = in_force.governance.reservations, proposal.governance.reservations
+    return (a.idle_warn_minutes, a.idle_release_minutes) != (b.idle_warn_minutes, b.idle_release_minutes)
+
+
+def _idle_step(e: Mapping[str, Any]) -> bool:
+    """A step the reservation service wrote for idleness: the only steps it writes as IDLE_WARNED or RELEASED
+    (people's releases carry their own name; `release_event`)."""
+    return e["actor"] == SERVICE_ACTOR and e["event_type"] in ("IDLE_WARNED", "RELEASED")
+
+
+def idle_candidates(events: Sequence[Mapping[str, Any]], proposal: Policy, end_ms: int) -> list[Reservation]:
+    """The reservations whose idle passes `replay_idle` replays under `proposal`: approved ones holding capacity
+    before `end_ms`, as the steps other than the service's idle ones describe them."""
+    held, _ = fold_reservations([e for e in events if not _idle_step(e)], proposal)
+    return [r for r in held.values() if r.approved_by is not None and r.start_ms < min(r.until_ms(), end_ms)]
+
+
+def replay_idle(events: Sequence[Mapping[str, Any]], proposal: Policy, activity: Mapping[str, Sequence[int]],
+                end_ms: int) -> list[Mapping[str, Any]]:  # fmt: skip
+    """The reservation steps with the service's idle warnings and early releases replayed under `proposal`: the
+    stored ones out, and at each moment a pass could first see a reservation idle for the proposal's
+    `idle_warn_minutes` or `idle_release_minutes` (before `end_ms`), the service's own `due` run on the reservation
+    as the steps up to then describe it, with `idle_minutes_at` over `activity` (per reservation, the starts of
+    the minutes its GPUs computed, `sinks.reservations.active_minutes`; a minute seen once it has ended). The
+    live service passes every `sinks.reservations.every_s` seconds and sees a minute once it is stored, so its
+    step falls that much later than the replay's, which is the earliest a pass could take it."""
+    base: list[Mapping[str, Any]] = [e for e in events if not _idle_step(e)]
+    rules = proposal.governance.reservations
+    limits = [m for m in (rules.idle_warn_minutes, rules.idle_release_minutes) if m is not None]
+    added: list[Mapping[str, Any]] = []
+    for r in sorted(idle_candidates(events, proposal, end_ms), key=lambda r: r.reservation_id):
+        minutes = sorted(activity.get(r.reservation_id, ()))
+        # idle minutes reach a limit only `limit` minutes after a start or the end of a computed minute, and only
+        # if no later computed minute has ended by then
+        sinces = [r.start_ms, *(m + MINUTE_MS for m in minutes if m + MINUTE_MS > r.start_ms)]
+        moments = sorted({s + limit * MINUTE_MS for i, s in enumerate(sinces) for limit in limits
+                          if i + 1 == len(sinces) or s + limit * MINUTE_MS < sinces[i + 1]})  # fmt: skip
+        for now in moments:
+            if now >= end_ms:
+                break
+            held, _ = fold_reservations([e for e in base if int(e["ts_ms"]) <= now] + added, proposal)
+            at = held.get(r.reservation_id)
+            if at is None or not at.active(now):
+                continue
+            seen = bisect.bisect_right(minutes, now - MINUTE_MS)  # minutes ended by `now`
+            idle = idle_minutes_at(at, minutes[seen - 1] if seen else None, now)
+            steps = [e for e in due({at.reservation_id: at}, now, (), {at.reservation_id: idle}, proposal).events
+                     if e["event_type"] in ("IDLE_WARNED", "RELEASED")]  # fmt: skip
+            added += steps
+            if any(e["event_type"] == "RELEASED" for e in steps):
+                break
+    return base + added
+
+
 def reservations_changed(
-    events: Sequence[Mapping[str, Any]], in_force: Policy, proposal: Policy, start_ms: int, end_ms: int
+    events: Sequence[Mapping[str, Any]],
+    in_force: Policy,
+    proposal: Policy,
+    start_ms: int,
+    end_ms: int,
+    activity: Mapping[str, Sequence[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Reservations holding capacity in [start, end) under the policy in force whose fate the proposal's rules
-    change: refused at request, or a later step (approval, extension, release) refused, so it ends otherwise. Both
-    sides are the reservation rules' own fold (`schemas.governance_reservations.fold`) over the same steps, each
-    checked at its own time; `why` is the rule's refusal. Idle early release is not replayed (its idle minutes
-    are the reservation service's, not stored per reservation)."""
+    change: refused at request, or a later step (approval, extension, release) refused, so it ends otherwise, or
+    released early for idleness at another time or not at all. Both sides are the reservation rules' own fold
+    (`schemas.governance_reservations.fold`) over the same steps, each checked at its own time; `why` is the
+    rule's refusal, or the service's words for an idle release. The policy in force keeps the idle steps the
+    service took; when the proposal's idle limits differ (`idle_rules_differ`) they are replayed under it
+    (`replay_idle`, over `activity`)."""
     held, _ = fold_reservations(events, in_force)
-    would, refused = fold_reservations(events, proposal)
+    replayed: list[Mapping[str, Any]] = list(events)
+    if idle_rules_differ(in_force, proposal):
+        replayed = replay_idle(events, proposal, activity or {}, end_ms)
+    would, refused = fold_reservations(replayed, proposal)
     why_by_id = {x.event_id: x.why for x in refused}
     reasons: dict[str, list[str]] = defaultdict(list)
-    for e in events:
+    for e in replayed:
         if e["event_id"] in why_by_id:
             reasons[str(e["reservation_id"])].append(why_by_id[e["event_id"]])
+        elif _idle_step(e) and e["event_type"] == "RELEASED":
+            reasons[str(e["reservation_id"])].append(str(e["text"]))
     out = []
     for rid, r in sorted(held.items()):
         if not (r.start_ms < end_ms and start_ms < r.until_ms()):
@@ -694,6 +768,11 @@ def whatif(
     proposed = proposed_prices(client, database, period, rate_card_rows(card, now_ms))
     result = compare(month, by, actual, proposed, replayed.alerts, replayed.actions, quota_limits(proposal), released)
     if current is not None:
-        changed = reservations_changed(reservation_events(client), current, proposal, month.start_ms, month.end_ms)
+        events = reservation_events(client)
+        activity = {}
+        if idle_rules_differ(current, proposal):
+            activity = {r.reservation_id: active_minutes(client, r, month.end_ms)
+                        for r in idle_candidates(events, proposal, month.end_ms)}  # fmt: skip
+        changed = reservations_changed(events, current, proposal, month.start_ms, month.end_ms, activity)
         result = replace(result, reservations=changed)
     return result

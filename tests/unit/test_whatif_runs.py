@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from processors.classify import JobMinuteClass, classify_job_minute
 from processors.whatif import RUN_CODES, run_classes
@@ -42,3 +43,67 @@ def test_a_reservation_the_proposal_refuses_is_listed_with_the_rules_words() -> 
     assert len(rows) == 1 and rows[0]["whatif"] == "refused" and rows[0]["team"] == team.name
     assert "at most 2 hours" in rows[0]["why"]
     assert reservations_changed(events, in_force, in_force, start, end) == []  # in force: nothing changes
+
+
+def _with_idle(policy: Any, warn: int | None, release: int | None) -> Any:
+    rules = policy.governance.reservations.model_copy(update={"idle_warn_minutes": warn,
+                                                              "idle_release_minutes": release})  # fmt: skip
+    return policy.model_copy(update={"governance": policy.governance.model_copy(update={"reservations": rules})})
+
+
+def test_reservations_released_for_idleness_are_replayed_by_the_services_own_rule() -> None:
+    """The live service (`due` every 30 s over `idle_minutes_at`) warns and releases a reservation whose team
+    stopped computing; a proposal with other idle limits replays those steps with the same two functions, at the
+    first moment a pass could take them; the limits in force keep the steps the service took."""
+    from producers.simulator.org import sim_policy_text
+    from schemas.governance_reservations import (
+        MINUTE_MS,
+        SERVICE_ACTOR,
+        due,
+        fold,
+        idle_minutes_at,
+        request_events,
+    )
+    from schemas.policy import parse_policy
+    from sinks.whatif import month_bounds, replay_idle, reservations_changed
+
+    in_force = _with_idle(parse_policy(sim_policy_text()), 30, 60)
+    team = next(t for t in in_force.teams if t.members and t.quota)
+    gen = next(iter(team.quota))
+    start, end = month_bounds("2026-03")
+    begin = start + 3_600_000
+    events: list[dict[str, Any]] = request_events({}, in_force, cluster="sim", team=team.name, generation=gen, gpus=1,
+                                                  nodes=(), start_ms=begin, end_ms=begin + 4 * 3_600_000,
+                                                  reason="bench", requester=team.members[0], now_ms=begin)  # fmt: skip
+    computed = [begin + i * MINUTE_MS for i in range(20)]  # then idle
+    rid = str(events[0]["reservation_id"])
+    now = begin + 7_000  # the live service: a pass every 30 s, the minutes seen once they have ended
+    while now < begin + 3 * 3_600_000:
+        held, _ = fold(events, in_force)
+        seen = [m for m in computed if m + MINUTE_MS <= now]
+        idle = idle_minutes_at(held[rid], seen[-1] if seen else None, now)
+        events += due(held, now, (), {rid: idle}, in_force).events
+        now += 30_000
+    idle_kinds = ("IDLE_WARNED", "RELEASED")
+    live = {e["event_type"]: int(e["ts_ms"]) for e in events if e["event_type"] in idle_kinds}
+    assert {e["actor"] for e in events if e["event_type"] in idle_kinds} == {SERVICE_ACTOR}
+    idle_from = computed[-1] + MINUTE_MS
+    assert idle_from + 30 * MINUTE_MS <= live["IDLE_WARNED"] < idle_from + 30 * MINUTE_MS + 30_000
+    assert idle_from + 60 * MINUTE_MS <= live["RELEASED"] < idle_from + 60 * MINUTE_MS + 30_000
+
+    # the same limits replayed: the service's steps at the earliest moment a pass could take them
+    again = {e["event_type"]: int(e["ts_ms"]) for e in replay_idle(events, in_force, {rid: computed}, end)
+             if e["event_type"] in idle_kinds}  # fmt: skip
+    assert again == {"IDLE_WARNED": idle_from + 30 * MINUTE_MS, "RELEASED": idle_from + 60 * MINUTE_MS}
+    assert reservations_changed(events, in_force, in_force, start, end, {rid: computed}) == []  # steps kept
+
+    sooner = _with_idle(in_force, 10, 45)
+    [row] = reservations_changed(events, in_force, sooner, start, end, {rid: computed})
+    assert row["actual"] == "released" and row["end_utc"] == "2026-03-01 02:20"  # 01:00, 20 min computed, 60 idle
+    assert row["whatif"] == "released until 2026-03-01 02:05" and row["why"] == "idle 45 min: released early"
+    [row] = reservations_changed(events, in_force, _with_idle(in_force, None, None), start, end, {rid: computed})
+    assert row["whatif"] == "approved until 2026-03-01 05:00" and row["why"] == ""  # held to its end
+    # computing again before the proposal's limit is reached: not released
+    busy = computed + [idle_from + 40 * MINUTE_MS + i * MINUTE_MS for i in range(200)]
+    [row] = reservations_changed(events, in_force, _with_idle(in_force, 30, 45), start, end, {rid: busy})
+    assert row["whatif"] == "approved until 2026-03-01 05:00"
