@@ -1,6 +1,6 @@
 """Bench: `policy whatif`'s replay of a large month (issue 43 item 5): the month's job-minutes read from the
 warehouse (`sinks.whatif.load_month`) and stepped through the live idle state machine (`processors.whatif.
-replay_month`), the part that grows with GPUs x minutes. The pricing (the live views over a scratch card) is the
+replay_month`), the part that grows with GPUs x minutes. The pricing (the live view over the proposed card) is the
 warehouse's own SQL and is measured by bench/chargeback_overlap.py; it is not in these figures.
 
 The month is generated in the warehouse (INSERT ... SELECT into job_minutes, job_events STARTED per job): GPUS
@@ -9,7 +9,7 @@ devices in 4-GPU jobs of 12 hours back to back for DAYS days from 1 November 202
 hours in the middle (warned, then reclaimed), 1 in 10 goes dark for 30 minutes. About 12% of job-minutes are idle.
 
 Usage: python bench/whatif_replay.py [--gpus 1000] [--days 30] [--before 0] [--profile] [--every-minute]
-       [--no-optimize]
+       [--no-optimize] [--analyst]
 Prints, per phase (generate, load, replay, released), the wall time, this process's CPU time (user + sys), the
 server's and the load average; the job-minutes, runs fed, events, and the rate in job-minutes per second.
 """
@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--every-minute", action="store_true", help="feed every job-minute (no runs)")
     ap.add_argument("--no-optimize", action="store_true", help="leave the generated parts unmerged")
     ap.add_argument("--before", type=int, default=0, help="days of the same work before the month (the lookback)")
+    ap.add_argument("--analyst", action="store_true", help="read as the read-only analyst, as the fleet page does")
     args = ap.parse_args()
     from processors.whatif import replay_month, run_classes
     from sinks.whatif import first_reclaims, load_month, released_after, shortest_warning
@@ -128,14 +129,15 @@ def main() -> None:
             if not args.no_optimize:  # a month past is merged by the time anyone asks about it
                 client.command("OPTIMIZE TABLE job_minutes FINAL")
             phases.done("generate")
+            reader = connect(ch, analyst=True, send_receive_timeout=3600) if args.analyst else client
             prof = cProfile.Profile() if args.profile else None
             if prof:
                 prof.enable()
-            month = load_month(client, PERIOD, None if args.every_minute else run_classes(), shortest_warning(POLICY))
+            month = load_month(reader, PERIOD, None if args.every_minute else run_classes(), shortest_warning(POLICY))
             phases.done("load")
             out = replay_month(month.minutes, month.jobs, month.appeals, POLICY, None)
             phases.done("replay")
-            released = released_after(client, month, first_reclaims(month, out.actions))
+            released = released_after(reader, month, first_reclaims(month, out.actions))
             phases.done("released")
             if prof:
                 prof.disable()
