@@ -111,6 +111,9 @@ class ClusterIdentities:
                 "verified")  # fmt: skip
 
 
+# The month's jobs (of a team, on a cluster). Their events are picked from job_events by job_id first, then by the
+# (cluster, job_id) pair: a set of one column prunes the table's rows at a fraction of a pair set's cost (at 10,000
+# GPUs and a year of history, 2.5 M events: 3-4x faster; issue 44 item 6); the pair keeps the pick exact.
 _USAGE = (
     "SELECT cluster, job_id, sum(allocated_s) AS a FROM usage_daily "
     "WHERE day >= toDate(concat({p:String}, '-01')) AND day < addMonths(toDate(concat({p:String}, '-01')), 1) "
@@ -128,7 +131,8 @@ def cluster_identities(client: Any, period: str, team: str | None = None,
         "countIf(s.src IN ('SELF_DECLARED', 'NAMESPACE')), sumIf(u.a, s.src IN ('SELF_DECLARED', 'NAMESPACE')), "
         f"countIf(s.claimed) FROM ({_USAGE}) AS u LEFT JOIN ("
         "  SELECT cluster, job_id, argMax(user_source, ts_ms) AS src, max(user_claimed IS NOT NULL) AS claimed "
-        f"  FROM job_events WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM ({_USAGE})) "
+        f"  FROM job_events WHERE job_id IN (SELECT job_id FROM ({_USAGE})) "  # first: see _USAGE
+        f"  AND (cluster, job_id) IN (SELECT cluster, job_id FROM ({_USAGE})) "
         "  GROUP BY cluster, job_id"
         ") AS s ON u.cluster = s.cluster AND u.job_id = s.job_id GROUP BY u.cluster ORDER BY u.cluster",
         parameters={"p": check_period(period), "team": team or "", "cluster": cluster or ""},

@@ -15,6 +15,8 @@ still reads as SQL), expanded here before anything else looks at the text:
   the file also defines `<view>`, its own text with those view names swapped (whole words, in the
   statement, each checked to occur) and those includes left out. `v_chargeback_month_single` is
   `v_chargeback_month` over `v_usage_priced_single`, declared in one line of v_chargeback_month.sql.
+  `with <v_b>(period)` reads `v_b` as a view of one month, `v_b(period = {period:String})`: the variant then
+  takes the month as its own parameter and passes it on.
 
 Only files of this folder are read; nothing is built from input. A view's checksum (`schema_views`) is over
 its expanded text, so `db migrate` names a variant, or every view including a fragment, as changed when
@@ -51,7 +53,9 @@ _READS = re.compile(r"\b(?:FROM|JOIN)\s+(v_[A-Za-z0-9_]+)\b", re.IGNORECASE)
 _INCLUDE = re.compile(r"^\s*--\s*include:\s*(.*?)\s*$")
 _VARIANT = re.compile(r"^\s*--\s*variant:\s*(.*?)\s*$")
 _VARIANT_HEAD = re.compile(r"(v_[a-z0-9_]+)\s+(.*)")
-_REPLACES = re.compile(r"(?:replaces\s+)?(v_[a-z0-9_]+)\s+with\s+(v_[a-z0-9_]+)")
+_REPLACES = re.compile(r"(?:replaces\s+)?(v_[a-z0-9_]+)\s+with\s+(v_[a-z0-9_]+(?:\(period\))?)")
+# `with v_b(period)`: the view of one month, its parameter the variant's own (both named `period`).
+_OF_THE_MONTH = "(period)", "(period = {period:String})"
 _WITHOUT = re.compile(r"without\s+([a-z0-9_]+)")
 _MAX_FILE_CHARS = 200_000
 FRAGMENTS = "fragments"
@@ -154,7 +158,7 @@ def variant_text(base: str, text: str, variant: Variant, fragments: Mapping[str,
         raise ConfigError(f"{where}: variant {variant.name} is without {name}, which this file does not include")
     expanded = expand(where, "".join(kept), fragments)
     swaps = [(rf"(?<=\bCREATE OR REPLACE VIEW ){re.escape(base)}\b", variant.name)]
-    swaps += [(rf"\b{re.escape(old)}\b", new) for old, new in variant.replaces]
+    swaps += [(rf"\b{re.escape(old)}\b", new.replace(*_OF_THE_MONTH)) for old, new in variant.replaces]
     lines = expanded.splitlines(keepends=True)
     for (pattern, new), label in zip(swaps, [base, *(old for old, _ in variant.replaces)], strict=True):
         hits = 0

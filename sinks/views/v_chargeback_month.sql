@@ -3,7 +3,7 @@
 -- period and grouping, for browsing); the tests check the two agree.
 --   SELECT * FROM v_chargeback_month(period = '2026-11', by = 'team')
 -- Its single twin, read for a month of one life per job id and nothing contested (notes: v_month_single_lives.sql):
--- variant: v_chargeback_month_single replaces v_usage_priced with v_usage_priced_single
+-- variant: v_chargeback_month_single replaces v_usage_priced with v_usage_priced_single(period)
 -- tests/integration/test_priced_views_single.py compares their lines.
 CREATE OR REPLACE VIEW v_chargeback_month AS
 -- include: chargeback_month_by_line

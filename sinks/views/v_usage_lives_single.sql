@@ -1,3 +1,7 @@
+-- Usage rows of ids never reused (one life each) with that life's start: v_usage_lives' first branch.
+-- Its month's twin joins only the lives of the ids with usage in the month (v_job_lives_month.sql), for the
+-- single-lives reads of one month (web/queries.py SINGLE_LIVES_VIEWS, through v_usage_priced_single):
+-- variant: v_usage_lives_month replaces v_job_lives_started with v_job_lives_month(period)
 CREATE OR REPLACE VIEW v_usage_lives_single AS
 SELECT u.day AS day, u.cluster AS cluster, u.job_id AS job_id, u.user AS user, u.team AS team,
        u.project AS project, u.cost_centre AS cost_centre, u.generation AS generation,
@@ -11,5 +15,5 @@ FROM
 -- include: usage_daily_lives
     WHERE job_id != '' AND (cluster, job_id) NOT IN (SELECT cluster, job_id FROM job_ids_reused)
 ) AS u
-ANY LEFT JOIN (SELECT cluster, job_id, job_start_ms FROM job_lives FINAL WHERE starts > 0) AS l
+ANY LEFT JOIN v_job_lives_started AS l
     ON u.cluster = l.cluster AND u.job_id = l.job_id;

@@ -40,6 +40,9 @@ def month_lines(client: Any, view: str, by: str, period: str = "2026-11") -> lis
                              parameters={"p": period, "by": by}).result_rows)  # fmt: skip
 
 
+SINGLE_NOVEMBER = "v_usage_priced_single(period = '2026-11')"  # a view of one month: it joins that month's lives
+
+
 def priced_rows(client: Any, view: str) -> list[tuple[Any, ...]]:
     rows = client.query(f"SELECT * FROM {view} WHERE day >= '2026-11-01' AND day < '2026-12-01'").result_rows
     return sorted(rows, key=repr)
@@ -61,7 +64,7 @@ def test_a_month_of_one_life_per_id_and_no_contested_day_reads_the_same_from_the
         assert not LedgerWriter(client).write(pending).rejected
         assert check(client) == (0, 0, 1)
         full = priced_rows(client, "v_usage_priced")
-        assert len(full) >= 4 and full == priced_rows(client, "v_usage_priced_single")
+        assert len(full) >= 4 and full == priced_rows(client, SINGLE_NOVEMBER)
         for by in BYS:
             lines = month_lines(client, "v_chargeback_month", by)
             assert lines and lines == month_lines(client, "v_chargeback_month_single", by), by
@@ -98,7 +101,7 @@ def test_a_reused_job_id_sends_the_month_to_the_full_views(ledger_settings: Clic
         reused, contested, single = check(client)
         assert reused >= 3 and (contested, single) == (0, 0)
         # The single views hold no row of id 7 (three lives): only id 8's.
-        assert {r[3] for r in priced_rows(client, "v_usage_priced_single")} == {"8"}
+        assert {r[3] for r in priced_rows(client, SINGLE_NOVEMBER)} == {"8"}
         assert {r[3] for r in priced_rows(client, "v_usage_priced")} == {"7", "8"}
     finally:
         client.close()

@@ -10,7 +10,7 @@ import pytest
 
 from base.errors import ConfigError
 from sinks.db import load_migrations
-from sinks.view_files import expand, load_views, order_views, parse_view
+from sinks.view_files import expand, load_views, order_views, parse_file, parse_view
 
 VIEW_DDL = re.compile(r"CREATE\s+(OR\s+REPLACE\s+)?VIEW\b", re.IGNORECASE)  # not MATERIALIZED VIEW
 
@@ -34,7 +34,7 @@ def test_the_package_views_come_dependencies_first() -> None:
     assert single.path == "sinks/views/v_chargeback_month.sql" and single.reads == {"v_usage_priced_single"}
     assert single.statement == month.statement.replace(
         "VIEW v_chargeback_month AS", "VIEW v_chargeback_month_single AS"
-    ).replace("FROM v_usage_priced\n", "FROM v_usage_priced_single\n")
+    ).replace("FROM v_usage_priced\n", "FROM v_usage_priced_single(period = {period:String})\n")  # a month's view
     assert "-- include:" not in month.sql and "idle_cost" in month.statement  # expanded: the fragment's columns
 
 
@@ -148,6 +148,13 @@ def test_checksums_are_over_the_expanded_text(tmp_path: Path) -> None:
     edited = {v.name: v.checksum for v in load_views(_folder(tmp_path / "3", base, {"cols": ", 2 AS y\n"}))}
     assert {n for n in before if before[n] != fragment[n]} == {"v_a", "v_a_single"}  # the fragment's includers
     assert {n for n in before if before[n] != edited[n]} == {"v_a", "v_a_single"}  # a base edited: its variant too
+
+
+def test_a_variant_can_read_a_view_of_one_month() -> None:
+    text = "-- variant: v_a_month replaces v_b with v_b_month(period)\nCREATE OR REPLACE VIEW v_a AS SELECT x FROM v_b"
+    month = next(v for v in parse_file("v_a", text, {}) if v.name == "v_a_month")
+    assert month.statement == "CREATE OR REPLACE VIEW v_a_month AS SELECT x FROM v_b_month(period = {period:String})"
+    assert month.reads == {"v_b_month"}
 
 
 def test_a_variant_can_leave_an_include_out(tmp_path: Path) -> None:
