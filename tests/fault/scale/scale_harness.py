@@ -70,6 +70,10 @@ class Recording:
         return [copy_cluster(self.config.cluster, r) for r in range(self.copies)]
 
     @property
+    def scrapes_per_second(self) -> int:
+        return self.copies * self.config.nodes
+
+    @property
     def records(self) -> int:
         return sum(len(s) for s in self.seconds)
 
