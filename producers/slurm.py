@@ -474,10 +474,11 @@ def _job_id_text(
 
 
 def _when_ran(state: str, start: int | None, end: int | None, nodes: tuple[str, ...]) -> tuple[int | None, int | None]:
-    """Slurm prints projected times for jobs that have not started/ended: keep only real ones."""
+    """Slurm prints projected times for jobs that have not started/ended: keep only real ones. A completing job's
+    run is over (a requeued one shows COMPLETING, then REQUEUED, on its way back to the queue): its end is real."""
     if state == "PENDING" or (state in TERMINAL_STATES and not nodes and state not in ("NODE_FAIL", "BOOT_FAIL")):
         return None, (end if state in TERMINAL_STATES else None)
-    if state in TERMINAL_STATES:
+    if state in TERMINAL_STATES or state in ("COMPLETING", "REQUEUED"):
         return start, end
     return start, None
 

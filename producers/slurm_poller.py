@@ -79,12 +79,21 @@ def _allocation_key(job: SlurmJob) -> tuple[Any, ...]:
 REQUEUE_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
+def _run_end_ms(prev: SlurmJob, listed_end_ms: int | None, latest_ms: int) -> int | None:
+    """Slurm's end of the run `prev` tracked, within the run (up to `latest_ms`): as the listing shows it now, or as
+    it showed it while the run was completing. Back in the queue, the job's end is a projection again (the listing's
+    end of a pending job is not kept), so a poll that saw it completing is what knows when the run ended."""
+    ended = prev.end_ms if prev.state in ("COMPLETING", "REQUEUED") else None
+    for end in (listed_end_ms, ended):
+        if end is not None and prev.start_ms is not None and prev.start_ms <= end <= latest_ms:
+            return end
+    return None
+
+
 def _requeue_ms(prev: SlurmJob, cur: SlurmJob, now_ms: int) -> int:
     """When the run ended: Slurm's end time of the requeued run when it has one within the run, else the poll's."""
-    end = cur.end_ms
-    if end is not None and prev.start_ms is not None and prev.start_ms <= end <= now_ms:
-        return end
-    return now_ms
+    end = _run_end_ms(prev, cur.end_ms, now_ms)
+    return now_ms if end is None else end
 
 
 def _transitions(prev: SlurmJob | None, cur: SlurmJob, now_ms: int) -> list[tuple[str, int]]:
@@ -117,7 +126,9 @@ def _transitions(prev: SlurmJob | None, cur: SlurmJob, now_ms: int) -> list[tupl
         if not was_active and cur.start_ms is not None:
             out.append(("STARTED", cur.start_ms))
         elif was_active and prev.start_ms != cur.start_ms and cur.start_ms is not None:
-            out.append(("REQUEUED", cur.start_ms))  # requeued and restarted between two polls
+            # requeued and restarted between two polls: its end if a poll saw it completing, else the new start
+            end = _run_end_ms(prev, None, cur.start_ms)
+            out.append(("REQUEUED", cur.start_ms if end is None else end))
             out.append(("STARTED", cur.start_ms))
         elif was_active and _allocation_key(prev) != _allocation_key(cur):
             out.append(("UPDATED", now_ms))

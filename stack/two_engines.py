@@ -474,15 +474,6 @@ class TwoEngines:
             raise ServiceError(f"gpuledger {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
         return proc
 
-    def slurm_polled_since(self, ms: int) -> bool:
-        """Whether `slurm poll` has listed the jobs, and published what it saw, since `ms` (epoch ms): its state file
-        (written after each cycle's events are flushed) holds the cycle's start."""
-        path = Path(self.env["GPULEDGER_STATE_DIR"]) / "slurm-poller.json"
-        try:
-            return int(json.loads(path.read_text(encoding="utf-8"))["last_poll_ms"]) > ms
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-
     # -- Kubernetes: the Job controller, KWOK and the node
 
     def start_kube_side(self) -> None:

@@ -251,6 +251,48 @@ def test_a_completing_job_that_completes_ends_once_and_a_requeue_hold_is_a_reque
     assert [(e["event_type"], e["ts_ms"]) for e in evs] == [("REQUEUED", job.start_ms + 5_000)]
 
 
+def test_a_requeue_ends_the_run_when_the_listing_showed_it_completing():
+    """Found by the two-engine live test (ledger 1 GPU-s over sacct's for the QOS-preempted job, at load 17-26):
+    back in the queue a job's listed end is a projection (not kept), so the requeue was stamped with the poll's time.
+    The end Slurm printed while the run was completing (or requeued) is real and is kept: the requeue ends there,
+    also when the job ran again before the next poll."""
+    from dataclasses import replace
+
+    from producers.slurm import parse_ctld_job
+
+    rec = json.loads(RUNNING.read_text())["jobs"][0]
+    start_s, end_s = rec["start_time"]["number"], rec["end_time"]["number"]
+    assert parse_ctld_job(rec).end_ms is None  # running: the projected end
+    for state in ("COMPLETING", "REQUEUED"):
+        assert parse_ctld_job({**rec, "job_state": [state]}).end_ms == end_s * 1000
+    assert parse_ctld_job({**rec, "job_state": ["PENDING"]}).end_ms is None
+
+    ctx = EventContext("hpc")
+    (job,) = parse_capture(RUNNING.read_text()).jobs
+    end = end_s * 1000
+    completing = replace(job, state="COMPLETING", end_ms=end)
+    pending = replace(job, state="PENDING", start_ms=None, end_ms=None)
+    state = PollState()
+    step(state, [job], [], start_s * 1000 + 1_000, ctx)
+    assert step(state, [completing], [], end + 400, ctx) == []
+    evs = step(state, [pending], [], end + 2_300, ctx)
+    assert [(e["event_type"], e["ts_ms"]) for e in evs] == [("REQUEUED", end)]
+
+    state = PollState()
+    step(state, [job], [], start_s * 1000 + 1_000, ctx)
+    step(state, [completing], [], end + 400, ctx)
+    again = replace(job, start_ms=end + 4_000)
+    evs = step(state, [again], [], end + 5_000, ctx)
+    assert [(e["event_type"], e["ts_ms"]) for e in evs] == [("REQUEUED", end), ("STARTED", end + 4_000)]
+    assert [(e["event_type"], e["ts_ms"]) for e in step(PollState(), [job], [], end, ctx)] == [
+        ("STARTED", start_s * 1000)
+    ]
+    state = PollState()  # not seen completing: the poll's time, and the new start, as before
+    step(state, [job], [], start_s * 1000 + 1_000, ctx)
+    evs = step(state, [pending], [], end + 2_300, ctx)
+    assert [(e["event_type"], e["ts_ms"]) for e in evs] == [("REQUEUED", end + 2_300)]
+
+
 def test_poll_command_once_dry_run_with_registry(fake_slurm, tmp_path, monkeypatch):
     import typer
     from typer.testing import CliRunner
