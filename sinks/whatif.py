@@ -130,10 +130,9 @@ def load_month(client: Any, period: str, run_classes: Sequence[int] | None = Non
     return Month(period, start, end, minutes, jobs, _idle_alerts(client, params), appeal_events(client), spans)
 
 
-def minutes_between(params: dict[str, Any], start: str, end: str, where: str = "") -> str:
-    """`job_minutes` as `FINAL` reads it in [params[start], params[end]) (and `where`, a condition on its columns),
-    `day` included, a subquery: one branch per calendar month, each `FINAL` over its own partition (`_partition_id`,
-    parameters added to `params`).
+def minutes_between(params: dict[str, Any], start: str, end: str) -> str:
+    """`job_minutes` as `FINAL` reads it in [params[start], params[end]), `day` included, a subquery: one branch per
+    calendar month, each `FINAL` over its own partition (`_partition_id`, parameters added to `params`).
 
     The table is `PARTITION BY toYYYYMM(day)` (migration 001; `day` the date of `minute_start_ms`, a column of the
     key), so rows that `FINAL` folds together never lie in two partitions and each month can be folded alone. Left
@@ -147,10 +146,9 @@ def minutes_between(params: dict[str, Any], start: str, end: str, where: str = "
         name = f"{start}_{end}_partition_{len(branches)}"
         params[name] = f"{first.year:04d}{first.month:02d}"
         branches.append(f"SELECT *, day FROM job_minutes FINAL WHERE _partition_id = {{{name}:String}} "
-                        f"AND minute_start_ms >= {{{start}:Int64}} AND minute_start_ms < {{{end}:Int64}}"
-                        f"{f' AND ({where})' if where else ''}")  # fmt: skip
+                        f"AND minute_start_ms >= {{{start}:Int64}} AND minute_start_ms < {{{end}:Int64}}")  # fmt: skip
         first = (first + dt.timedelta(days=32)).replace(day=1)
-    return f"({' UNION ALL '.join(branches)})" if branches else "(SELECT * FROM job_minutes WHERE false)"
+    return f"({' UNION ALL '.join(branches)})" if branches else "(SELECT *, day FROM job_minutes WHERE false)"
 
 
 Found = tuple[dict[Key, dict[str, Any]], dict[Key, tuple[int, int, int]], dict[Key, list[dict[str, Any]]]]

@@ -107,3 +107,18 @@ def test_reservations_released_for_idleness_are_replayed_by_the_services_own_rul
     busy = computed + [idle_from + 40 * MINUTE_MS + i * MINUTE_MS for i in range(200)]
     [row] = reservations_changed(events, in_force, _with_idle(in_force, 30, 45), start, end, {rid: busy})
     assert row["whatif"] == "approved until 2026-03-01 05:00"
+
+
+def test_the_month_and_its_lookback_are_read_one_partition_each() -> None:
+    """`minutes_between`: a branch per calendar month the window touches, each naming the partition id that
+    `PARTITION BY toYYYYMM(day)` gives it (the lookback of March 2026 starts on 29 January)."""
+    from sinks.whatif import LOOKBACK_MS, minutes_between, month_bounds
+
+    start, end = month_bounds("2026-03")
+    params: dict[str, Any] = {"from": start - LOOKBACK_MS, "end": end}
+    sql = minutes_between(params, "from", "end")
+    assert sorted(v for k, v in params.items() if "_partition_" in k) == ["202601", "202602", "202603"]
+    assert sql.count("FINAL") == 3 and sql.count("UNION ALL") == 2
+    params = {"start": start, "end": end}
+    minutes_between(params, "start", "end")
+    assert [v for k, v in params.items() if "_partition_" in k] == ["202603"]
