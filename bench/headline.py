@@ -270,10 +270,10 @@ def main() -> None:
             gone = [c.name for c in st.components if c.name in STACK.split(",") and c.state in ("failed", "stopped")]
             if gone:  # a figure from a stack that lost a component measures nothing
                 raise SystemExit(f"headline: {', '.join(gone)} stopped; see {state / 'logs'}")
-            samples_lag = sum(v[-1] for k, v in proc_lags.items() if k.endswith("telemetry.device-samples.v1"))
+            behind = {k.split(":")[0]: v[-1] for k, v in proc_lags.items() if k.endswith("telemetry.device-samples.v1")}
             print(
-                f"  t={time.monotonic() - began:5.0f}s  device-samples not yet processed: {samples_lag:,.0f} scrapes "
-                f"({samples_lag / nodes:.1f} s of input)",
+                f"  t={time.monotonic() - began:5.0f}s  device-samples behind, in seconds of input: "
+                + ", ".join(f"{name} {n / nodes:.1f}" for name, n in sorted(behind.items())),
                 flush=True,
             )
         wall = time.monotonic() - began
