@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from _common import broker_for, machine, scrape_producer  # noqa: E402
 
-from sinks.seconds_kept import read_avro_long  # noqa: E402
+from schemas.codec import read_avro_long  # noqa: E402
 
 GPUS = 8
 RECORD = struct.Struct(">IHH")  # second in the recording, node index, tail length; then the tail

@@ -92,6 +92,20 @@ def avro_long(n: int) -> bytes:
     return bytes(out)
 
 
+def read_avro_long(buf: bytes | memoryview, at: int) -> tuple[int, int]:
+    """An Avro long (zig-zag varint) at `at`: (value, the offset after it)."""
+    shift = n = 0
+    while True:
+        b = buf[at]
+        at += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (n >> 1) ^ -(n & 1), at
+        shift += 7
+        if shift > 63:
+            raise ValueError("an Avro long longer than 10 bytes")
+
+
 def _strip_logical_types(node: Any) -> Any:
     """Same wire encoding, but decoded timestamps stay epoch-millisecond ints."""
     if isinstance(node, dict):

@@ -17,7 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from schemas.codec import CONFLUENT_HEADER_LEN, CONFLUENT_MAGIC, SINGLE_OBJECT_HEADER_LEN, SINGLE_OBJECT_MAGIC
+from schemas.codec import (
+    CONFLUENT_HEADER_LEN,
+    CONFLUENT_MAGIC,
+    SINGLE_OBJECT_HEADER_LEN,
+    SINGLE_OBJECT_MAGIC,
+    read_avro_long,
+)
 
 if TYPE_CHECKING:
     from base.settings import ClickHouseSettings
@@ -60,20 +66,6 @@ class SecondsKept:
         if self.mode == "sampled":
             return f"one second in {self.every_s}"
         return "every second" if self.mode == "every_second" else "no seconds (device-minutes only)"
-
-
-def read_avro_long(buf: bytes | memoryview, at: int) -> tuple[int, int]:
-    """An Avro long (zig-zag varint) at `at`: (value, the offset after it)."""
-    shift = n = 0
-    while True:
-        b = buf[at]
-        at += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (n >> 1) ^ -(n & 1), at
-        shift += 7
-        if shift > 63:
-            raise ValueError("an Avro long longer than 10 bytes")
 
 
 def header_len(value: bytes | memoryview) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from schemas.codec import AvroCodec, avro_long
+from schemas.codec import AvroCodec, avro_long, read_avro_long
 from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic, job_key, node_key
 
 MAX_COPIES = 0x10000  # four hex digits of a UUID
@@ -53,27 +53,16 @@ def _avro_string(s: str) -> bytes:
     return avro_long(len(raw)) + raw
 
 
-def _read_long(buf: bytes, at: int) -> tuple[int, int]:
-    shift = n = 0
-    while True:
-        b = buf[at]
-        at += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (n >> 1) ^ -(n & 1), at
-        shift += 7
-
-
 def cut_scrape(value: bytes, header_len: int) -> tuple[str, int, bytes]:
     """(node, offset where ts_ms begins, everything after ts_ms) of an encoded device-samples record."""
     at = header_len
     node = ""
     for field in range(2):  # cluster, node
-        size, at = _read_long(value, at)
+        size, at = read_avro_long(value, at)
         if field == 1:
             node = value[at : at + size].decode()
         at += size
-    _, end = _read_long(value, at)
+    _, end = read_avro_long(value, at)
     return node, at, value[end:]
 
 
