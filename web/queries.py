@@ -41,9 +41,11 @@ class PricedViews:
 
 
 FULL_VIEWS = PricedViews()
-# A view of one month: each read binds `period` (every read of a PricedViews' usage does, whichever it is), and
-# joins only the lives of the ids with usage that month (sinks/views/v_job_lives_month.sql).
-SINGLE_LIVES_VIEWS = PricedViews("v_usage_priced_single(period = {period:String})", "v_chargeback_month_single")
+SINGLE_LIVES_VIEWS = PricedViews("v_usage_priced_single", "v_chargeback_month_single")
+# The single views over the lives of the month's ids only, for a ledger of many months (v_month_single_lives'
+# `month_lives`; sinks/views/v_job_lives_month.sql). A view of one month: every read of a PricedViews' usage binds
+# `period`, whichever views it reads.
+MONTH_LIVES_VIEWS = PricedViews("v_usage_priced_month_lives(period = {period:String})", "v_chargeback_month_lives")
 
 
 def _job_usage_head(views: PricedViews) -> str:
@@ -363,9 +365,14 @@ class Warehouse(_FleetReads, _QualityReads, _ReportReads):
 
     def priced_views(self, period: Period) -> PricedViews:
         """The views that give the month's priced usage fastest (`v_month_single_lives`: whether the month has a
-        usage row of a reused job id or a contested device-day; neither, and the single-lives views are exact)."""
-        rows = self._rows("SELECT single FROM v_month_single_lives(period = {period:String})", period=period.text)
-        return SINGLE_LIVES_VIEWS if rows and rows[0][0] else FULL_VIEWS
+        usage row of a reused job id or a contested device-day; neither, and the single-lives views are exact; and
+        whether the ledger holds so many more lives than the month has usage rows that joining only the month's ids'
+        lives is the cheaper read)."""
+        rows = self._rows("SELECT single, month_lives FROM v_month_single_lives(period = {period:String})",
+                          period=period.text)  # fmt: skip
+        if not rows or not rows[0][0]:
+            return FULL_VIEWS
+        return MONTH_LIVES_VIEWS if rows[0][1] else SINGLE_LIVES_VIEWS
 
     def statements(self, period: Period, *, closed: bool = False,
                    views: PricedViews = FULL_VIEWS) -> dict[str, Statement]:  # fmt: skip

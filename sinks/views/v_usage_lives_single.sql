@@ -1,6 +1,6 @@
 -- Usage rows of ids never reused (one life each) with that life's start: v_usage_lives' first branch.
 -- Its month's twin joins only the lives of the ids with usage in the month (v_job_lives_month.sql), for the
--- single-lives reads of one month (web/queries.py SINGLE_LIVES_VIEWS, through v_usage_priced_single):
+-- single-lives reads of one month once the ledger holds many months (web/queries.py MONTH_LIVES_VIEWS):
 -- variant: v_usage_lives_month replaces v_job_lives_started with v_job_lives_month(period)
 CREATE OR REPLACE VIEW v_usage_lives_single AS
 SELECT u.day AS day, u.cluster AS cluster, u.job_id AS job_id, u.user AS user, u.team AS team,

@@ -21,9 +21,10 @@
 -- As 016, reading v_usage_lives; the ceded seconds of a contested minute belong to the life holding it.
 -- As 022; the ceded seconds' lives read only when some device-day is contested.
 -- Its single twin, for a month of one life per job id and nothing contested (notes: v_month_single_lives.sql),
--- is this text over v_usage_lives' first branch and without the ceded seconds, a view of one month (it joins that
--- month's lives only: v_job_lives_month.sql), read as v_usage_priced_single(period = '2026-03'):
--- variant: v_usage_priced_single replaces v_usage_lives with v_usage_lives_month(period), without usage_priced_ceded
+-- is this text over v_usage_lives' first branch and without the ceded seconds; the second twin is the same over
+-- the lives of one month's ids only (v_job_lives_month.sql), read as v_usage_priced_month_lives(period = '2026-03'):
+-- variant: v_usage_priced_single replaces v_usage_lives with v_usage_lives_single, without usage_priced_ceded
+-- variant: v_usage_priced_month_lives replaces v_usage_lives with v_usage_lives_month(period), without usage_priced_ceded
 -- tests/integration/test_priced_views_single.py compares their rows.
 CREATE OR REPLACE VIEW v_usage_priced AS
 SELECT

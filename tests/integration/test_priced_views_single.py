@@ -22,7 +22,7 @@ from sinks.db import connect
 from sinks.rows import SINKS
 from sinks.writer import LedgerWriter, Origin, Pending
 from web.params import Period
-from web.queries import FULL_VIEWS, SINGLE_LIVES_VIEWS, Warehouse
+from web.queries import FULL_VIEWS, MONTH_LIVES_VIEWS, SINGLE_LIVES_VIEWS, Warehouse
 
 pytestmark = pytest.mark.integration
 NOVEMBER = Period(2026, 11)
@@ -40,7 +40,7 @@ def month_lines(client: Any, view: str, by: str, period: str = "2026-11") -> lis
                              parameters={"p": period, "by": by}).result_rows)  # fmt: skip
 
 
-SINGLE_NOVEMBER = "v_usage_priced_single(period = '2026-11')"  # a view of one month: it joins that month's lives
+MONTH_LIVES_NOVEMBER = "v_usage_priced_month_lives(period = '2026-11')"  # a view of one month: its ids' lives only
 
 
 def priced_rows(client: Any, view: str) -> list[tuple[Any, ...]]:
@@ -64,15 +64,28 @@ def test_a_month_of_one_life_per_id_and_no_contested_day_reads_the_same_from_the
         assert not LedgerWriter(client).write(pending).rejected
         assert check(client) == (0, 0, 1)
         full = priced_rows(client, "v_usage_priced")
-        assert len(full) >= 4 and full == priced_rows(client, SINGLE_NOVEMBER)
+        assert len(full) >= 4 and full == priced_rows(client, "v_usage_priced_single")
+        assert full == priced_rows(client, MONTH_LIVES_NOVEMBER)
         for by in BYS:
             lines = month_lines(client, "v_chargeback_month", by)
             assert lines and lines == month_lines(client, "v_chargeback_month_single", by), by
+            assert lines == month_lines(client, "v_chargeback_month_lives", by), by
     finally:
         client.close()
     wh = warehouse(ledger_settings)
     assert wh.priced_views(NOVEMBER) == SINGLE_LIVES_VIEWS
     assert wh.statements(NOVEMBER, views=SINGLE_LIVES_VIEWS) == wh.statements(NOVEMBER)
+    # A long history: more than four lives stored per usage row of the month (other months' jobs, here another
+    # cluster's). The page then joins only November's ids' lives, and shows the same statements and rows.
+    client = connect(ledger_settings)
+    try:
+        client.command("INSERT INTO job_lives SELECT 'earlier', concat('j-', toString(number)), 0, 1000, 2000, 1 "
+                       "FROM numbers(4 * {n:UInt64} + 1)", parameters={"n": len(full)})  # fmt: skip
+        assert full == priced_rows(client, MONTH_LIVES_NOVEMBER) == priced_rows(client, "v_usage_priced")
+    finally:
+        client.close()
+    assert wh.priced_views(NOVEMBER) == MONTH_LIVES_VIEWS
+    assert wh.statements(NOVEMBER, views=MONTH_LIVES_VIEWS) == wh.statements(NOVEMBER)
 
 
 def test_a_contested_day_sends_the_month_to_the_full_views(ledger_settings: ClickHouseSettings) -> None:  # noqa: F811
@@ -101,7 +114,7 @@ def test_a_reused_job_id_sends_the_month_to_the_full_views(ledger_settings: Clic
         reused, contested, single = check(client)
         assert reused >= 3 and (contested, single) == (0, 0)
         # The single views hold no row of id 7 (three lives): only id 8's.
-        assert {r[3] for r in priced_rows(client, SINGLE_NOVEMBER)} == {"8"}
+        assert {r[3] for r in priced_rows(client, "v_usage_priced_single")} == {"8"}
         assert {r[3] for r in priced_rows(client, "v_usage_priced")} == {"7", "8"}
     finally:
         client.close()

@@ -199,7 +199,8 @@ def test_an_edited_view_is_reported_changed_and_a_removed_one_dropped(databases:
     done = upgrade(client, ch, views_dir=views)
     assert {v.name: v.status for v in done.views if v.status != "unchanged"} == {
         "v_chargeback_jobs": "changed", "v_coverage_daily": "dropped", "v_chargeback_month": "changed",
-        "v_chargeback_month_single": "changed", "v_chargeback_month_clusters": "changed"}  # fmt: skip
+        "v_chargeback_month_single": "changed", "v_chargeback_month_lives": "changed",
+        "v_chargeback_month_clusters": "changed"}  # fmt: skip
     columns = client.query(
         "SELECT name FROM system.columns WHERE database = {db:String} AND table = 'v_chargeback_jobs'",
         parameters={"db": ch.database},

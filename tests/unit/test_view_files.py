@@ -34,7 +34,7 @@ def test_the_package_views_come_dependencies_first() -> None:
     assert single.path == "sinks/views/v_chargeback_month.sql" and single.reads == {"v_usage_priced_single"}
     assert single.statement == month.statement.replace(
         "VIEW v_chargeback_month AS", "VIEW v_chargeback_month_single AS"
-    ).replace("FROM v_usage_priced\n", "FROM v_usage_priced_single(period = {period:String})\n")  # a month's view
+    ).replace("FROM v_usage_priced\n", "FROM v_usage_priced_single\n")
     assert "-- include:" not in month.sql and "idle_cost" in month.statement  # expanded: the fragment's columns
 
 
