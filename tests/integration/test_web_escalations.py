@@ -52,18 +52,12 @@ def text(resp: Any) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", resp.text).split())
 
 
-def test_a_decider_grants_an_escalation_on_the_page_and_nobody_else_may(
-    web_ledger: tuple[ClickHouseSettings, SimConfig], kafka_bootstrap: str, tmp_path: Path
-) -> None:
+def page_settings(ch: ClickHouseSettings, kafka_bootstrap: str, tmp_path: Path) -> Settings:
+    """The page's settings with POLICY, topics of the test's own (escalations.v1 made)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.governance_escalations import Job, ask_event, fold, step_key
-    from schemas.policy import load_policy
     from schemas.topics import ESCALATIONS
-    from streams.eventlog import read_events
-    from streams.publish import RecordPublisher
 
-    ch, _ = web_ledger
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(POLICY, encoding="utf-8")
     settings = Settings(
@@ -75,6 +69,22 @@ def test_a_decider_grants_an_escalation_on_the_page_and_nobody_else_may(
     topic = settings.kafka.topic(ESCALATIONS.name)
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # held: a dropped client ends its requests
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    return settings
+
+
+def test_a_decider_grants_an_escalation_on_the_page_and_nobody_else_may(
+    web_ledger: tuple[ClickHouseSettings, SimConfig], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    from schemas.governance_escalations import Job, ask_event, fold, step_key
+    from schemas.policy import load_policy
+    from schemas.topics import ESCALATIONS
+    from streams.eventlog import read_events
+    from streams.publish import RecordPublisher
+
+    ch, _ = web_ledger
+    settings = page_settings(ch, kafka_bootstrap, tmp_path)
+    policy_file = settings.policy_path
+    assert policy_file is not None
     policy = load_policy(policy_file)
     asked = ask_event({}, policy, Job("sim", "4242", MEMBER, "vision", 2), MEMBER, 2, "the demo is at noon",
                       int(time.time() * 1000))  # fmt: skip
@@ -120,25 +130,13 @@ def test_the_job_page_asks_for_escalation_for_whoever_the_policy_lets_ask(
     it, the job's team and GPUs from the ledger); a teammate who is not its user, a lead or an operator sees the
     rules' one line instead of the form and gets 403 with it; a form without the asker's token, too many hours and a
     second request are refused with nothing published; a job the ledger saw end is refused on its page."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     from schemas.topics import ESCALATIONS
     from sinks.db import connect
     from streams.eventlog import read_events
     from web.access import csrf_token
 
     ch = small_ledger
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(POLICY, encoding="utf-8")
-    settings = Settings(
-        state_dir=tmp_path, cluster="sim", clickhouse=ch, broker=BrokerSettings(enabled=False),
-        policy_path=policy_file, kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap,
-                                                     topic_prefix=f"t{uuid.uuid4().hex[:8]}."),
-        sinks=SinksSettings(group_id=f"web-esc-{uuid.uuid4().hex[:8]}"), web=WebSettings(demo=False),
-    )  # fmt: skip
-    topic = settings.kafka.topic(ESCALATIONS.name)
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # held: a dropped client ends its requests
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    settings = page_settings(ch, kafka_bootstrap, tmp_path)
     # The test's own small ledger: its last vision job (1009, vis03's 2 GPUs) has not ended as far as the ledger knows
     # (its ENDED event taken out: the ledger read mid-run); 1010 (vis02's) ended.
     job_id, user, gpus, ended_id = "1009", "vis03", 2, "1010"
