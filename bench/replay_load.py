@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from _common import broker_for, machine, scrape_producer  # noqa: E402
 
-from schemas.codec import read_avro_long  # noqa: E402
+from schemas.codec import avro_string, read_avro_long  # noqa: E402
 
 GPUS = 8
 RECORD = struct.Struct(">IHH")  # second in the recording, node index, tail length; then the tail
@@ -105,13 +105,6 @@ def load(path: Path) -> tuple[bytes, str, list[str], list[list[tuple[int, bytes]
         seconds[sec].append((node, data[at : at + size]))
         at += size
     return bytes.fromhex(framing_hex), cluster, names, seconds
-
-
-def avro_string(s: str) -> bytes:
-    from schemas.codec import avro_long
-
-    raw = s.encode()
-    return avro_long(len(raw)) + raw
 
 
 class Replay:

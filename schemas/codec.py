@@ -92,6 +92,12 @@ def avro_long(n: int) -> bytes:
     return bytes(out)
 
 
+def avro_string(s: str) -> bytes:
+    """`s` as Avro writes a string: its UTF-8 length as a long, then the bytes."""
+    raw = s.encode()
+    return avro_long(len(raw)) + raw
+
+
 def read_avro_long(buf: bytes | memoryview, at: int) -> tuple[int, int]:
     """An Avro long (zig-zag varint) at `at`: (value, the offset after it)."""
     shift = n = 0

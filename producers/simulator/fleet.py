@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from schemas.codec import AvroCodec, avro_long, read_avro_long
+from schemas.codec import AvroCodec, avro_string, read_avro_long
 from schemas.topics import DEVICE_SAMPLES, INVENTORY, JOB_EVENTS, Topic, job_key, node_key
 
 MAX_COPIES = 0x10000  # four hex digits of a UUID
@@ -46,11 +46,6 @@ def copy_cluster(cluster: str, r: int) -> str:
 
 def copy_uuid(uuid: str, r: int) -> str:
     return uuid if r == 0 else _UUID_HEAD_STR.sub(f"GPU-{r:04x}", uuid, count=1)
-
-
-def _avro_string(s: str) -> bytes:
-    raw = s.encode()
-    return avro_long(len(raw)) + raw
 
 
 def cut_scrape(value: bytes, header_len: int) -> tuple[str, int, bytes]:
@@ -97,14 +92,18 @@ class FleetPublisher:
         self.names = [copy_cluster(cluster, r) for r in range(copies)]
         self._tags = [b""] + [b"GPU-%04x" % r for r in range(1, copies)]
         self._header = publisher.codec.header(DEVICE_SAMPLES.subject)
-        self._heads: dict[str, list[bytes]] = {}
+        self._heads: dict[str, tuple[list[bytes], list[bytes]]] = {}
         self._samples_topic = publisher.kafka.topic(DEVICE_SAMPLES.name)
 
-    def _node_heads(self, node: str) -> list[bytes]:
+    def _node_heads(self, node: str) -> tuple[list[bytes], list[bytes]]:
+        """Per copy, the node's record head (framing, cluster, node) and its key: built once per node."""
         heads = self._heads.get(node)
         if heads is None:
-            tail = _avro_string(node)
-            heads = self._heads[node] = [self._header + _avro_string(name) + tail for name in self.names]
+            tail = avro_string(node)
+            heads = self._heads[node] = (
+                [self._header + avro_string(name) + tail for name in self.names],
+                [node_key(name, node) for name in self.names],
+            )
         return heads
 
     def publish(self, topic: Topic, key: bytes, record: dict[str, Any]) -> None:
@@ -124,11 +123,11 @@ class FleetPublisher:
         value = self.publisher.codec.encode(DEVICE_SAMPLES.subject, record)
         node, ts_at, rest = cut_scrape(value, len(self._header))
         ts = value[ts_at : len(value) - len(rest)]
-        heads = self._node_heads(node)
+        heads, keys = self._node_heads(node)
         publish_raw, sub, topic_name = self.publisher.publish_raw, _UUID_HEAD.sub, self._samples_topic
         publish_raw(topic_name, key, value)
         for r in range(1, self.copies):
-            publish_raw(topic_name, node_key(self.names[r], node), heads[r] + ts + sub(self._tags[r], rest))
+            publish_raw(topic_name, keys[r], heads[r] + ts + sub(self._tags[r], rest))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         self.publisher.flush(timeout_s)

@@ -220,3 +220,18 @@ def test_any_bytes_decode_or_raise_a_contract_error(plain: AvroCodec, body: byte
 
 _REGISTRY_CODEC = AvroCodec(_mock_registry())
 _REGISTRY_CODEC.encode("telemetry.device-samples", _scrape(1))
+
+
+@pytest.mark.parametrize("value", ["", "sim-gpu-007", "héllo ✓", "x" * 300])
+def test_avro_string_and_long_are_what_fastavro_writes_and_reads(value: str) -> None:
+    """The hand cutters of encoded records (the fleet publisher, the sink's seconds kept) against the reference
+    library: a string as fastavro writes it, and a long read back where fastavro wrote it."""
+    from schemas.codec import avro_string, read_avro_long
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, {"type": "string"}, value)
+    assert avro_string(value) == out.getvalue()
+    for n in (0, -1, 63, -64, 1_796_678_150_695, -(2**63), 2**63 - 1):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, {"type": "long"}, n)
+        assert read_avro_long(b"\x00" + buf.getvalue() + b"\x7f", 1) == (n, 1 + len(buf.getvalue()))
